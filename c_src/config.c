@@ -1,0 +1,70 @@
+/* Environment parsing for the preload (see config.h). */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mtrace_api.h"
+
+uint32_t mt_parse_depth(const char *s) {
+    if (!s || !*s)
+        return MT_DEFAULT_DEPTH;
+    uint64_t v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return MT_DEFAULT_DEPTH; /* "abc", "-1", "3x": not a depth */
+        if (v <= MTRACE_MAX_DEPTH)
+            v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (v < 1)
+        return 1;
+    return v > MTRACE_MAX_DEPTH ? MTRACE_MAX_DEPTH : (uint32_t)v;
+}
+
+int mt_parse_enabled(const char *s) {
+    /* Only an explicit "off" turns tracking off; anything else keeps it on. */
+    return !(s &&
+             (!strcmp(s, "0") || !strcmp(s, "false") || !strcmp(s, "no") || !strcmp(s, "off")));
+}
+
+int mt_program_listed(const char *list, const char *exe_name) {
+    size_t want = strlen(exe_name);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        while (len && *p == ' ')
+            p++, len--;
+        while (len && p[len - 1] == ' ')
+            len--;
+        if ((len == 1 && *p == '*') || (len == want && len && !memcmp(p, exe_name, len)))
+            return 1;
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    return 0;
+}
+
+/* Base name of the running executable; "" when /proc is unavailable. */
+static void exe_name(char *out, size_t len) {
+    char path[4096];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+    out[0] = 0;
+    if (n <= 0)
+        return;
+    path[n] = 0;
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    strncpy(out, base, len - 1);
+    out[len - 1] = 0;
+}
+
+void mt_config_load(struct mt_config *c) {
+    char exe[256];
+    const char *programs = getenv("MTRACE_PROGRAMS");
+    exe_name(exe, sizeof exe);
+    c->active = mt_program_listed(programs && *programs ? programs : MT_DEFAULT_PROGRAMS, exe);
+    c->enabled = mt_parse_enabled(getenv("MTRACE_ENABLED"));
+    c->depth = mt_parse_depth(getenv("MTRACE_DEPTH"));
+}

@@ -1,0 +1,30 @@
+/*
+ * Run-time configuration of the preload, read from the environment.
+ *
+ * Parsed without malloc (it runs inside the first malloc call of a process)
+ * and forgiving: a garbage value falls back to its default, an out-of-range
+ * one is clamped; the effective values are reported by stats.
+ */
+#ifndef MT_CONFIG_H
+#define MT_CONFIG_H
+
+#include <stdint.h>
+
+#define MT_DEFAULT_DEPTH 32
+#define MT_DEFAULT_PROGRAMS "beam.smp"
+
+struct mt_config {
+    int active;     /* this executable is one MTRACE_PROGRAMS names */
+    int enabled;    /* MTRACE_ENABLED: track from the start */
+    uint32_t depth; /* MTRACE_DEPTH: frames kept per stack */
+};
+
+/* Reads MTRACE_PROGRAMS, MTRACE_ENABLED, MTRACE_DEPTH and /proc/self/exe. */
+void mt_config_load(struct mt_config *c);
+
+/* Pure helpers, exposed for tests. */
+uint32_t mt_parse_depth(const char *s);
+int mt_parse_enabled(const char *s);
+int mt_program_listed(const char *list, const char *exe_name);
+
+#endif

@@ -1,0 +1,347 @@
+/*
+ * The malloc-family interposer preloaded into beam.smp (and, through the
+ * inherited LD_PRELOAD, into every program it starts).
+ *
+ * Every function forwards to glibc's own entry points (__libc_malloc & co.),
+ * which exist before any constructor runs, so there is no dlsym bootstrap
+ * problem.  Tracking happens only after the real call succeeded, and a free
+ * forgets its block *before* the block goes back to libc: otherwise another
+ * thread could be handed the same address and record it first.
+ *
+ * Per-thread state sits in initial-exec TLS (no allocation on first use):
+ *   busy = 1 while this thread unwinds: nested allocations (libunwind, dlsym)
+ *            pass through untracked, nested frees still forget;
+ *   busy = 2 while it holds a table or stack lock (or forks): everything
+ *            passes through, so a signal handler's malloc cannot deadlock.
+ */
+#define _GNU_SOURCE
+#include "interpose.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "config.h"
+#include "stacks.h"
+#include "table.h"
+
+#ifndef __GLIBC__
+#error "the interposer forwards to glibc's __libc_* entry points"
+#endif
+
+#define EXPORT __attribute__((visibility("default")))
+#define TLS __thread __attribute__((tls_model("initial-exec")))
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void __libc_free(void *);
+extern void *__libc_memalign(size_t, size_t);
+extern void *__libc_valloc(size_t);
+extern void *__libc_pvalloc(size_t);
+extern char **__environ;
+
+enum { MODE_UNINIT, MODE_INIT, MODE_INERT, MODE_ACTIVE };
+
+static _Atomic int mode = MODE_UNINIT;
+static _Atomic int enabled;
+static _Atomic int table_used; /* something was recorded since the last reset */
+static int provisional;        /* configured before libc had set up the environment */
+static struct mt_config cfg;
+
+static TLS unsigned char busy, ignored, stripe, fork_saved_busy;
+
+/* Call counters, striped so that threads do not share a hot cache line. */
+#define STRIPES 64
+struct stripe {
+    _Atomic uint64_t calls[MT_FN_COUNT];
+} __attribute__((aligned(128)));
+static struct stripe stripes[STRIPES];
+static _Atomic unsigned stripe_seq;
+
+static int (*real_posix_memalign)(void **, size_t, size_t);
+static void *(*real_aligned_alloc)(size_t, size_t);
+
+static void configure(void) {
+    mt_config_load(&cfg);
+    if (cfg.active)
+        mt_stacks_init();
+    atomic_store(&enabled, cfg.enabled);
+    atomic_store(&mode, cfg.active ? MODE_ACTIVE : MODE_INERT);
+}
+
+/* First call of any interposed function, possibly before constructors. */
+static void init(void) {
+    int expected = MODE_UNINIT;
+    if (!atomic_compare_exchange_strong(&mode, &expected, MODE_INIT)) {
+        while (atomic_load(&mode) == MODE_INIT)
+            sched_yield();
+        return;
+    }
+    busy = 2;
+    provisional = (__environ == NULL);
+    configure();
+    busy = 0;
+}
+
+static inline int ready(void) {
+    int m = atomic_load_explicit(&mode, memory_order_relaxed);
+    if (m == MODE_ACTIVE)
+        return 1;
+    if (m == MODE_UNINIT && !busy) {
+        init();
+        return atomic_load(&mode) == MODE_ACTIVE;
+    }
+    return 0;
+}
+
+/* Should a new allocation by this thread be recorded? */
+static inline int tracking(void) {
+    return ready() && !busy && !ignored && atomic_load_explicit(&enabled, memory_order_relaxed);
+}
+
+static inline void count(enum mtrace_fn fn) {
+    if (unlikely(!stripe))
+        stripe = (unsigned char)(atomic_fetch_add(&stripe_seq, 1) % STRIPES + 1);
+    atomic_fetch_add_explicit(&stripes[stripe - 1].calls[fn], 1, memory_order_relaxed);
+}
+
+uint64_t mt_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void insert(uint64_t addr, uint64_t size, uint64_t t_ms, uint32_t stack) {
+    busy = 2;
+    if (mt_table_insert(addr, size, t_ms, stack) != MT_DROPPED &&
+        !atomic_load_explicit(&table_used, memory_order_relaxed))
+        atomic_store_explicit(&table_used, 1, memory_order_relaxed);
+}
+
+static void record(void *p, size_t size) {
+    int saved = errno; /* unwinding and mmap must not disturb what libc set */
+    busy = 1;
+    uint32_t stack = mt_stack_capture(cfg.depth);
+    insert((uintptr_t)p, size, mt_now_ms(), stack);
+    busy = 0;
+    errno = saved;
+}
+
+/* Removes p from the table; returns 1 (and the entry) if it was recorded. */
+static int forget(void *p, struct mt_slot *old) {
+    if (!p || busy >= 2 || !atomic_load_explicit(&table_used, memory_order_relaxed))
+        return 0;
+    unsigned char was = busy;
+    busy = 2;
+    int found = mt_table_remove((uintptr_t)p, old);
+    busy = was;
+    return found;
+}
+
+/* Puts back an entry whose block turned out to stay alive (failed realloc). */
+static void restore(const struct mt_slot *old) {
+    int saved = errno;
+    unsigned char was = busy;
+    insert(old->addr, old->size, mt_slot_time(old), mt_slot_stack(old));
+    busy = was;
+    errno = saved;
+}
+
+EXPORT void *malloc(size_t n) {
+    if (!tracking())
+        return __libc_malloc(n);
+    count(MT_FN_MALLOC);
+    void *p = __libc_malloc(n);
+    if (p)
+        record(p, n);
+    return p;
+}
+
+EXPORT void *calloc(size_t n, size_t size) {
+    if (!tracking())
+        return __libc_calloc(n, size);
+    count(MT_FN_CALLOC);
+    void *p = __libc_calloc(n, size);
+    if (p)
+        record(p, n * size); /* cannot overflow: libc checked before succeeding */
+    return p;
+}
+
+EXPORT void free(void *p) {
+    if (ready()) {
+        if (tracking())
+            count(MT_FN_FREE);
+        forget(p, NULL);
+    }
+    __libc_free(p);
+}
+
+static void *tracked_realloc(void *p, size_t n, enum mtrace_fn fn) {
+    if (!ready())
+        return __libc_realloc(p, n);
+    int track = tracking();
+    if (track)
+        count(fn);
+    struct mt_slot old;
+    int had = forget(p, &old);
+    void *q = __libc_realloc(p, n);
+    if (q) {
+        if (track)
+            record(q, n);
+    } else if (had && n != 0) {
+        restore(&old); /* failed: p is still allocated (n == 0 freed it) */
+    }
+    return q;
+}
+
+EXPORT void *realloc(void *p, size_t n) { return tracked_realloc(p, n, MT_FN_REALLOC); }
+
+EXPORT void *reallocarray(void *p, size_t n, size_t size) {
+    size_t bytes;
+    if (__builtin_mul_overflow(n, size, &bytes)) {
+        if (tracking())
+            count(MT_FN_REALLOCARRAY);
+        errno = ENOMEM; /* as glibc: p is left untouched */
+        return NULL;
+    }
+    return tracked_realloc(p, bytes, MT_FN_REALLOCARRAY);
+}
+
+/* glibc's own posix_memalign/aligned_alloc validate alignment differently
+ * across versions; calling them keeps errno and EINVAL behaviour exact.
+ * Looked up in the constructor; the fallbacks only serve calls made earlier. */
+static int fallback_posix_memalign(void **memptr, size_t al, size_t n) {
+    if (al % sizeof(void *) != 0 || al == 0 || (al & (al - 1)) != 0)
+        return EINVAL;
+    void *p = __libc_memalign(al, n);
+    if (!p)
+        return ENOMEM;
+    *memptr = p;
+    return 0;
+}
+
+static void resolve_aligned(void) {
+    busy = 2;
+    real_posix_memalign = dlsym(RTLD_NEXT, "posix_memalign");
+    real_aligned_alloc = dlsym(RTLD_NEXT, "aligned_alloc");
+    busy = 0;
+}
+
+EXPORT int posix_memalign(void **memptr, size_t al, size_t n) {
+    int (*real)(void **, size_t, size_t) =
+        real_posix_memalign ? real_posix_memalign : fallback_posix_memalign;
+    if (!tracking())
+        return real(memptr, al, n);
+    count(MT_FN_POSIX_MEMALIGN);
+    int r = real(memptr, al, n);
+    if (r == 0)
+        record(*memptr, n);
+    return r;
+}
+
+static void *recorded(void *p, size_t n) {
+    if (p)
+        record(p, n);
+    return p;
+}
+
+EXPORT void *aligned_alloc(size_t al, size_t n) {
+    void *(*real)(size_t, size_t) = real_aligned_alloc ? real_aligned_alloc : __libc_memalign;
+    if (!tracking())
+        return real(al, n);
+    count(MT_FN_ALIGNED_ALLOC);
+    return recorded(real(al, n), n);
+}
+
+EXPORT void *memalign(size_t al, size_t n) {
+    if (!tracking())
+        return __libc_memalign(al, n);
+    count(MT_FN_MEMALIGN);
+    return recorded(__libc_memalign(al, n), n);
+}
+
+EXPORT void *valloc(size_t n) {
+    if (!tracking())
+        return __libc_valloc(n);
+    count(MT_FN_VALLOC);
+    return recorded(__libc_valloc(n), n);
+}
+
+EXPORT void *pvalloc(size_t n) {
+    if (!tracking())
+        return __libc_pvalloc(n);
+    count(MT_FN_PVALLOC);
+    return recorded(__libc_pvalloc(n), n);
+}
+
+/* strdup/strndup are interposed so that frame 0 is their caller and the
+ * counters match the seed's; glibc would call malloc from inside libc. */
+static char *dup_bytes(const char *s, size_t len, enum mtrace_fn fn) {
+    int track = tracking();
+    if (track)
+        count(fn);
+    char *p = __libc_malloc(len + 1);
+    if (!p)
+        return NULL;
+    memcpy(p, s, len);
+    p[len] = 0;
+    if (track)
+        record(p, len + 1);
+    return p;
+}
+
+EXPORT char *strdup(const char *s) { return dup_bytes(s, strlen(s), MT_FN_STRDUP); }
+
+EXPORT char *strndup(const char *s, size_t n) { return dup_bytes(s, strnlen(s, n), MT_FN_STRNDUP); }
+
+/* fork: hold every lock so the child inherits a consistent table, and keep
+ * this thread out of the table meanwhile (fork itself may allocate). */
+static void fork_prepare(void) {
+    fork_saved_busy = busy;
+    busy = 2;
+    mt_stacks_lock();
+    mt_table_lock_all();
+}
+
+static void fork_release(void) {
+    mt_table_unlock_all();
+    mt_stacks_unlock();
+    busy = fork_saved_busy;
+}
+
+__attribute__((constructor)) static void on_load(void) {
+    if (atomic_load(&mode) == MODE_UNINIT)
+        init();
+    else if (provisional)
+        configure(); /* the environment is readable now */
+    resolve_aligned();
+    if (atomic_load(&mode) == MODE_ACTIVE)
+        pthread_atfork(fork_prepare, fork_release, fork_release);
+}
+
+void mt_sum_calls(uint64_t *out) {
+    for (int f = 0; f < MT_FN_COUNT; f++)
+        out[f] = 0;
+    for (int s = 0; s < STRIPES; s++)
+        for (int f = 0; f < MT_FN_COUNT; f++)
+            out[f] += atomic_load_explicit(&stripes[s].calls[f], memory_order_relaxed);
+}
+
+uint32_t mt_depth(void) { return cfg.depth; }
+int mt_is_active(void) { return ready(); }
+int mt_is_enabled(void) { return mt_is_active() && atomic_load(&enabled); }
+void mt_set_enabled(int on) { atomic_store(&enabled, on != 0); }
+void mt_table_emptied(void) { atomic_store(&table_used, 0); }
+
+int mt_thread_ignore(int on) {
+    int was = ignored;
+    ignored = on != 0;
+    return was;
+}

@@ -1,0 +1,114 @@
+/*
+ * The contract between the preloaded tracer (priv/mtrace.so) and its readers
+ * (the NIF, C tests, benchmarks).
+ *
+ * The preload exports one versioned symbol, MTRACE_API_SYMBOL, a pointer to
+ * a struct mtrace_api.  Readers find it with dlsym(RTLD_DEFAULT, ...), so the
+ * preload never links against erl_nif and can be loaded into any program.
+ * Fields are only ever appended: a reader checks `size` before using a field
+ * added after version 1.
+ */
+#ifndef MTRACE_API_H
+#define MTRACE_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MTRACE_API_SYMBOL "mtrace_api_v1"
+#define MTRACE_API_VERSION 1
+
+/* Interposed functions, in the order of mtrace_stats.calls[]. */
+enum mtrace_fn {
+    MT_FN_MALLOC,
+    MT_FN_CALLOC,
+    MT_FN_REALLOC,
+    MT_FN_REALLOCARRAY,
+    MT_FN_FREE,
+    MT_FN_POSIX_MEMALIGN,
+    MT_FN_ALIGNED_ALLOC,
+    MT_FN_MEMALIGN,
+    MT_FN_VALLOC,
+    MT_FN_PVALLOC,
+    MT_FN_STRDUP,
+    MT_FN_STRNDUP,
+    MT_FN_COUNT
+};
+
+/* Names used for the counters in stats, e.g. "malloc" -> malloc_cnt. */
+#define MTRACE_FN_NAMES                                                                            \
+    {                                                                                              \
+        "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign", "aligned_alloc",  \
+            "memalign", "valloc", "pvalloc", "strdup", "strndup"                                   \
+    }
+
+/* Stack id 0 means "no stack": the stack store was full or unwinding failed. */
+#define MTRACE_NO_STACK 0u
+
+/* Largest MTRACE_DEPTH accepted; larger values are clamped. */
+#define MTRACE_MAX_DEPTH 128
+
+/* One live allocation, as a query reports it. */
+struct mtrace_alloc {
+    uint64_t addr;
+    uint64_t size;
+    uint64_t t_ms; /* allocation time, milliseconds on CLOCK_MONOTONIC */
+    uint32_t stack_id;
+    uint32_t reserved;
+};
+
+/* Which allocations a query considers; zero-initialised means "all". */
+struct mtrace_filter {
+    uint64_t min_t_ms; /* allocated at or after (0 = no bound) */
+    uint64_t max_t_ms; /* allocated at or before (0 = no bound) */
+    uint64_t min_size; /* 0 = no bound */
+    uint64_t max_size; /* 0 = no bound */
+};
+
+struct mtrace_stats {
+    uint64_t calls[MT_FN_COUNT]; /* interposed calls seen while tracking */
+    uint64_t live_count;         /* allocations in the table */
+    uint64_t live_bytes;         /* their requested sizes, summed */
+    uint64_t dropped;            /* allocations that could not be recorded */
+    uint64_t replaced;           /* entries overwritten by a re-used address (missed free) */
+    uint64_t table_bytes;        /* memory mapped for the allocation table */
+    uint64_t stacks;             /* distinct call stacks interned */
+    uint64_t stack_bytes;        /* memory mapped for the stack store */
+    uint64_t stacks_dropped;     /* allocations recorded without a stack (store full) */
+    uint64_t now_ms;             /* CLOCK_MONOTONIC, same clock as t_ms */
+    uint32_t depth;              /* effective MTRACE_DEPTH */
+    uint32_t enabled;            /* tracking currently on */
+    uint32_t active;             /* this process tracks at all (MTRACE_PROGRAMS) */
+    uint32_t shards;             /* table shards (locks) */
+};
+
+struct mtrace_api {
+    uint32_t version; /* MTRACE_API_VERSION */
+    uint32_t size;    /* sizeof(struct mtrace_api) of the preload */
+
+    /* Counters and table figures; cheap (no table scan). */
+    void (*stats)(struct mtrace_stats *out);
+
+    /* The n oldest live allocations matching f (NULL = all), oldest first.
+     * Writes at most n entries to out and returns how many it wrote. */
+    size_t (*olds)(struct mtrace_alloc *out, size_t n, const struct mtrace_filter *f);
+
+    /* Forgets every recorded allocation; returns how many were forgotten. */
+    uint64_t (*reset)(void);
+
+    /* Copies the frames (return addresses, frame 0 = caller of malloc) of an
+     * interned stack into ips; returns the depth, 0 for an unknown id. */
+    uint32_t (*stack)(uint32_t stack_id, uintptr_t *ips, uint32_t max);
+
+    /* Turns tracking on or off at run time (no effect where inactive). */
+    void (*set_enabled)(int on);
+
+    /* While on, the calling thread's allocations are not recorded (its frees
+     * still are), so a reader's own work does not show up as a leak.
+     * Returns the previous setting. */
+    int (*thread_ignore)(int on);
+
+    /* Current time on the table's clock. */
+    uint64_t (*now_ms)(void);
+};
+
+#endif

@@ -1,0 +1,40 @@
+/*
+ * A test-and-test-and-set spinlock that yields after a short spin.
+ *
+ * pthread mutexes would do, but the tracking path runs inside malloc of every
+ * thread, including during fork and in code that must not block on futexes
+ * taken by libc itself; the critical sections guarded here are a few hundred
+ * nanoseconds long and never call into libc except mmap.
+ */
+#ifndef MT_SPINLOCK_H
+#define MT_SPINLOCK_H
+
+#include <sched.h>
+#include <stdatomic.h>
+
+typedef atomic_int mt_spinlock;
+
+static inline void mt_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline void mt_lock(mt_spinlock *l) {
+    for (;;) {
+        if (!atomic_exchange_explicit(l, 1, memory_order_acquire))
+            return;
+        for (int spins = 0; atomic_load_explicit(l, memory_order_relaxed); spins++) {
+            if (spins < 64)
+                mt_cpu_relax();
+            else
+                sched_yield(); /* the holder may have been preempted */
+        }
+    }
+}
+
+static inline void mt_unlock(mt_spinlock *l) { atomic_store_explicit(l, 0, memory_order_release); }
+
+#endif

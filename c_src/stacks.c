@@ -1,0 +1,179 @@
+/*
+ * Stack capture and interning (see stacks.h).
+ *
+ * Lookups are lock-free: a record is fully written before its id is
+ * published in a bucket with a release store, and records are never moved
+ * or freed.  Inserting a new stack takes one spinlock; after warm-up almost
+ * every capture finds its stack already there.
+ */
+#define UNW_LOCAL_ONLY
+#include "stacks.h"
+
+#include <libunwind.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "mtrace_api.h"
+#include "spinlock.h"
+#include "table.h"
+
+#define BUCKET_BITS 20
+#define DIR_BITS 12 /* ids = DIR_SLOTS * BLOCK_SLOTS = 2^24, the table's id width */
+#define BLOCK_BITS 12
+#define CHUNK_BYTES (1u << 20)
+#define MAX_OWN_FRAMES 8 /* frames of this library above the caller of malloc */
+
+struct stack_rec {
+    uint32_t next; /* next id in the bucket chain, 0 = end */
+    uint32_t hash;
+    uint32_t depth;
+    uint32_t pad;
+    uintptr_t ips[];
+};
+
+static _Atomic uint32_t *buckets; /* head id per bucket, 0 = empty */
+static struct stack_rec **_Atomic dir[1u << DIR_BITS];
+static mt_spinlock insert_lock;
+static _Atomic uint32_t next_id = 1;
+static char *chunk, *chunk_end;
+static _Atomic uint64_t mapped_bytes, dropped;
+
+/* This library's own code, whose frames are not part of a reported stack.
+ * Hidden references bind to this object's own linker-defined symbols. */
+extern const char __ehdr_start[] __attribute__((visibility("hidden")));
+extern const char etext[] __attribute__((visibility("hidden")));
+
+static void *map(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    atomic_fetch_add_explicit(&mapped_bytes, bytes, memory_order_relaxed);
+    return p;
+}
+
+void mt_stacks_init(void) {
+    if (!buckets)
+        buckets = map(sizeof(*buckets) << BUCKET_BITS);
+    /* Per-thread caches keep libunwind off its global lock while unwinding. */
+    unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
+}
+
+static uint32_t hash_frames(const uintptr_t *ips, uint32_t depth) {
+    uint64_t h = 0xcbf29ce484222325ull ^ depth;
+    for (uint32_t i = 0; i < depth; i++)
+        h = (h ^ ips[i]) * 0x100000001b3ull;
+    h ^= h >> 29;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+static struct stack_rec *rec_of(uint32_t id) {
+    struct stack_rec **block = atomic_load_explicit(&dir[id >> BLOCK_BITS], memory_order_acquire);
+    return block ? block[id & ((1u << BLOCK_BITS) - 1)] : NULL;
+}
+
+static uint32_t find(uint32_t head, uint32_t hash, const uintptr_t *ips, uint32_t depth) {
+    for (uint32_t id = head; id;) {
+        const struct stack_rec *r = rec_of(id);
+        if (!r)
+            return 0;
+        if (r->hash == hash && r->depth == depth && !memcmp(r->ips, ips, depth * sizeof(uintptr_t)))
+            return id;
+        id = r->next;
+    }
+    return 0;
+}
+
+/* Bump allocation from 1 MiB chunks; called under insert_lock. */
+static struct stack_rec *alloc_rec(uint32_t depth) {
+    size_t need = sizeof(struct stack_rec) + depth * sizeof(uintptr_t);
+    if (!chunk || (size_t)(chunk_end - chunk) < need) {
+        char *c = map(CHUNK_BYTES);
+        if (!c)
+            return NULL;
+        chunk = c;
+        chunk_end = c + CHUNK_BYTES;
+    }
+    struct stack_rec *r = (struct stack_rec *)chunk;
+    chunk += need;
+    return r;
+}
+
+/* Reserves a directory slot for id; called under insert_lock. */
+static struct stack_rec **slot_for(uint32_t id) {
+    struct stack_rec **block = atomic_load_explicit(&dir[id >> BLOCK_BITS], memory_order_relaxed);
+    if (!block) {
+        block = map(sizeof(*block) << BLOCK_BITS);
+        if (!block)
+            return NULL;
+        atomic_store_explicit(&dir[id >> BLOCK_BITS], block, memory_order_release);
+    }
+    return &block[id & ((1u << BLOCK_BITS) - 1)];
+}
+
+uint32_t mt_stack_intern(const uintptr_t *ips, uint32_t depth) {
+    if (!buckets || depth == 0)
+        goto none;
+    uint32_t hash = hash_frames(ips, depth);
+    _Atomic uint32_t *bucket = &buckets[hash & ((1u << BUCKET_BITS) - 1)];
+    uint32_t id = find(atomic_load_explicit(bucket, memory_order_acquire), hash, ips, depth);
+    if (id)
+        return id;
+
+    mt_lock(&insert_lock);
+    id = find(atomic_load_explicit(bucket, memory_order_relaxed), hash, ips, depth);
+    if (!id) {
+        uint32_t fresh = atomic_load_explicit(&next_id, memory_order_relaxed);
+        struct stack_rec **slot = fresh <= MT_MAX_STACK_ID ? slot_for(fresh) : NULL;
+        struct stack_rec *r = slot ? alloc_rec(depth) : NULL;
+        if (r) {
+            r->next = atomic_load_explicit(bucket, memory_order_relaxed);
+            r->hash = hash;
+            r->depth = depth;
+            memcpy(r->ips, ips, depth * sizeof(uintptr_t));
+            *slot = r;
+            atomic_store_explicit(&next_id, fresh + 1, memory_order_release);
+            atomic_store_explicit(bucket, fresh, memory_order_release);
+            id = fresh;
+        }
+    }
+    mt_unlock(&insert_lock);
+    if (id)
+        return id;
+none:
+    atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
+    return MTRACE_NO_STACK;
+}
+
+uint32_t mt_stack_capture(uint32_t depth) {
+    void *buf[MTRACE_MAX_DEPTH + MAX_OWN_FRAMES];
+    if (depth > MTRACE_MAX_DEPTH)
+        depth = MTRACE_MAX_DEPTH;
+    int n = unw_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
+    int skip = 0;
+    while (skip < n && (const char *)buf[skip] >= __ehdr_start && (const char *)buf[skip] < etext)
+        skip++;
+    uint32_t got = (uint32_t)(n - skip);
+    return mt_stack_intern((const uintptr_t *)(buf + skip), got < depth ? got : depth);
+}
+
+uint32_t mt_stack_get(uint32_t id, uintptr_t *ips, uint32_t max) {
+    if (id == MTRACE_NO_STACK || id >= atomic_load_explicit(&next_id, memory_order_acquire))
+        return 0;
+    const struct stack_rec *r = rec_of(id);
+    if (!r)
+        return 0;
+    uint32_t n = r->depth < max ? r->depth : max;
+    memcpy(ips, r->ips, n * sizeof(uintptr_t));
+    return n;
+}
+
+void mt_stack_figures(struct mt_stack_figures *out) {
+    out->stacks = atomic_load_explicit(&next_id, memory_order_relaxed) - 1;
+    out->bytes = atomic_load_explicit(&mapped_bytes, memory_order_relaxed);
+    out->dropped = atomic_load_explicit(&dropped, memory_order_relaxed);
+}
+
+void mt_stacks_lock(void) { mt_lock(&insert_lock); }
+void mt_stacks_unlock(void) { mt_unlock(&insert_lock); }

@@ -1,0 +1,35 @@
+/*
+ * Call stacks: captured with libunwind, interned once, named by a 24-bit id.
+ *
+ * Most allocations come from a few thousand call sites, so a table entry
+ * stores an id instead of its frames.  The store only grows (ids stay valid
+ * across reset) and lives in memory mapped here, never in malloc'ed memory.
+ */
+#ifndef MT_STACKS_H
+#define MT_STACKS_H
+
+#include <stdint.h>
+
+/* Called once before the first capture. */
+void mt_stacks_init(void);
+
+/* Captures the current call stack, skipping this library's own frames, and
+ * returns its id (MTRACE_NO_STACK if it could not be stored). */
+uint32_t mt_stack_capture(uint32_t depth);
+
+/* Interns depth frames; returns the id, MTRACE_NO_STACK if the store is full. */
+uint32_t mt_stack_intern(const uintptr_t *ips, uint32_t depth);
+
+/* Copies up to max frames of a stack; returns the count (0 for unknown ids). */
+uint32_t mt_stack_get(uint32_t id, uintptr_t *ips, uint32_t max);
+
+struct mt_stack_figures {
+    uint64_t stacks, bytes, dropped;
+};
+void mt_stack_figures(struct mt_stack_figures *out);
+
+/* Held across fork() so that no half-published stack reaches the child. */
+void mt_stacks_lock(void);
+void mt_stacks_unlock(void);
+
+#endif
