@@ -1,0 +1,43 @@
+defmodule Mtrace.Error do
+  @moduledoc """
+  Raised when native tracing cannot answer: the tracer library is not
+  preloaded into this VM, or the NIF could not be loaded. The message says
+  what to do about it.
+  """
+  defexception [:message, :reason]
+
+  @type t :: %__MODULE__{message: String.t(), reason: :not_preloaded | :nif_not_loaded}
+
+  @doc false
+  @spec not_preloaded() :: t()
+  def not_preloaded do
+    so = Path.join(to_string(:code.priv_dir(:mtrace)), "mtrace.so")
+
+    %__MODULE__{
+      reason: :not_preloaded,
+      message: """
+      mtrace: the tracer library is not preloaded into this VM, so no native \
+      allocation has been recorded. Start the node with it preloaded:
+
+          LD_PRELOAD=#{so}
+
+      In a release, add this line to rel/env.sh.eex:
+
+          export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)
+
+      Mtrace.preloaded?/0 tells whether it is; Mtrace.VM works without it.\
+      """
+    }
+  end
+
+  @doc false
+  @spec nif_not_loaded(term()) :: t()
+  def nif_not_loaded(reason) do
+    %__MODULE__{
+      reason: :nif_not_loaded,
+      message:
+        "mtrace: priv/mtrace_nif.so could not be loaded (#{inspect(reason)}); " <>
+          "rebuild with `mix compile` and check that it exists in #{:code.priv_dir(:mtrace)}"
+    }
+  end
+end

@@ -1,0 +1,92 @@
+defmodule Mix.Tasks.Compile.Mtrace do
+  @moduledoc """
+  Builds mtrace's C code (the preload `priv/mtrace.so` and `priv/mtrace_nif.so`)
+  with make: GNU make with `Makefile`, or BSD make with `Makefile.bsd` where GNU
+  make is absent. `MAKE` overrides the choice (a name containing "bmake", or a
+  non-GNU make, gets `Makefile.bsd`).
+
+  Defined here rather than in `lib/` so that it exists before the project is
+  compiled, also when mtrace is a dependency of another project.
+  """
+  use Mix.Task.Compiler
+
+  @impl true
+  def run(_args) do
+    {make, makefile} = make_command()
+    root = Path.dirname(Mix.Project.project_file())
+    priv = Path.join(Mix.Project.app_path(), "priv")
+    build = Path.join(Mix.Project.build_path(), "mtrace_c")
+    args = ["-f", makefile, "PRIV=#{priv}", "BUILD=#{build}", "all"]
+    env = [{"ERTS_INCLUDE_DIR", erts_include()}]
+
+    case System.cmd(make, args, cd: root, env: env, stderr_to_stdout: true) do
+      {out, 0} ->
+        if String.contains?(out, "-o ") do
+          Mix.shell().info("==> mtrace: built #{priv}/mtrace.so and mtrace_nif.so")
+        end
+
+        {:ok, []}
+
+      {out, status} ->
+        Mix.shell().error(out)
+        Mix.raise("mtrace: `#{make} #{Enum.join(args, " ")}` failed (exit status #{status})")
+    end
+  end
+
+  @impl true
+  def clean do
+    priv = Path.join(Mix.Project.app_path(), "priv")
+    Enum.each(["mtrace.so", "mtrace_nif.so"], &File.rm(Path.join(priv, &1)))
+  end
+
+  defp erts_include do
+    Path.join([:code.root_dir(), "erts-#{:erlang.system_info(:version)}", "include"])
+  end
+
+  defp make_command do
+    case System.get_env("MAKE") do
+      nil ->
+        cond do
+          gnu_make?("make") -> {"make", "Makefile"}
+          System.find_executable("gmake") -> {"gmake", "Makefile"}
+          System.find_executable("bmake") -> {"bmake", "Makefile.bsd"}
+          System.find_executable("make") -> {"make", "Makefile.bsd"}
+          true -> Mix.raise("mtrace: no make found: install make (GNU) or bmake")
+        end
+
+      make ->
+        if gnu_make?(make), do: {make, "Makefile"}, else: {make, "Makefile.bsd"}
+    end
+  end
+
+  defp gnu_make?(make) do
+    System.find_executable(make) != nil and
+      match?({"GNU Make" <> _, 0}, System.cmd(make, ["--version"], stderr_to_stdout: true))
+  rescue
+    _ -> false
+  end
+end
+
+defmodule Mtrace.MixProject do
+  use Mix.Project
+
+  def project do
+    [
+      app: :mtrace,
+      version: "0.2.0",
+      elixir: "~> 1.14",
+      compilers: [:mtrace] ++ Mix.compilers(),
+      elixirc_paths: elixirc_paths(Mix.env()),
+      start_permanent: Mix.env() == :prod,
+      deps: [],
+      description: "Finds memory leaks on live Erlang/Elixir nodes: native (malloc) and VM-side."
+    ]
+  end
+
+  def application do
+    [extra_applications: [:logger]]
+  end
+
+  defp elixirc_paths(:test), do: ["lib", "test/support"]
+  defp elixirc_paths(_), do: ["lib"]
+end
