@@ -17,8 +17,8 @@ $(MAKEVARS): c_src/makevars.sh
 test:
 	bin/test
 
-bench: all
-	sh bench/run.sh
+bench: $(MAKEVARS)
+	$(SUBMAKE) bench-c
 
 clean:
 	rm -rf $(BUILD) $(PRIV)/mtrace.so $(PRIV)/mtrace_nif.so

@@ -8,5 +8,6 @@ cd "$(dirname "$0")"
 docker build -t mtrace .
 tty=""
 [ -t 0 ] && tty="-it"
+[ $# -eq 0 ] && set -- bash
 # shellcheck disable=SC2086
-exec docker run --rm $tty --hostname mtrace -v "$PWD:/app" -w /app mtrace "${@:-bash}"
+exec docker run --rm $tty --hostname mtrace -v "$PWD:/app" -w /app mtrace "$@"

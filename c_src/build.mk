@@ -73,3 +73,11 @@ $(BUILD)/asan_test_symbols: test/c/test_symbols.c c_src/symbols.c c_src/symbols.
 $(BUILD)/symbols_fixture.so: test/c/symbols_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -O1 -g $(SO_LDFLAGS) -o $@ test/c/symbols_fixture.c
+
+# Benchmarks (figures only, never asserted).
+bench-c: all $(BUILD)/query_bench
+	sh bench/run.sh $(BUILD) $(PRIV)
+
+$(BUILD)/query_bench: bench/query_bench.c c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ bench/query_bench.c $(DL_LIBS)

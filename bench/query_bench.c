@@ -1,0 +1,87 @@
+/*
+ * Query cost at scale, run with the preload active:
+ *   LD_PRELOAD=priv/mtrace.so MTRACE_PROGRAMS=query_bench _build/c/query_bench [N]
+ * Makes N live allocations (default 1,000,000) from 100 call sites, then times
+ * olds(10), stats() and reset(), and reports table bytes per live entry.
+ * Prints markdown table rows; nothing here is asserted.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "mtrace_api.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* 100 distinct call sites: the site number picks a distinct return address. */
+#define SITE(k)                                                                                    \
+    static __attribute__((noinline)) void *site_##k(size_t n) {                                    \
+        void *p = malloc(n + k);                                                                   \
+        __asm__ __volatile__("" ::: "memory");                                                     \
+        return p;                                                                                  \
+    }
+#define TEN(d)                                                                                     \
+    SITE(d##0)                                                                                     \
+    SITE(d##1) SITE(d##2) SITE(d##3) SITE(d##4) SITE(d##5) SITE(d##6) SITE(d##7) SITE(d##8)        \
+        SITE(d##9)
+TEN(1)
+TEN(2) TEN(3) TEN(4) TEN(5) TEN(6) TEN(7) TEN(8) TEN(9) TEN(10)
+#define REF(k) site_##k,
+#define TENREF(d)                                                                                  \
+    REF(d##0)                                                                                      \
+    REF(d##1) REF(d##2) REF(d##3) REF(d##4) REF(d##5) REF(d##6) REF(d##7) REF(d##8) REF(d##9)
+    static void *(*sites[])(size_t) = {TENREF(1) TENREF(2) TENREF(3) TENREF(4) TENREF(5) TENREF(6)
+                                           TENREF(7) TENREF(8) TENREF(9) TENREF(10)};
+
+int main(int argc, char **argv) {
+    const struct mtrace_api *api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
+    if (!api) {
+        fprintf(stderr,
+                "query_bench: run with LD_PRELOAD=priv/mtrace.so MTRACE_PROGRAMS=query_bench\n");
+        return 2;
+    }
+    size_t n = argc > 1 ? strtoul(argv[1], NULL, 10) : 1000000;
+    void **blocks = malloc(n * sizeof *blocks);
+    api->reset();
+    double t0 = now_s();
+    for (size_t i = 0; i < n; i++)
+        blocks[i] = sites[i % 100](16);
+    double fill = now_s() - t0;
+
+    struct mtrace_stats s;
+    api->stats(&s);
+    struct mtrace_alloc out[10];
+    double best_olds = 1e9, best_stats = 1e9;
+    for (int r = 0; r < 5; r++) {
+        t0 = now_s();
+        api->olds(out, 10, NULL);
+        double d = now_s() - t0;
+        best_olds = d < best_olds ? d : best_olds;
+        t0 = now_s();
+        api->stats(&s);
+        d = now_s() - t0;
+        best_stats = d < best_stats ? d : best_stats;
+    }
+    printf("| live entries | %llu |\n", (unsigned long long)s.live_count);
+    printf("| call sites (stacks interned) | %llu |\n", (unsigned long long)s.stacks);
+    printf("| table bytes per live entry | %.1f |\n", (double)s.table_bytes / (double)s.live_count);
+    printf("| table + stack store bytes per live entry | %.1f |\n",
+           (double)(s.table_bytes + s.stack_bytes) / (double)s.live_count);
+    printf("| fill: ns per tracked malloc | %.0f |\n", fill * 1e9 / (double)n);
+    printf("| olds(10) | %.1f ms |\n", best_olds * 1e3);
+    printf("| stats() | %.3f ms |\n", best_stats * 1e3);
+    t0 = now_s();
+    uint64_t forgotten = api->reset();
+    printf("| reset() of %llu entries | %.1f ms |\n", (unsigned long long)forgotten,
+           (now_s() - t0) * 1e3);
+    for (size_t i = 0; i < n; i++)
+        free(blocks[i]);
+    free(blocks);
+    return 0;
+}
