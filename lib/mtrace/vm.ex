@@ -1,0 +1,277 @@
+defmodule Mtrace.VM do
+  @moduledoc """
+  Leak hunting inside the VM: where a node's memory sits, which processes,
+  tables and allocators hold it, and a one-call diagnosis that names the
+  likely kind of leak and the next call to make.
+
+  It covers the classic BEAM leaks — refc binaries kept alive by processes
+  that rarely collect, mailboxes nobody reads, ETS tables that only grow,
+  processes spawned and never stopped, monitors never removed, fragmented
+  allocators — and ties them to native memory: RSS that the ERTS allocators
+  do not explain, and, when the `mtrace.so` malloc tracer is preloaded, the
+  native heap itself (`Mtrace.stats/0`, `Mtrace.sites/1`).
+
+  Everything here uses only the Erlang/Elixir standard library, reads
+  processes one at a time, and skips processes and tables that disappear
+  while being read. Nothing here needs the native tracer: without it, native
+  figures are `nil` and `diagnose/1` explains how to enable it.
+
+  Start with:
+
+      Mtrace.VM.diagnose()
+      Mtrace.VM.diagnose(window: 60_000)   # judge growth over a minute as well
+  """
+
+  alias Mtrace.VM.{Alloc, Args, Counts, Diagnose, ETS, Memory, Procs}
+
+  @typedoc "How a process is named in results: see `top/2`."
+  @type proc_info :: Procs.info()
+
+  @typedoc "A measure processes can be ranked by: see `top/2`."
+  @type attr :: Procs.attr()
+
+  @doc """
+  Where the node's memory is, in bytes.
+
+  Returns a map with:
+
+    * the categories of `erlang:memory/0` (`:total`, `:processes`,
+      `:processes_used`, `:system`, `:atom`, `:atom_used`, `:binary`, `:code`,
+      `:ets`). When the allocators they are summed from are disabled (for
+      instance with `+Mea min`) `erlang:memory/0` raises `notsup`; these
+      values are then `nil`;
+    * `:rss` and `:rss_peak`: resident set size now and at its peak (VmRSS,
+      VmHWM from `/proc/self/status`; `nil` where there is no `/proc`);
+    * `:allocated` and `:used`: what the ERTS allocators took from the OS as
+      carriers and what they hand out as blocks, read in one snapshot so
+      that `used <= allocated`. `allocated - used` is allocator overhead and
+      fragmentation;
+    * `:outside_vm`: RSS not explained by the ERTS allocators (`rss -
+      allocated`, floored at 0): the emulator's own code and static data,
+      and memory taken directly from malloc/mmap by NIFs, drivers and
+      libraries. A large or growing value points at native code;
+    * `:native`: when the `mtrace.so` tracer is preloaded, its counters
+      (`:live_count`, `:live_bytes`, `:dropped`, `:enabled`) and the C heap's
+      mallinfo2 figures (`:allocated_bytes`, `:used_bytes`, `:free_bytes`,
+      `:mmap_bytes`); else `nil`.
+
+  Cheap: a few system_info calls and one small file read.
+
+  ## Example
+
+      iex> m = Mtrace.VM.memory()
+      iex> m.used <= m.allocated
+      true
+  """
+  @spec memory() :: Memory.t()
+  def memory, do: Memory.read()
+
+  @doc """
+  The `n` processes with the largest `attr`, largest first, as
+  `[{pid, value, info}]`.
+
+  `attr` is one of:
+
+    * `:memory` — bytes, as `Process.info(pid, :memory)`;
+    * `:binary_memory` — bytes of refc binaries the process references,
+      each binary counted once even if referenced several times;
+    * `:message_queue_len` — messages waiting;
+    * `:reductions` — work done since the process started;
+    * `:total_heap_size`, `:heap_size` — in words, as `Process.info/2` reports;
+    * `:monitors`, `:links` — how many the process holds.
+
+  `info` is `[registered_name: name]` for a registered process, else
+  `[current_function: mfa, initial_call: mfa]`. Processes that exit during
+  the scan are skipped, so fewer than `n` entries may come back.
+
+  Cost: one `Process.info/2` per process; only `n` results are kept while
+  scanning, so memory use does not grow with the number of processes (beyond
+  the list of pids). `:binary_memory` copies each process's binary list and
+  is the slowest.
+
+  ## Example
+
+      Mtrace.VM.top(:message_queue_len, 3)
+      #=> [{#PID<0.312.0>, 100_000, [current_function: {MyApp.Sink, :loop, 1}, initial_call: {:erlang, :apply, 2}]},
+      #=>  {#PID<0.45.0>, 2, [registered_name: :logger]},
+      #=>  {#PID<0.1.0>, 0, [registered_name: :erts_code_purger]}]
+  """
+  @spec top(attr, pos_integer) :: [{pid, non_neg_integer, proc_info}]
+  def top(attr, n \\ 10) do
+    Procs.top(attr!(attr), Args.pos_int!(n, "n"))
+  end
+
+  @doc """
+  Like `top/2`, ranked by how much `attr` changed over `ms` milliseconds.
+
+  Samples every process, sleeps `ms`, samples again. Processes born in
+  between count from 0; processes that died are skipped. Values can be
+  negative when everything shrank.
+
+  Cost: the first sample keeps one entry per process (with a non-zero
+  value), and the caller blocks for `ms`.
+
+  ## Example
+
+      Mtrace.VM.window(:reductions, 3, 1_000)
+      #=> [{#PID<0.250.0>, 4_000_000, [registered_name: :busy_worker]}, ...]
+  """
+  @spec window(attr, pos_integer, non_neg_integer) :: [{pid, integer, proc_info}]
+  def window(attr, n, ms) do
+    Procs.window(attr!(attr), Args.pos_int!(n, "n"), Args.non_neg_int!(ms, "ms"))
+  end
+
+  @doc """
+  Finds processes that hold refc binaries they no longer need.
+
+  **Garbage-collects every process on the node.** Counts the refc binaries
+  each process references, forces a garbage collection everywhere, and counts
+  again. Returns the `n` processes whose count dropped most (negative
+  deltas, like `recon:bin_leak/1`; processes that freed none are left out),
+  the total number of references dropped, and the node's binary memory before
+  and after (`nil` when `erlang:memory/1` is unsupported). A large drop in
+  binary memory means binaries were kept alive only by processes that had
+  not collected; run `top(:binary_memory, n)` first if you only want to know
+  who holds them.
+
+  GC requests run in parallel; processes that do not answer within 60 s are
+  not waited for.
+
+  ## Example
+
+      Mtrace.VM.bin_leak(2)
+      #=> %{top: [{#PID<0.4612.0>, -5580, [current_function: {:gen_server, :loop, 7}, initial_call: {:proc_lib, :init_p, 5}]},
+      #=>         {#PID<0.1747.0>, -3724, [registered_name: :router]}],
+      #=>   freed: 9400, binary_before: 412_000_000, binary_after: 21_000_000}
+  """
+  @spec bin_leak(pos_integer) :: %{
+          top: [{pid, neg_integer, proc_info}],
+          freed: non_neg_integer,
+          binary_before: non_neg_integer | nil,
+          binary_after: non_neg_integer | nil
+        }
+  def bin_leak(n) do
+    Procs.bin_leak(Args.pos_int!(n, "n"))
+  end
+
+  @doc """
+  The `n` largest ETS tables, by `:memory` (bytes) or `:size` (objects).
+
+  Returns `[{table, value, [name: name, owner: pid, size: objects,
+  memory_bytes: bytes]}]`. Binaries over 64 bytes stored in a table live
+  outside it and count under `binary` in `memory/0`, not here.
+
+  ## Example
+
+      Mtrace.VM.ets_top(2)
+      #=> [{:sessions, 120_000_000, [name: :sessions, owner: #PID<0.300.0>, size: 1_000_000, memory_bytes: 120_000_000]},
+      #=>  {:ac_tab, 8_000, [name: :ac_tab, owner: #PID<0.44.0>, size: 6, memory_bytes: 8_000]}]
+  """
+  @spec ets_top(pos_integer, :memory | :size) :: [{:ets.table(), non_neg_integer, ETS.info()}]
+  def ets_top(n \\ 10, by \\ :memory) do
+    ETS.top(Args.pos_int!(n, "n"), Args.one_of!(by, [:memory, :size], "by"))
+  end
+
+  @doc """
+  Processes, ports, atoms and ETS tables, each as `{count, limit}`.
+
+  The VM rounds some limits up (`+P 100000` gives a process limit of
+  131_072). Running out of any of these takes the node down or makes it
+  refuse work, so a count near its limit is urgent whatever memory says.
+
+  ## Example
+
+      iex> %{processes: {count, limit}} = Mtrace.VM.counts()
+      iex> count < limit
+      true
+  """
+  @spec counts() :: Counts.t()
+  def counts, do: Counts.read()
+
+  @doc """
+  Per ERTS allocator type: bytes in carriers (`:allocated`), bytes handed out
+  as blocks (`:used`), the difference (`:wasted`) and `:usage`
+  (`used / allocated`), summed over the type's instances.
+
+  Most fragmented first: lowest usage first among allocators of 1 MiB or
+  more, then the small ones by size (a nearly empty 64 KiB carrier is not
+  fragmentation). Allocators that are disabled (e.g. under `+Mea min`) are
+  left out. A large allocator with low usage holds memory the OS cannot get
+  back: see the `+M<X>as` and `+M<X>lmbcs` emulator flags.
+
+  ## Example
+
+      Mtrace.VM.allocators()
+      #=> [%{allocator: :binary_alloc, allocated: 300_000_000, used: 90_000_000, wasted: 210_000_000, usage: 0.3, instances: 3},
+      #=>  %{allocator: :eheap_alloc, allocated: 40_000_000, used: 30_000_000, wasted: 10_000_000, usage: 0.75, instances: 3},
+      #=>  ...]
+  """
+  @spec allocators() :: [Alloc.row()]
+  def allocators, do: Alloc.types()
+
+  @doc """
+  Looks for every kind of leak this module knows and names the likeliest.
+
+  Returns `%{verdict: kind, findings: [finding]}` (plus the `:node`,
+  `:window`, `:memory`, `:counts` and `:native` state it judged) and prints a
+  report. Each finding is `%{kind:, score:, summary:, evidence:, next:}`:
+  `next` is the call to make to dig further. The verdict is the kind of the
+  highest-scoring finding scoring 50 or more, else `:healthy`. Kinds:
+
+    * `:mailbox_buildup` — a process with more than 10_000 messages waiting
+      (or a mailbox growing by 500/s);
+    * `:process_leak` — processes at half the process limit, or 10_000+
+      idle processes sharing an initial call and current function that make
+      up half of all processes (or the count growing by 100/s). Idle
+      connection processes you expect look the same: judge by their owner;
+    * `:monitor_leak` — a process holding more than 10_000 monitors (or
+      gaining 100/s);
+    * `:ets_growth` — a table holding over 100 MiB with the binaries it
+      references, or 64 MiB+ that is half of the VM's memory (or growing by
+      1 MiB/s);
+    * `:binary_leak` — refc binaries dominate memory and a forced GC frees a
+      lot of them (32 MiB, or a quarter of the VM's memory if more);
+    * `:native_leak` — native memory of 256 MiB (or more than the VM's own):
+      the tracer's live malloc bytes when preloaded, otherwise RSS outside
+      the ERTS allocators; or growing by 1 MiB/s;
+    * `:fragmentation` — an allocator type less than half used, wasting 64 MiB;
+    * `:healthy` — nothing reached its threshold.
+
+  `Mtrace.VM.Findings` documents the scoring.
+
+  Options:
+
+    * `:window` — milliseconds between two samples, so growth is judged and
+      not only size (default: one sample);
+    * `:gc` — `:auto` (default) runs `bin_leak/1` only when refc binaries
+      hold a quarter of the VM's memory (16 MiB at least), `true` always,
+      `false` never. It garbage-collects every process;
+    * `:node` — diagnose another connected node through `:erpc` (mtrace must
+      be loaded there) and print the report here;
+    * `:timeout` — how long to wait for `:node`, in ms (default 300_000,
+      plus the window), or `:infinity`;
+    * `:print` — print the report (default `true`).
+
+  Cost: one `Process.info/2` per process per sample, `bin_leak/1` when binaries
+  dominate, and the window's sleep. Safe on a production node, but not free
+  on one with millions of processes.
+
+  ## Example
+
+      Mtrace.VM.diagnose(window: 10_000, print: false)
+      #=> %{verdict: :mailbox_buildup,
+      #=>   findings: [%{kind: :mailbox_buildup, score: 216.1,
+      #=>                summary: "#PID<0.312.0> (in MyApp.Sink.loop/1, started as :erlang.apply/2) has 100_000 messages waiting",
+      #=>                evidence: %{pid: #PID<0.312.0>, message_queue_len: 100_000, ...},
+      #=>                next: ~s|Process.info(pid("0.312.0"), [:current_stacktrace, :status]) shows why it is not receiving; ...|}],
+      #=>   node: :"app@host", window: 10_000, memory: %{...}, counts: %{...}, native: %{preloaded: false, ...}}
+  """
+  @spec diagnose(keyword) :: %{
+          required(:verdict) => atom,
+          required(:findings) => [Mtrace.VM.Findings.finding()],
+          optional(atom) => term
+        }
+  def diagnose(opts \\ []), do: Diagnose.run(opts)
+
+  defp attr!(attr), do: Args.one_of!(attr, Procs.attrs(), "attr")
+end

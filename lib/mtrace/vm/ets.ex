@@ -1,0 +1,137 @@
+defmodule Mtrace.VM.ETS do
+  @moduledoc """
+  ETS tables ranked by memory or by number of objects.
+
+  Table memory is the figure `:ets.info(table, :memory)` reports (words,
+  converted to bytes). Off-heap binaries larger than 64 bytes stored in a
+  table are not part of it: they count under `binary` in `erlang:memory/0`.
+  """
+
+  alias Mtrace.VM.TopN
+
+  @typedoc "How a table is described in results."
+  @type info :: [
+          name: atom,
+          owner: pid,
+          size: non_neg_integer,
+          memory_bytes: non_neg_integer
+        ]
+
+  @doc """
+  The `n` largest tables by `:memory` (bytes) or `:size` (objects).
+
+  ## Example
+
+      [{_table, _bytes, [name: _, owner: _, size: _, memory_bytes: _]} | _] =
+        Mtrace.VM.ETS.top(3, :memory)
+  """
+  @spec top(pos_integer, :memory | :size) :: [{:ets.table(), non_neg_integer, info}]
+  def top(n, by) do
+    word = :erlang.system_info(:wordsize)
+
+    :ets.all()
+    |> Enum.reduce({TopN.new(n), %{}}, fn table, {top, infos} ->
+      case describe(table, word) do
+        nil -> {top, infos}
+        info -> {TopN.add(top, table, info[by_key(by)]), Map.put(infos, table, info)}
+      end
+    end)
+    |> then(fn {top, infos} ->
+      for {table, value} <- TopN.to_list(top), do: {table, value, Map.fetch!(infos, table)}
+    end)
+  end
+
+  @doc """
+  Every table's memory in bytes, keyed by table; tables deleted meanwhile are
+  left out.
+
+  ## Example
+
+      %{} = Mtrace.VM.ETS.sizes()
+  """
+  @spec sizes() :: %{:ets.table() => non_neg_integer}
+  def sizes do
+    word = :erlang.system_info(:wordsize)
+
+    for table <- :ets.all(), info = describe(table, word), info != nil, into: %{} do
+      {table, info[:memory_bytes]}
+    end
+  end
+
+  @doc """
+  Name, owner, size and memory of one table, or `nil` if it no longer exists.
+
+  ## Example
+
+      [name: :ac_tab, owner: _, size: _, memory_bytes: _] =
+        Mtrace.VM.ETS.describe(:ac_tab, 8)
+  """
+  @spec describe(:ets.table(), pos_integer) :: info | nil
+  def describe(table, word) do
+    with name when is_atom(name) <- :ets.info(table, :name),
+         owner when is_pid(owner) <- :ets.info(table, :owner),
+         size when is_integer(size) <- :ets.info(table, :size),
+         words when is_integer(words) <- :ets.info(table, :memory) do
+      [name: name, owner: owner, size: size, memory_bytes: words * word]
+    else
+      _ -> nil
+    end
+  end
+
+  @doc """
+  Estimated bytes of refc binaries (over 64 bytes) that `table` references,
+  which `:ets.info(table, :memory)` leaves out; `nil` if the table cannot be
+  read (private to another process, or deleted).
+
+  Measured on the first `samples` objects and scaled to the table's size, so
+  binaries shared by many objects are counted once per object.
+
+  ## Example
+
+      t = :ets.new(:t, [])
+      :ets.insert(t, {1, :binary.copy("x", 1000)})
+      1000 = Mtrace.VM.ETS.binary_estimate(t, 64)
+  """
+  @spec binary_estimate(:ets.table(), pos_integer) :: non_neg_integer | nil
+  def binary_estimate(table, samples) do
+    case :ets.select(table, [{:_, [], [:"$_"]}], samples) do
+      {objects, _continuation} ->
+        bytes = Enum.reduce(objects, 0, &(offheap(&1, 1_000) + &2))
+        round(bytes / length(objects) * :ets.info(table, :size))
+
+      :"$end_of_table" ->
+        0
+    end
+  rescue
+    ArgumentError -> nil
+  end
+
+  # Bytes of off-heap binaries in a term, visiting at most about `budget`
+  # terms: sampling is meant to be cheap even when objects are huge.
+  defp offheap(term, budget) do
+    {bytes, _} = walk(term, {0, budget})
+    bytes
+  end
+
+  defp walk(_term, {_, budget} = acc) when budget <= 0, do: acc
+
+  defp walk(term, {bytes, budget}) when is_binary(term) do
+    size = :binary.referenced_byte_size(term)
+    {if(size > 64, do: bytes + size, else: bytes), budget - 1}
+  end
+
+  defp walk(term, {bytes, budget}) when is_tuple(term) do
+    term |> Tuple.to_list() |> walk({bytes, budget - 1})
+  end
+
+  defp walk([head | tail], acc), do: walk(tail, walk(head, acc))
+
+  defp walk(term, {bytes, budget}) when is_map(term) do
+    term |> Map.to_list() |> walk({bytes, budget - 1})
+  end
+
+  defp walk(_term, {bytes, budget}), do: {bytes, budget - 1}
+
+  defp by_key(:memory), do: :memory_bytes
+  defp by_key(:size), do: :size
+end

@@ -1,0 +1,94 @@
+defmodule Mtrace.VM.Format do
+  @moduledoc """
+  Text for findings and reports: byte sizes, processes, and the IEx
+  expressions an operator can paste to follow up.
+  """
+
+  @doc """
+  A byte count in binary units.
+
+  ## Examples
+
+      iex> Mtrace.VM.Format.bytes(1536)
+      "1.5 KiB"
+      iex> Mtrace.VM.Format.bytes(nil)
+      "n/a"
+  """
+  @spec bytes(number | nil) :: String.t()
+  def bytes(nil), do: "n/a"
+  def bytes(n) when n < 1024, do: "#{round(n)} B"
+  def bytes(n) when n < 1024 * 1024, do: unit(n / 1024, "KiB")
+  def bytes(n) when n < 1024 * 1024 * 1024, do: unit(n / (1024 * 1024), "MiB")
+  def bytes(n), do: unit(n / (1024 * 1024 * 1024), "GiB")
+
+  defp unit(value, name), do: "#{:erlang.float_to_binary(value * 1.0, decimals: 1)} #{name}"
+
+  @doc """
+  An expression that evaluates to `pid` in IEx on the node that owns it.
+
+  ## Example
+
+      iex> Mtrace.VM.Format.pid_expr(:erlang.list_to_pid(~c"<0.42.0>"))
+      ~s|pid("0.42.0")|
+  """
+  @spec pid_expr(pid) :: String.t()
+  def pid_expr(pid) do
+    "#PID<" <> rest = inspect(pid)
+    ~s|pid("#{String.trim_trailing(rest, ">")}")|
+  end
+
+  @doc """
+  A process and what it is: its registered name, else where it waits and how
+  it started.
+
+  ## Example
+
+      iex> pid = :erlang.list_to_pid(~c"<0.42.0>")
+      iex> Mtrace.VM.Format.process(pid, current_function: {:gen_server, :loop, 7}, initial_call: {:proc_lib, :init_p, 5})
+      "#PID<0.42.0> (in :gen_server.loop/7, started as :proc_lib.init_p/5)"
+  """
+  @spec process(pid, keyword | nil) :: String.t()
+  def process(pid, [registered_name: name] ++ _), do: "#{inspect(pid)} (#{inspect(name)})"
+
+  def process(pid, [current_function: cf, initial_call: ic] ++ _),
+    do: "#{inspect(pid)} (in #{mfa(cf)}, started as #{mfa(ic)})"
+
+  def process(pid, _), do: "#{inspect(pid)} (exited since)"
+
+  @doc """
+  A `{module, function, arity}` as Elixir prints it.
+
+  ## Example
+
+      iex> Mtrace.VM.Format.mfa({Enum, :map, 2})
+      "Enum.map/2"
+  """
+  @spec mfa(term) :: String.t()
+  def mfa({m, f, a}) when is_atom(m) and is_atom(f) and is_integer(a),
+    do: Exception.format_mfa(m, f, a)
+
+  def mfa(other), do: inspect(other)
+
+  @doc """
+  An integer with thousands separators.
+
+  ## Example
+
+      iex> Mtrace.VM.Format.int(1234567)
+      "1_234_567"
+  """
+  @spec int(integer) :: String.t()
+  def int(n) when is_integer(n) and n < 0, do: "-" <> int(-n)
+
+  def int(n) when is_integer(n) do
+    n
+    |> Integer.to_string()
+    |> String.reverse()
+    |> String.graphemes()
+    |> Enum.chunk_every(3)
+    |> Enum.map_join("_", &Enum.join/1)
+    |> String.reverse()
+  end
+
+  def int(n), do: inspect(n)
+end

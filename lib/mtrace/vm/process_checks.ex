@@ -1,0 +1,163 @@
+defmodule Mtrace.VM.ProcessChecks do
+  @moduledoc """
+  The checks of `Mtrace.VM.diagnose/1` that look at processes: mailbox
+  build-up, process leaks and monitor leaks. Thresholds are listed in
+  `Mtrace.VM.Findings`.
+  """
+
+  import Mtrace.VM.Findings, only: [finding: 5, growth_ratio: 4, rate: 2, ratio: 2]
+  alias Mtrace.VM.{Format, Procs}
+
+  @mailbox_len 10_000
+  @mailbox_growth 500
+  @mailbox_growth_min 1_000
+  @process_share 0.5
+  @idle_group 10_000
+  @idle_share 0.5
+  @process_growth 100
+  @process_growth_min 1_000
+  @monitors 10_000
+  @monitor_growth 100
+  @monitor_growth_min 1_000
+
+  @doc """
+  Runs the process checks; `secs` is the window length, or `nil` without one.
+
+  ## Example
+
+      snap = Mtrace.VM.Snapshot.take()
+      [_mailbox, _processes, _monitors] = Mtrace.VM.ProcessChecks.run(nil, snap, nil)
+  """
+  @spec run(Mtrace.VM.Snapshot.t() | nil, Mtrace.VM.Snapshot.t(), number | nil) :: [map | nil]
+  def run(prev, snap, secs) do
+    [mailbox(snap, secs), processes(prev, snap, secs), monitors(snap, secs)]
+  end
+
+  defp mailbox(snap, secs) do
+    {pid, len} = first(snap.procs.mql_top)
+    {gpid, delta} = first(snap.procs.mql_growth)
+    per_s = rate(delta, secs)
+    size = ratio(len, @mailbox_len)
+    growth = growth_ratio(delta, secs, @mailbox_growth, @mailbox_growth_min)
+    # Report the process that triggers the larger score.
+    pid = if growth > size, do: gpid, else: pid
+
+    if pid do
+      info = Procs.info(pid)
+      len = Map.get(snap.procs.mql, pid, 0)
+
+      finding(
+        :mailbox_buildup,
+        max(size, growth),
+        "#{Format.process(pid, info)} has #{Format.int(len)} messages waiting" <>
+          growth_text(per_s && gpid == pid && per_s, "messages"),
+        %{
+          pid: pid,
+          message_queue_len: len,
+          growth_per_s: per_s,
+          info: info,
+          top: snap.procs.mql_top
+        },
+        "Process.info(#{Format.pid_expr(pid)}, [:current_stacktrace, :status]) shows " <>
+          "why it is not receiving; Mtrace.VM.top(:message_queue_len, 5) lists the others"
+      )
+    end
+  end
+
+  defp processes(prev, snap, secs) do
+    {count, limit} = snap.counts.processes
+    group = snap.procs.idle_groups
+    delta = prev && count - elem(prev.counts.processes, 0)
+    per_s = delta && rate(delta, secs)
+    share = ratio(count / limit, @process_share)
+
+    grouped =
+      if group,
+        do: min(ratio(group.count, @idle_group), ratio(group.count / count, @idle_share)),
+        else: 0
+
+    growth = growth_ratio(delta, secs, @process_growth, @process_growth_min)
+    group = group && Map.put(group, :started_as, started_as(group.sample))
+
+    summary =
+      cond do
+        grouped >= max(share, growth) and group != nil ->
+          "#{Format.int(group.count)} of #{Format.int(count)} processes are idle in " <>
+            "#{Format.mfa(group.current_function)}, started as #{Format.mfa(group.started_as)}"
+
+        true ->
+          "#{Format.int(count)} processes of a limit of #{Format.int(limit)}"
+      end
+
+    next =
+      if group,
+        do:
+          "Process.info(#{Format.pid_expr(group.sample)}, [:current_stacktrace, :parent, " <>
+            ":dictionary]) shows one of the idle ones and who started it",
+        else: "Mtrace.VM.top(:memory, 10)"
+
+    finding(
+      :process_leak,
+      Enum.max([share, grouped, growth]),
+      summary <> growth_text(per_s, "processes"),
+      %{processes: count, limit: limit, idle_group: group, growth_per_s: per_s},
+      next
+    )
+  end
+
+  defp monitors(snap, secs) do
+    {pid, n} = first(snap.procs.monitors_top)
+    {gpid, delta} = first(snap.procs.monitors_growth)
+    per_s = rate(delta, secs)
+    size = ratio(n, @monitors)
+    growth = growth_ratio(delta, secs, @monitor_growth, @monitor_growth_min)
+    pid = if growth > size, do: gpid, else: pid
+
+    if pid do
+      n = Map.get(snap.procs.monitors, pid, 0)
+      targets = monitor_targets(pid)
+
+      finding(
+        :monitor_leak,
+        max(size, growth),
+        "#{Format.process(pid, Procs.info(pid))} holds #{Format.int(n)} monitors" <>
+          growth_text(per_s && gpid == pid && per_s, "monitors"),
+        %{pid: pid, monitors: n, growth_per_s: per_s, targets: targets},
+        "Process.info(#{Format.pid_expr(pid)}, :monitors); look for Process.monitor/1 " <>
+          "calls in its code that are never matched by a demonitor or a :DOWN"
+      )
+    end
+  end
+
+  # The processes or ports monitored most often by one process: a leak
+  # usually monitors the same few targets over and over, or a stream of new ones.
+  defp monitor_targets(pid) do
+    case :erlang.process_info(pid, :monitors) do
+      {:monitors, list} ->
+        list
+        |> Enum.frequencies_by(&elem(&1, 1))
+        |> Enum.sort_by(fn {_, times} -> -times end)
+        |> Enum.take(3)
+
+      _ ->
+        []
+    end
+  end
+
+  defp started_as(pid) do
+    case :proc_lib.translate_initial_call(pid) do
+      {_, _, _} = mfa -> mfa
+      _ -> nil
+    end
+  catch
+    _, _ -> nil
+  end
+
+  defp first([head | _]), do: head
+  defp first([]), do: {nil, 0}
+
+  defp growth_text(per_s, what) when is_number(per_s) and per_s > 0,
+    do: ", growing by #{Format.int(round(per_s))} #{what}/s"
+
+  defp growth_text(_, _), do: ""
+end

@@ -1,0 +1,289 @@
+defmodule Mtrace.VM.Procs do
+  @moduledoc """
+  Per-process measures behind `Mtrace.VM.top/2`, `Mtrace.VM.window/3` and
+  `Mtrace.VM.bin_leak/1`.
+
+  Processes are read one at a time with `:erlang.process_info/2`; a process
+  that dies while it is being read is skipped, never an error.
+  """
+
+  alias Mtrace.VM.TopN
+
+  @attrs [
+    :memory,
+    :binary_memory,
+    :message_queue_len,
+    :reductions,
+    :total_heap_size,
+    :heap_size,
+    :monitors,
+    :links
+  ]
+
+  @typedoc "A measure `top/2` and `window/3` can rank processes by."
+  @type attr ::
+          :memory
+          | :binary_memory
+          | :message_queue_len
+          | :reductions
+          | :total_heap_size
+          | :heap_size
+          | :monitors
+          | :links
+
+  @typedoc "How a process is named in results: its registered name, else where it is and how it started."
+  @type info :: [registered_name: atom] | [current_function: mfa, initial_call: mfa]
+
+  # Asynchronous GC replies that have not arrived by then are given up on, so
+  # one process stuck in a long NIF cannot hang bin_leak/1.
+  @gc_timeout 60_000
+
+  @doc """
+  The measures processes can be ranked by.
+
+  ## Example
+
+      iex> :binary_memory in Mtrace.VM.Procs.attrs()
+      true
+  """
+  @spec attrs() :: [attr]
+  def attrs, do: @attrs
+
+  @doc """
+  The value of `attr` for `pid`, or `nil` when the process is gone.
+
+  ## Example
+
+      iex> is_integer(Mtrace.VM.Procs.value(self(), :memory))
+      true
+  """
+  @spec value(pid, attr) :: non_neg_integer | nil
+  def value(pid, :binary_memory) do
+    case :erlang.process_info(pid, :binary) do
+      {:binary, bins} -> binary_bytes(bins)
+      _ -> nil
+    end
+  end
+
+  def value(pid, attr) when attr in [:monitors, :links] do
+    case :erlang.process_info(pid, attr) do
+      {^attr, list} -> length(list)
+      _ -> nil
+    end
+  end
+
+  def value(pid, attr) do
+    case :erlang.process_info(pid, attr) do
+      {^attr, value} -> value
+      _ -> nil
+    end
+  end
+
+  @doc """
+  Bytes of refc binaries referenced from a `process_info(pid, :binary)` list.
+
+  A binary referenced several times by one process (say, received in two
+  messages) appears once per reference; it is counted once.
+
+  ## Example
+
+      iex> Mtrace.VM.Procs.binary_bytes([{1, 100, 2}, {1, 100, 2}, {2, 50, 1}])
+      150
+  """
+  @spec binary_bytes([{term, non_neg_integer, non_neg_integer}]) :: non_neg_integer
+  def binary_bytes(bins) do
+    :lists.ukeysort(1, bins) |> Enum.reduce(0, fn {_, size, _}, acc -> acc + size end)
+  end
+
+  @doc """
+  How a process is named in results, or `nil` when it is gone.
+
+  ## Example
+
+      iex> Mtrace.VM.Procs.info(Process.whereis(:init))
+      [registered_name: :init]
+  """
+  @spec info(pid) :: info | nil
+  def info(pid) do
+    case :erlang.process_info(pid, [:registered_name, :current_function, :initial_call]) do
+      [registered_name: name, current_function: _, initial_call: _] when is_atom(name) ->
+        [registered_name: name]
+
+      [registered_name: _, current_function: mfa, initial_call: init] ->
+        [current_function: mfa, initial_call: init]
+
+      _ ->
+        nil
+    end
+  end
+
+  @doc """
+  The `n` processes with the largest `attr`, largest first.
+
+  ## Example
+
+      [{_pid, _bytes, _info}] = Mtrace.VM.Procs.top(:memory, 1)
+  """
+  @spec top(attr, pos_integer) :: [{pid, non_neg_integer, info}]
+  def top(attr, n) do
+    :erlang.processes()
+    |> Enum.reduce(TopN.new(n), fn pid, acc ->
+      case value(pid, attr) do
+        nil -> acc
+        v -> TopN.add(acc, pid, v)
+      end
+    end)
+    |> with_info()
+  end
+
+  @doc """
+  The `n` processes whose `attr` grew most over `ms` milliseconds.
+
+  ## Example
+
+      [{_pid, _delta, _info}] = Mtrace.VM.Procs.window(:reductions, 1, 100)
+  """
+  @spec window(attr, pos_integer, non_neg_integer) :: [{pid, integer, info}]
+  def window(attr, n, ms) do
+    # The first sample has to remember every process; zero values are left
+    # out because a missing pid already reads as 0 (as a newborn does).
+    before =
+      Enum.reduce(:erlang.processes(), %{}, fn pid, acc ->
+        case value(pid, attr) do
+          nil -> acc
+          0 -> acc
+          v -> Map.put(acc, pid, v)
+        end
+      end)
+
+    Process.sleep(ms)
+
+    :erlang.processes()
+    |> Enum.reduce(TopN.new(n), fn pid, acc ->
+      case value(pid, attr) do
+        nil -> acc
+        v -> TopN.add(acc, pid, v - Map.get(before, pid, 0))
+      end
+    end)
+    |> with_info()
+  end
+
+  @doc """
+  Garbage-collects every process and reports which freed the most refc binaries.
+
+  Returns the `n` processes with the largest drop in the number of refc
+  binaries they reference (as negative deltas; processes that freed none are
+  left out), the total drop, and the node's binary memory before and after
+  (`nil` when `erlang:memory/1` is unsupported).
+
+  ## Example
+
+      %{top: _, freed: _, binary_before: _, binary_after: _} = Mtrace.VM.Procs.bin_leak(5)
+  """
+  @spec bin_leak(pos_integer) :: %{
+          top: [{pid, neg_integer, info}],
+          freed: non_neg_integer,
+          binary_before: non_neg_integer | nil,
+          binary_after: non_neg_integer | nil
+        }
+  def bin_leak(n) do
+    binary_before = binary_memory()
+    before = Enum.reduce(:erlang.processes(), %{}, &count_binaries/2)
+    gc_all(Map.keys(before))
+    binary_after = settled_binary_memory(binary_memory(), 25)
+
+    {top, freed} =
+      Enum.reduce(before, {TopN.new(n), 0}, fn {pid, count}, {top, freed} ->
+        case :erlang.process_info(pid, :binary) do
+          {:binary, bins} when length(bins) < count ->
+            drop = count - length(bins)
+            {TopN.add(top, pid, drop), freed + drop}
+
+          _ ->
+            {top, freed}
+        end
+      end)
+
+    top = for {pid, drop, info} <- with_info(top), do: {pid, -drop, info}
+    %{top: top, freed: freed, binary_before: binary_before, binary_after: binary_after}
+  end
+
+  @doc """
+  The node's binary memory in bytes, or `nil` when `erlang:memory/1` cannot tell.
+
+  ## Example
+
+      iex> is_integer(Mtrace.VM.Procs.binary_memory())
+      true
+  """
+  @spec binary_memory() :: non_neg_integer | nil
+  def binary_memory do
+    :erlang.memory(:binary)
+  rescue
+    ErlangError -> nil
+  end
+
+  # A binary freed on another scheduler than the one that allocated it is
+  # handed back to its allocator instance a little later, so right after the
+  # collections binary memory still counts some freed binaries. Read again
+  # while it keeps falling (within half a second).
+  defp settled_binary_memory(nil, _tries), do: nil
+  defp settled_binary_memory(bytes, 0), do: bytes
+
+  defp settled_binary_memory(bytes, tries) do
+    Process.sleep(20)
+
+    case binary_memory() do
+      lower when is_integer(lower) and lower < bytes -> settled_binary_memory(lower, tries - 1)
+      _ -> bytes
+    end
+  end
+
+  defp count_binaries(pid, acc) do
+    case :erlang.process_info(pid, :binary) do
+      {:binary, []} -> acc
+      {:binary, bins} -> Map.put(acc, pid, length(bins))
+      _ -> acc
+    end
+  end
+
+  # GC requests are sent asynchronously from a short-lived helper so that
+  # collections run in parallel on all schedulers and late replies land in a
+  # mailbox that no longer exists instead of the caller's.
+  defp gc_all(pids) do
+    caller = self()
+    tag = make_ref()
+
+    {helper, mref} =
+      spawn_monitor(fn ->
+        ref = make_ref()
+        Enum.each(pids, &:erlang.garbage_collect(&1, async: ref))
+        await_gc(ref, length(pids), System.monotonic_time(:millisecond) + @gc_timeout)
+        send(caller, {tag, :done})
+      end)
+
+    receive do
+      {^tag, :done} ->
+        Process.demonitor(mref, [:flush])
+
+      {:DOWN, ^mref, :process, ^helper, _} ->
+        :ok
+    end
+  end
+
+  defp await_gc(_ref, 0, _deadline), do: :ok
+
+  defp await_gc(ref, left, deadline) do
+    wait = max(deadline - System.monotonic_time(:millisecond), 0)
+
+    receive do
+      {:garbage_collect, ^ref, _} -> await_gc(ref, left - 1, deadline)
+    after
+      wait -> :timeout
+    end
+  end
+
+  defp with_info(top) do
+    for {pid, value} <- TopN.to_list(top), info = info(pid), info != nil, do: {pid, value, info}
+  end
+end

@@ -1,0 +1,107 @@
+defmodule Mtrace.VM.Report do
+  @moduledoc """
+  The human-readable report `Mtrace.VM.diagnose/1` prints.
+  """
+
+  alias Mtrace.VM.{Format, Native}
+
+  @doc """
+  Renders a `Mtrace.VM.diagnose/1` result as text.
+
+  ## Example
+
+      Mtrace.VM.diagnose(print: false) |> Mtrace.VM.Report.render() |> IO.puts()
+  """
+  @spec render(map) :: String.t()
+  def render(result) do
+    [
+      "mtrace diagnose #{result.node}: verdict #{result.verdict}",
+      memory_lines(result.memory),
+      counts_line(result.counts),
+      native_lines(result.native),
+      window_line(result.window),
+      "",
+      finding_lines(result.findings)
+    ]
+    |> List.flatten()
+    |> Enum.join("\n")
+  end
+
+  defp memory_lines(m) do
+    vm =
+      if m.total do
+        "memory  VM #{Format.bytes(m.total)} (processes #{Format.bytes(m.processes)}, " <>
+          "binary #{Format.bytes(m.binary)}, ets #{Format.bytes(m.ets)}, " <>
+          "code #{Format.bytes(m.code)})"
+      else
+        "memory  erlang:memory/0 is not supported here (allocators disabled, e.g. +Mea min)"
+      end
+
+    [
+      vm <> " | RSS #{Format.bytes(m.rss)} (peak #{Format.bytes(m.rss_peak)})",
+      "        ERTS allocators #{Format.bytes(m.allocated)} allocated, " <>
+        "#{Format.bytes(m.used)} used | outside the VM #{Format.bytes(m.outside_vm)}"
+    ]
+  end
+
+  defp counts_line(c) do
+    "counts  " <>
+      Enum.map_join([:processes, :ports, :atoms, :ets], " | ", fn key ->
+        {count, limit} = Map.fetch!(c, key)
+        "#{key} #{Format.int(count)}/#{Format.int(limit)}"
+      end)
+  end
+
+  defp native_lines(%{preloaded: true, stats: nil}) do
+    "native  the tracer is preloaded but its figures could not be read (Mtrace.stats/0 failed)"
+  end
+
+  defp native_lines(%{preloaded: true, stats: stats, sites: sites}) do
+    [
+      "native  #{Format.bytes(stats[:live_bytes])} live in " <>
+        "#{Format.int(stats[:live_count] || 0)} malloc allocations; heap " <>
+        "#{Format.bytes(stats[:used_bytes])} used, #{Format.bytes(stats[:free_bytes])} free, " <>
+        "#{Format.bytes(stats[:mmap_bytes])} mmapped"
+      | Enum.map(sites, &site_line/1)
+    ]
+  end
+
+  defp native_lines(_) do
+    [
+      "native  not traced; to see which native code holds memory, add to rel/env.sh.eex:",
+      "          #{Native.enable_hint()}"
+    ]
+  end
+
+  defp site_line(site) do
+    frames =
+      site
+      |> Map.get(:frames, [])
+      |> Enum.take(4)
+      |> Enum.map_join(" < ", fn frame ->
+        "#{frame[:symbol] || "??"} (#{Path.basename(to_string(frame[:lib] || "?"))})"
+      end)
+
+    "          #{Format.bytes(site[:bytes])} in #{Format.int(site[:count] || 0)} " <>
+      "allocations, oldest #{site[:oldest]} s: #{frames}"
+  end
+
+  defp window_line(nil), do: "window  none: sizes only; pass window: 60_000 to judge growth too"
+  defp window_line(ms), do: "window  #{Format.int(ms)} ms: growth judged as well as size"
+
+  defp finding_lines([]), do: ["findings: none, the node looks healthy"]
+
+  defp finding_lines(findings) do
+    [
+      "findings (a score of 50 or more is a problem):"
+      | Enum.flat_map(findings, fn f ->
+          score = :erlang.float_to_binary(f.score * 1.0, decimals: 1)
+
+          [
+            "  #{String.pad_leading(score, 6)}  #{f.kind}: #{f.summary}",
+            "          next: #{f.next}"
+          ]
+        end)
+    ]
+  end
+end

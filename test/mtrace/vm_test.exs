@@ -1,0 +1,467 @@
+defmodule Mtrace.VMTest do
+  # Scenarios run in peer nodes so that each starts from a quiet VM and the
+  # test node's own processes cannot change a verdict.
+  use ExUnit.Case, async: false
+
+  import ExUnit.CaptureIO
+
+  alias Mtrace.VM
+
+  @scenarios Mtrace.VMScenarios
+
+  doctest Mtrace.VM
+  doctest Mtrace.VM.Args
+  doctest Mtrace.VM.Procs
+  doctest Mtrace.VM.Native
+  doctest Mtrace.VM.MemoryChecks
+  doctest Mtrace.VM.TopN
+  doctest Mtrace.VM.Format
+  doctest Mtrace.VM.Findings
+
+  setup_all do
+    unless Node.alive?() do
+      # net_kernel needs epmd and does not start it itself.
+      System.cmd("epmd", ["-daemon"])
+      name = :"mtrace_test_#{System.unique_integer([:positive])}"
+      {:ok, _} = :net_kernel.start([name, :shortnames])
+    end
+
+    :ok
+  end
+
+  describe "on this node" do
+    test "memory/0 ties the VM's figures to RSS" do
+      m = VM.memory()
+
+      for key <- [:total, :processes, :binary, :ets, :code, :rss, :rss_peak, :allocated, :used] do
+        assert is_integer(m[key]) and m[key] > 0, "#{key}: #{inspect(m[key])}"
+      end
+
+      assert m.used <= m.allocated
+      assert m.rss <= m.rss_peak
+      assert m.outside_vm == max(m.rss - m.allocated, 0)
+
+      if VM.Native.preloaded?(),
+        do: assert(is_integer(m.native.live_bytes)),
+        else: assert(m.native == nil)
+    end
+
+    test "allocators/0 sums instances and puts low usage first" do
+      rows = VM.allocators()
+      names = Enum.map(rows, & &1.allocator)
+
+      assert :binary_alloc in names and :eheap_alloc in names and :ets_alloc in names
+      assert length(names) == length(Enum.uniq(names))
+
+      for r <- rows do
+        assert r.used <= r.allocated
+        assert r.wasted == r.allocated - r.used
+        assert r.instances >= 1
+      end
+
+      big = Enum.filter(rows, &(&1.allocated >= 1_048_576))
+      assert big == Enum.take(rows, length(big))
+      usages = Enum.map(big, & &1.usage)
+      assert usages == Enum.sort(usages)
+    end
+
+    test "ets_top/2 ranks by memory and by size" do
+      table = :ets.new(:mtrace_vm_test_table, [:named_table])
+      :ets.insert(table, for(i <- 1..50_000, do: {i, i}))
+      word = :erlang.system_info(:wordsize)
+
+      assert [{:mtrace_vm_test_table, bytes, info}] = VM.ets_top(1)
+      assert bytes == :ets.info(table, :memory) * word
+
+      assert info == [
+               name: :mtrace_vm_test_table,
+               owner: self(),
+               size: 50_000,
+               memory_bytes: bytes
+             ]
+
+      assert [{:mtrace_vm_test_table, 50_000, _}] = VM.ets_top(1, :size)
+    end
+
+    test "a preloaded tracer's figures reach memory/0 and diagnose/1" do
+      use_native(Mtrace.VMTest.FakeTracer)
+
+      assert %{live_bytes: 629_145_600, live_count: 12_000, used_bytes: 681_574_400} =
+               VM.memory().native
+
+      {result, output} = with_io(fn -> VM.diagnose(gc: false) end)
+      assert result.verdict == :native_leak
+      assert result.native.preloaded
+      assert [%{kind: :native_leak, evidence: evidence} | _] = result.findings
+      assert evidence.live_bytes == 629_145_600
+      # Sites come back largest first even when the tracer refuses a limit.
+      assert Enum.map(evidence.sites, & &1.bytes) == [
+               419_430_400,
+               157_286_400,
+               52_428_800,
+               1_048_576
+             ]
+
+      assert output =~ "600.0 MiB live in 12_000 malloc allocations"
+
+      assert output =~
+               "400.0 MiB in 9_000 allocations, oldest 3600 s: leaky_nif_alloc (libleaky.so)"
+
+      refute output =~ "LD_PRELOAD"
+    end
+
+    test "a tracer that raises reads as one without figures" do
+      use_native(Mtrace.VMTest.BrokenTracer)
+
+      assert VM.memory().native == nil
+      {result, output} = with_io(fn -> VM.diagnose(gc: false) end)
+      assert result.native == %{preloaded: true, stats: nil, sites: []}
+      refute Enum.any?(result.findings, &match?(%{kind: :native_leak, evidence: %{sites: _}}, &1))
+      assert output =~ "preloaded but its figures could not be read"
+    end
+
+    test "bad arguments raise ArgumentError naming the argument" do
+      cases = [
+        {fn -> VM.top(:bogus) end, "attr"},
+        {fn -> VM.top(:memory, 0) end, "n must be"},
+        {fn -> VM.window(:memory, 1, -5) end, "ms must be"},
+        {fn -> VM.window(:links, :two, 10) end, "n must be"},
+        {fn -> VM.bin_leak(-1) end, "n must be"},
+        {fn -> VM.ets_top(0) end, "n must be"},
+        {fn -> VM.ets_top(3, :rows) end, "by must be"},
+        {fn -> VM.diagnose(bogus: 1) end, "unknown option :bogus"},
+        {fn -> VM.diagnose(:now) end, "keyword list"},
+        {fn -> VM.diagnose(window: 0) end, "option :window"},
+        {fn -> VM.diagnose(print: :maybe) end, "option :print"},
+        {fn -> VM.diagnose(gc: :sometimes) end, "option :gc"},
+        {fn -> VM.diagnose(node: "peer@host") end, "option :node"},
+        {fn -> VM.diagnose(timeout: -1) end, "option :timeout"}
+      ]
+
+      for {fun, text} <- cases do
+        error = assert_raise ArgumentError, fun
+        assert error.message =~ text
+      end
+    end
+
+    test "diagnose/1 names an unreachable node" do
+      [_, host] = node() |> Atom.to_string() |> String.split("@")
+      absent = :"mtrace_absent_#{System.unique_integer([:positive])}@#{host}"
+
+      error = assert_raise ArgumentError, fn -> VM.diagnose(node: absent, print: false) end
+      assert error.message =~ "cannot connect"
+      assert error.message =~ Atom.to_string(absent)
+    end
+  end
+
+  describe "known processes in a peer" do
+    @describetag :peer
+
+    setup do
+      node = start_peer(["+P", "100000"])
+      %{node: node, pids: :erpc.call(node, @scenarios, :known_processes, [])}
+    end
+
+    test "top/2 finds the known process for every attribute", %{node: node, pids: pids} do
+      plain = [current_function: {@scenarios, :park, 0}, initial_call: {:erlang, :apply, 2}]
+
+      expect = [
+        memory: {pids.fat, [registered_name: :mtrace_fat]},
+        total_heap_size: {pids.fat, [registered_name: :mtrace_fat]},
+        heap_size: {pids.fat, [registered_name: :mtrace_fat]},
+        binary_memory: {pids.binaries, plain},
+        message_queue_len: {pids.mailbox, plain},
+        reductions: {pids.burner, plain},
+        monitors: {pids.monitors, plain},
+        links: {pids.links, plain}
+      ]
+
+      for {attr, {pid, info}} <- expect do
+        assert [{^pid, value, ^info}, {_, second, _}] = top(node, attr, 2)
+        assert value > second, "#{attr}: #{value} vs #{second}"
+        now = :erpc.call(node, VM.Procs, :value, [pid, attr])
+        # Handling the first process_info request counts as a reduction.
+        if attr == :reductions,
+          do: assert(value in (now - 2)..now),
+          else: assert(value == now, "#{attr}: #{value} vs #{now}")
+      end
+
+      assert [{_, reductions, _}] = top(node, :reductions, 1)
+      assert reductions >= 5_000_000
+
+      # Eight 1 MiB binaries, one of them referenced twice, count once each.
+      assert [{_, 8_388_608, _}] = top(node, :binary_memory, 1)
+      assert [{_, 3_000, _}] = top(node, :message_queue_len, 1)
+      assert [{_, 500, _}] = top(node, :monitors, 1)
+      assert [{_, 300, _}] = top(node, :links, 1)
+      assert [{_, words, _}] = top(node, :heap_size, 1)
+      assert words >= 2_000_000
+
+      all = top(node, :memory, 1_000_000)
+      # Every process is ranked (give or take the short-lived erpc workers).
+      count = :erpc.call(node, :erlang, :system_info, [:process_count])
+      assert abs(length(all) - count) <= 2
+      assert Enum.all?(Map.values(pids), fn pid -> List.keymember?(all, pid, 0) end)
+      values = Enum.map(all, &elem(&1, 1))
+      assert values == Enum.sort(values, :desc)
+    end
+
+    test "window/3 ranks growth and counts newborns from zero", %{node: node} do
+      target = :erpc.call(node, @scenarios, :window_events, [200])
+
+      result = :erpc.call(node, VM, :window, [:message_queue_len, 2, 1_500])
+      newborn = :erpc.call(node, Process, :whereis, [:mtrace_newborn])
+
+      assert [{^target, 1_000, _}, {^newborn, 700, _}] = result
+      # A growth window over a process that did not change reads 0.
+      assert [{_, 0, _}] = :erpc.call(node, VM, :window, [:message_queue_len, 1, 10])
+    end
+
+    test "counts/0 reports the limits the peer was started with", %{node: node} do
+      counts = :erpc.call(node, VM, :counts, [])
+
+      # +P 100000 is rounded up by the VM to a power of two.
+      assert {procs, 131_072} = counts.processes
+      assert procs > 300 and procs < 1_000
+      assert {atoms, 1_048_576} = counts.atoms
+      assert atoms > 1_000
+      assert {ports, 65_536} = counts.ports
+      assert ports >= 1
+      assert {tables, limit} = counts.ets
+      assert tables >= 1 and limit >= tables
+    end
+  end
+
+  describe "diagnose/1 on a peer with one leak" do
+    @describetag :peer
+
+    test "a table of 1_000_000 65-byte binaries is ETS growth" do
+      node = start_peer()
+      owner = :erpc.call(node, @scenarios, :ets_table, [1_000_000], 60_000)
+
+      result = diagnose(node)
+      assert result.verdict == :ets_growth
+      assert [%{kind: :ets_growth, evidence: evidence} | _] = result.findings
+      assert evidence.table == :mtrace_leaky_cache
+      assert evidence.info[:size] == 1_000_000
+      assert evidence.info[:owner] == owner
+      assert evidence.info[:memory_bytes] > 100 * 1_048_576
+      # Every object references one 65-byte binary that table memory leaves out.
+      assert evidence.binary_estimate == 65_000_000
+      # The binaries live in the table, so a forced GC must not call it a binary leak.
+      refute Enum.any?(result.findings, &(&1.kind == :binary_leak and &1.score >= 50))
+    end
+
+    test "100_000 unread messages are a mailbox build-up" do
+      node = start_peer()
+      sink = :erpc.call(node, @scenarios, :mailbox, [100_000], 60_000)
+
+      result = diagnose(node)
+      assert result.verdict == :mailbox_buildup
+      assert [%{kind: :mailbox_buildup, evidence: evidence, next: next} | _] = result.findings
+      assert evidence.pid == sink
+      assert evidence.message_queue_len == 100_000
+      assert next =~ "Process.info(pid(\""
+    end
+
+    test "refc binaries kept only by an uncollected process are a binary leak" do
+      node = start_peer()
+      hoarder = :erpc.call(node, @scenarios, :binary_hoarder, [2_000, 65_536], 60_000)
+
+      # Without the forced GC, dominating binaries are only a lead.
+      untested = diagnose(node, gc: false)
+      assert untested.verdict == :healthy
+      assert [%{kind: :binary_leak, score: 45.0, next: next}] = untested.findings
+      assert next =~ "Mtrace.VM.bin_leak(5)"
+
+      result = diagnose(node)
+      assert result.verdict == :binary_leak
+      assert [%{kind: :binary_leak, evidence: evidence} | _] = result.findings
+      assert [{^hoarder, -2_000, _} | _] = evidence.top
+      assert evidence.freed_bytes >= 2_000 * 65_536
+
+      # bin_leak/1 on its own reports the same for a second hoarder.
+      second = :erpc.call(node, @scenarios, :binary_hoarder, [500, 65_536], 60_000)
+      leak = :erpc.call(node, VM, :bin_leak, [3], 60_000)
+      assert [{^second, -500, _} | _] = leak.top
+      assert leak.binary_before - leak.binary_after >= 500 * 65_536
+    end
+
+    test "50_000 idle workers of a leaking pool are a process leak" do
+      node = start_peer()
+      :erpc.call(node, @scenarios, :leaking_pool, [50_000], 60_000)
+
+      result = diagnose(node)
+      assert result.verdict == :process_leak
+      assert [%{kind: :process_leak, evidence: evidence} | _] = result.findings
+      assert evidence.idle_group.count == 50_000
+      assert evidence.idle_group.current_function == {@scenarios, :worker_loop, 0}
+      assert evidence.processes >= 50_000
+    end
+
+    test "20_000 monitors held by one process are a monitor leak" do
+      node = start_peer()
+      {hog, target} = :erpc.call(node, @scenarios, :monitor_hog, [20_000], 60_000)
+
+      result = diagnose(node)
+      assert result.verdict == :monitor_leak
+      assert [%{kind: :monitor_leak, evidence: evidence} | _] = result.findings
+      assert evidence.pid == hog
+      assert evidence.monitors == 20_000
+      assert evidence.targets == [{target, 20_000}]
+    end
+
+    test "a quiet node is healthy, and the report says how to trace native memory" do
+      # With this VM's environment: under the tracer, a quiet peer is traced
+      # too and must still be healthy.
+      node = start_peer([], [])
+
+      {result, output} = with_io(fn -> VM.diagnose(node: node) end)
+
+      assert result.verdict == :healthy
+      assert result.node == node
+      assert Enum.all?(result.findings, &(&1.score < 50))
+      assert output =~ "mtrace diagnose #{node}: verdict healthy"
+      assert output =~ ~r/counts  processes \d+\/262_144/
+
+      # Peers inherit LD_PRELOAD: a suite run under the tracer sees it there too.
+      if result.native.preloaded do
+        assert output =~ "live in"
+      else
+        assert output =~ "export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)"
+      end
+    end
+
+    test "with a window, a mailbox still small but growing fast is a build-up" do
+      node = start_peer()
+      # About 5_000 messages a second for 3 s: under 10_000 when judged, but
+      # far over 500 a second.
+      sink = :erpc.call(node, @scenarios, :mailbox_flood, [50, 3_000])
+
+      result = diagnose(node, window: 1_000)
+      assert result.verdict == :mailbox_buildup
+      assert [%{kind: :mailbox_buildup, evidence: evidence} | _] = result.findings
+      assert evidence.pid == sink
+      assert evidence.growth_per_s >= 500
+      assert result.window == 1_000
+    end
+  end
+
+  describe "degraded nodes" do
+    @describetag :peer
+
+    test "+Mea min and no native module: figures are nil, nothing crashes" do
+      node = start_peer(["+Mea", "min"])
+      :ok = :erpc.call(node, @scenarios, :remove_native_module, [])
+      refute :erpc.call(node, Code, :ensure_loaded?, [Mtrace])
+
+      m = :erpc.call(node, VM, :memory, [])
+      assert m.total == nil and m.binary == nil
+      assert is_integer(m.rss) and m.rss > 0
+      # Only the allocators that cannot be disabled are left to count.
+      assert m.allocated > 0 and m.used <= m.allocated
+      assert m.outside_vm == max(m.rss - m.allocated, 0)
+      assert m.native == nil
+
+      rows = :erpc.call(node, VM, :allocators, [])
+      names = Enum.map(rows, & &1.allocator)
+      assert :temp_alloc in names
+      refute :binary_alloc in names
+
+      result = diagnose(node, gc: true)
+      assert result.verdict == :healthy
+      assert result.memory.total == nil
+      assert %{binary_before: nil, binary_after: nil} = :erpc.call(node, VM, :bin_leak, [1])
+    end
+
+    test "a node without mtrace loaded is named in the error" do
+      {:ok, peer, node} = :peer.start_link(%{name: :peer.random_name()})
+      on_exit(fn -> stop_peer(peer) end)
+
+      error = assert_raise ArgumentError, fn -> VM.diagnose(node: node, print: false) end
+      assert error.message =~ "Mtrace.VM is not loaded on node #{inspect(node)}"
+    end
+  end
+
+  defp use_native(module) do
+    Application.put_env(:mtrace, :native_module, module)
+    on_exit(fn -> Application.delete_env(:mtrace, :native_module) end)
+  end
+
+  defp top(node, attr, n), do: :erpc.call(node, VM, :top, [attr, n], 60_000)
+
+  defp diagnose(node, opts \\ []) do
+    VM.diagnose([node: node, print: false, timeout: 60_000] ++ opts)
+  end
+
+  # Peers run without the malloc tracer unless asked (`env: []` keeps this
+  # VM's environment), so that VM-side scenarios are judged on their own.
+  defp start_peer(args \\ [], env \\ [{~c"LD_PRELOAD", false}]) do
+    {:ok, peer, node} =
+      :peer.start_link(%{
+        name: :peer.random_name(),
+        args: Enum.map(args, &to_charlist/1),
+        env: env
+      })
+
+    on_exit(fn -> stop_peer(peer) end)
+    # This node's code paths hold mtrace and the test support modules.
+    :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+    {:module, @scenarios} = :erpc.call(node, :code, :ensure_loaded, [@scenarios])
+    node
+  end
+
+  defp stop_peer(peer) do
+    :peer.stop(peer)
+  catch
+    # Already gone with the test process it was linked to.
+    :exit, _ -> :ok
+  end
+end
+
+defmodule Mtrace.VMTest.FakeTracer do
+  # Stands in for a preloaded tracer whose heap holds 600 MiB, and whose
+  # sites/1 knows no :limit option.
+  @mib 1_048_576
+
+  def preloaded?, do: true
+
+  def stats do
+    %{
+      live_count: 12_000,
+      live_bytes: 600 * @mib,
+      dropped: 0,
+      enabled: true,
+      allocated_bytes: 700 * @mib,
+      used_bytes: 650 * @mib,
+      free_bytes: 50 * @mib,
+      mmap_bytes: 10 * @mib,
+      malloc_cnt: 99
+    }
+  end
+
+  def sites([]) do
+    [site(50, 10), site(400, 9_000), site(150, 5), site(1, 1)]
+  end
+
+  def sites(opts), do: raise(ArgumentError, "unknown options: #{inspect(opts)}")
+
+  defp site(mib, count) do
+    frame = %{
+      lib: "/opt/app/libleaky.so",
+      symbol: "leaky_nif_alloc",
+      file: nil,
+      line: nil,
+      addr: 1
+    }
+
+    %{count: count, bytes: mib * @mib, oldest: 3600, newest: 1, frames: [frame]}
+  end
+end
+
+defmodule Mtrace.VMTest.BrokenTracer do
+  # Preloaded, but every read fails, as when the NIF cannot reach the preload.
+  def preloaded?, do: true
+  def stats, do: raise("mtrace_api_v1 not found")
+  def sites(_opts), do: exit(:boom)
+end

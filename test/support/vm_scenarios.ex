@@ -1,0 +1,251 @@
+defmodule Mtrace.VMScenarios do
+  @moduledoc """
+  Leaks and known processes built inside a peer node for `Mtrace.VM` tests.
+
+  Each function runs on the peer (through `:erpc`), starts unlinked
+  processes that outlive the call, waits until they are in the wanted state,
+  and returns their pids. They stay until the peer is stopped.
+  """
+
+  @doc """
+  An ETS table `:mtrace_leaky_cache` filled with `n` objects
+  `{i, <<65 bytes>>}`; returns the owner.
+
+  ## Example
+
+      owner = Mtrace.VMScenarios.ets_table(1_000)
+  """
+  @spec ets_table(pos_integer) :: pid
+  def ets_table(n) do
+    start(fn ->
+      table = :ets.new(:mtrace_leaky_cache, [:named_table, :set, :public])
+      fill(table, n)
+      # The owner's own references to the binaries are garbage now; only the
+      # table keeps them.
+      :erlang.garbage_collect()
+    end)
+  end
+
+  @doc """
+  A process that never reads its mailbox, sent `n` messages.
+
+  ## Example
+
+      sink = Mtrace.VMScenarios.mailbox(10)
+  """
+  @spec mailbox(non_neg_integer) :: pid
+  def mailbox(n) do
+    sink = start(fn -> :ok end)
+    Enum.each(1..n//1, &send(sink, {:job, &1}))
+    sink
+  end
+
+  @doc """
+  A process that built `count` refc binaries of `size` bytes, dropped them,
+  and never collected since: it still references all of them.
+
+  ## Example
+
+      pid = Mtrace.VMScenarios.binary_hoarder(100, 65_536)
+  """
+  @spec binary_hoarder(pos_integer, pos_integer) :: pid
+  def binary_hoarder(count, size) do
+    # A large minimum virtual binary heap keeps the binaries from triggering
+    # a collection, as in a long-lived process that routes big binaries but
+    # allocates little on its own heap.
+    words = div(count * size, 8) * 2
+
+    start(fn -> touch_binaries(count, size, 0) end,
+      min_bin_vheap_size: words,
+      min_heap_size: 200_000
+    )
+  end
+
+  @doc """
+  A pool that started `n` workers and lost track of them: they wait for work
+  forever. Returns the pool process.
+
+  ## Example
+
+      pool = Mtrace.VMScenarios.leaking_pool(100)
+  """
+  @spec leaking_pool(pos_integer) :: pid
+  def leaking_pool(n) do
+    start(fn -> for _ <- 1..n, do: spawn(&worker_loop/0) end)
+  end
+
+  @doc """
+  A process monitoring one target `n` times; returns `{hog, target}`.
+
+  ## Example
+
+      {hog, target} = Mtrace.VMScenarios.monitor_hog(10)
+  """
+  @spec monitor_hog(pos_integer) :: {pid, pid}
+  def monitor_hog(n) do
+    target = start(fn -> :ok end)
+    hog = start(fn -> for _ <- 1..n, do: Process.monitor(target) end)
+    {hog, target}
+  end
+
+  @doc """
+  One process standing out on each measure `Mtrace.VM.top/2` ranks by.
+
+  ## Example
+
+      %{fat: _, binaries: _, mailbox: _, burner: _, monitors: _, links: _} =
+        Mtrace.VMScenarios.known_processes()
+  """
+  @spec known_processes() :: %{atom => pid}
+  def known_processes do
+    fat =
+      start(fn ->
+        Process.register(self(), :mtrace_fat)
+        # Kept in the process dictionary so it stays live while waiting.
+        Process.put(:data, Enum.to_list(1..1_000_000))
+      end)
+
+    binaries =
+      start(fn ->
+        bins = for i <- 1..8, do: :binary.copy(<<i>>, 1_048_576)
+        # A message to itself makes a second reference to the same binary.
+        send(self(), {:again, hd(bins)})
+        receive do: ({:again, again} -> Process.put(:data, [again | bins]))
+      end)
+
+    monitor_target = start(fn -> :ok end)
+
+    %{
+      fat: fat,
+      binaries: binaries,
+      mailbox: mailbox(3_000),
+      burner: start(fn -> burn(5_000_000) end),
+      monitors: start(fn -> for _ <- 1..500, do: Process.monitor(monitor_target) end),
+      links: start(fn -> for _ <- 1..300, do: spawn_link(&worker_loop/0) end)
+    }
+  end
+
+  @doc """
+  Starts, for `Mtrace.VM.window/3`, a process `target` that gets 1_000
+  messages after `delay` ms, and a process registered as
+  `:mtrace_newborn`, born after `delay` ms with 700 messages. Returns
+  `target`.
+
+  ## Example
+
+      target = Mtrace.VMScenarios.window_events(200)
+  """
+  @spec window_events(non_neg_integer) :: pid
+  def window_events(delay) do
+    target = mailbox(0)
+
+    spawn(fn ->
+      Process.sleep(delay)
+      Enum.each(1..1_000, &send(target, {:job, &1}))
+      newborn = spawn(&park/0)
+      Process.register(newborn, :mtrace_newborn)
+      Enum.each(1..700, &send(newborn, {:job, &1}))
+    end)
+
+    target
+  end
+
+  @doc """
+  A sink receiving `per_tick` messages every 10 ms, for at most `ms`
+  milliseconds, and never reading them. Returns the sink.
+
+  ## Example
+
+      sink = Mtrace.VMScenarios.mailbox_flood(50, 3_000)
+  """
+  @spec mailbox_flood(pos_integer, pos_integer) :: pid
+  def mailbox_flood(per_tick, ms) do
+    sink = mailbox(0)
+    spawn(fn -> flood(sink, per_tick, div(ms, 10)) end)
+    sink
+  end
+
+  @doc """
+  Loads every `Mtrace.VM` module, then makes the native module `Mtrace`
+  unloadable, as on a node that never had it.
+
+  ## Example
+
+      :ok = Mtrace.VMScenarios.remove_native_module()
+  """
+  @spec remove_native_module() :: :ok
+  def remove_native_module do
+    dir = :filename.dirname(:code.which(Mtrace.VM))
+
+    for file <- File.ls!(dir), String.starts_with?(file, "Elixir.Mtrace.VM") do
+      {:module, _} = :code.ensure_loaded(String.to_atom(Path.rootname(file)))
+    end
+
+    true = :code.del_path(dir)
+    :code.purge(Mtrace)
+    :code.delete(Mtrace)
+    :code.purge(Mtrace)
+    :ok
+  end
+
+  defp worker_loop do
+    receive do
+      {:work, from} ->
+        send(from, :done)
+        worker_loop()
+    end
+  end
+
+  # Waits forever without ever looking at the mailbox, so a long queue
+  # costs nothing to keep.
+  defp park do
+    receive do
+    after
+      :infinity -> :ok
+    end
+  end
+
+  defp flood(_sink, _per_tick, 0), do: :ok
+
+  defp flood(sink, per_tick, ticks) do
+    Enum.each(1..per_tick, &send(sink, {:event, &1}))
+    Process.sleep(10)
+    flood(sink, per_tick, ticks - 1)
+  end
+
+  defp fill(_table, 0), do: :ok
+
+  defp fill(table, i) do
+    :ets.insert(table, {i, <<i::64, :binary.copy(<<0>>, 57)::binary>>})
+    fill(table, i - 1)
+  end
+
+  defp touch_binaries(0, _size, total), do: total
+
+  defp touch_binaries(n, size, total) do
+    bin = :binary.copy(<<n>>, size)
+    touch_binaries(n - 1, size, total + byte_size(bin))
+  end
+
+  defp burn(0), do: :ok
+  defp burn(n), do: burn(n - 1)
+
+  # Runs `setup` in a new unlinked process, then parks it; returns once
+  # `setup` is done so callers observe the finished state.
+  defp start(setup, opts \\ []) do
+    caller = self()
+    ref = make_ref()
+
+    pid =
+      :erlang.spawn_opt(
+        fn ->
+          setup.()
+          send(caller, {ref, :ready})
+          park()
+        end,
+        opts
+      )
+
+    receive do: ({^ref, :ready} -> pid)
+  end
+end
