@@ -28,10 +28,11 @@ static double now_s(void) {
     }
 #define TEN(d)                                                                                     \
     SITE(d##0)                                                                                     \
-    SITE(d##1) SITE(d##2) SITE(d##3) SITE(d##4) SITE(d##5) SITE(d##6) SITE(d##7) SITE(d##8)        \
-        SITE(d##9)
+    SITE(d##1)                                                                                     \
+    SITE(d##2) SITE(d##3) SITE(d##4) SITE(d##5) SITE(d##6) SITE(d##7) SITE(d##8) SITE(d##9)
 TEN(1)
-TEN(2) TEN(3) TEN(4) TEN(5) TEN(6) TEN(7) TEN(8) TEN(9) TEN(10)
+TEN(2)
+TEN(3) TEN(4) TEN(5) TEN(6) TEN(7) TEN(8) TEN(9) TEN(10)
 #define REF(k) site_##k,
 #define TENREF(d)                                                                                  \
     REF(d##0)                                                                                      \

@@ -10,8 +10,10 @@ CFLAGS_ALL = $(BASE_CFLAGS) $(WARN_CFLAGS) $(EXTRA_CFLAGS)
 PRELOAD_SRC = c_src/interpose.c c_src/table.c c_src/stacks.c c_src/query.c c_src/config.c
 PRELOAD_HDR = c_src/mtrace_api.h c_src/table.h c_src/stacks.h c_src/interpose.h \
 	c_src/config.h c_src/spinlock.h
-NIF_SRC = c_src/nif.c c_src/symbols.c
-NIF_HDR = c_src/mtrace_api.h c_src/symbols.h
+NIF_SRC = c_src/nif.c c_src/symbols.c c_src/dwarf_lines.c
+SYM_SRC = c_src/symbols.c c_src/dwarf_lines.c
+SYM_HDR = c_src/symbols.h c_src/dwarf_lines.h
+NIF_HDR = c_src/mtrace_api.h $(SYM_HDR)
 
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_interpose $(BUILD)/test_symbols
 ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_symbols
@@ -62,13 +64,13 @@ $(BUILD)/test_interpose: test/c/test_interpose.c test/c/check.h c_src/mtrace_api
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -O1 -fno-inline -fno-optimize-sibling-calls -fno-builtin -Ic_src -o $@ test/c/test_interpose.c $(DL_LIBS) -lpthread -rdynamic
 
-$(BUILD)/test_symbols: test/c/test_symbols.c c_src/symbols.c c_src/symbols.h $(MAKEVARS)
+$(BUILD)/test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -o $@ test/c/test_symbols.c c_src/symbols.c $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -o $@ test/c/test_symbols.c $(SYM_SRC) $(DW_LIBS)
 
-$(BUILD)/asan_test_symbols: test/c/test_symbols.c c_src/symbols.c c_src/symbols.h $(MAKEVARS)
+$(BUILD)/asan_test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) $(DW_CFLAGS) -Ic_src -o $@ test/c/test_symbols.c c_src/symbols.c $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) $(DW_CFLAGS) -Ic_src -o $@ test/c/test_symbols.c $(SYM_SRC) $(DW_LIBS)
 
 $(BUILD)/symbols_fixture.so: test/c/symbols_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)

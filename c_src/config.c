@@ -56,8 +56,9 @@ static void exe_name(char *out, size_t len) {
     path[n] = 0;
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
-    strncpy(out, base, len - 1);
-    out[len - 1] = 0;
+    size_t n_base = strlen(base) < len - 1 ? strlen(base) : len - 1;
+    memcpy(out, base, n_base);
+    out[n_base] = 0;
 }
 
 void mt_config_load(struct mt_config *c) {

@@ -75,9 +75,9 @@ static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle) 
     for (uint32_t i = depth; i-- > 0;) {
         int n = mt_symbols_resolve(ips[i], demangle, info, MAX_INLINE);
         const struct mt_frame_info *f = &info[n > 0 ? n - 1 : 0];
-        ERL_NIF_TERM frame = n > 0 ? enif_make_tuple2(env, binary_or_nil(env, f->lib),
-                                                      binary_or_nil(env, f->symbol))
-                                   : enif_make_tuple2(env, atom_nil, atom_nil);
+        ERL_NIF_TERM frame =
+            n > 0 ? enif_make_tuple2(env, binary_or_nil(env, f->lib), binary_or_nil(env, f->symbol))
+                  : enif_make_tuple2(env, atom_nil, atom_nil);
         list = enif_make_list_cell(env, frame, list);
     }
     return list;
