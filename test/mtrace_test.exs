@@ -3,6 +3,7 @@ defmodule MtraceTest do
   use ExUnit.Case, async: false
   doctest Mtrace
 
+  import Bitwise
   alias Mtrace.Test.LeakyNif
 
   setup do
@@ -134,6 +135,21 @@ defmodule MtraceTest do
     send(port, {self(), {:command, "ping"}})
     assert_receive {^port, {:data, "ping"}}, 5000
     Port.close(port)
+  end
+
+  test "Mtrace.VM.diagnose/1 names a NIF leak under the preload" do
+    leaker =
+      spawn(fn ->
+        for _ <- 1..15 do
+          LeakyNif.leak(:malloc, 16, 1 <<< 20)
+          Process.sleep(100)
+        end
+      end)
+
+    result = Mtrace.VM.diagnose(window: 1000, print: false)
+    Process.exit(leaker, :kill)
+    assert result.verdict == :native_leak
+    assert [%{kind: :native_leak} | _] = result.findings
   end
 
   test "a node without the preload gets a clear error" do
