@@ -1,0 +1,156 @@
+/*
+ * DWARF lookups for symbols.c: source file and line, and the chain of inlined calls at an
+ * address.  Uses libdw only (not libdwfl), which never contacts debuginfod.
+ */
+#define _GNU_SOURCE
+#include "dwarf_lines.h"
+
+#ifdef MT_HAVE_LIBDW
+
+#include <dwarf.h>
+#include <elfutils/libdw.h>
+#include <elfutils/libdwelf.h>
+#include <fcntl.h>
+#include <libelf.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+struct mt_dwarf {
+    Elf *elf;
+    Dwarf *dw;
+};
+
+static pthread_once_t elf_once = PTHREAD_ONCE_INIT;
+
+static void elf_init(void) { elf_version(EV_CURRENT); }
+
+static Elf *elf_open(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    /* The whole file is mapped read-only; after FDDONE libelf never needs the descriptor. */
+    Elf *elf = elf_begin(fd, ELF_C_READ_MMAP, NULL);
+    if (elf)
+        elf_cntl(elf, ELF_C_FDDONE);
+    close(fd);
+    return elf;
+}
+
+static struct mt_dwarf *dwarf_of(Elf *elf) {
+    Dwarf *dw = elf ? dwarf_begin_elf(elf, DWARF_C_READ, NULL) : NULL;
+    struct mt_dwarf *d = dw ? malloc(sizeof *d) : NULL;
+    if (d)
+        *d = (struct mt_dwarf){elf, dw};
+    else
+        dwarf_end(dw);
+    return d;
+}
+
+struct mt_dwarf *mt_dwarf_open(const char *path) {
+    pthread_once(&elf_once, elf_init);
+    Elf *elf = elf_open(path);
+    struct mt_dwarf *d = dwarf_of(elf);
+    if (d || !elf)
+        return d;
+    /* Distributions ship the DWARF of stripped files separately, named by build id. */
+    const void *id;
+    ssize_t n = dwelf_elf_gnu_build_id(elf, &id);
+    if (n >= 2 && n <= 64) {
+        char dbg[sizeof "/usr/lib/debug/.build-id/" + 2 * 64 + sizeof "/.debug"];
+        const unsigned char *b = id;
+        int p = snprintf(dbg, sizeof dbg, "/usr/lib/debug/.build-id/%02x/", b[0]);
+        for (ssize_t i = 1; i < n; i++)
+            p += snprintf(dbg + p, sizeof dbg - (size_t)p, "%02x", b[i]);
+        snprintf(dbg + p, sizeof dbg - (size_t)p, ".debug");
+        Elf *sep = elf_open(dbg);
+        if (!(d = dwarf_of(sep)))
+            elf_end(sep);
+    }
+    elf_end(elf);
+    return d;
+}
+
+void mt_dwarf_close(struct mt_dwarf *d) {
+    if (!d)
+        return;
+    dwarf_end(d->dw);
+    elf_end(d->elf);
+    free(d);
+}
+
+static const char *die_name(Dwarf_Die *die) {
+    /* The linkage name demangles to the qualified C++ name; _integrate follows the abstract
+     * origin of inlined and out-of-line instances to where the names are. */
+    static const unsigned attrs[] = {DW_AT_linkage_name, DW_AT_MIPS_linkage_name, DW_AT_name};
+    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
+        Dwarf_Attribute a;
+        const char *s = dwarf_formstring(dwarf_attr_integrate(die, attrs[i], &a));
+        if (s)
+            return s;
+    }
+    return NULL;
+}
+
+int mt_dwarf_frames(struct mt_dwarf *d, uintptr_t pc, struct mt_dw_frame *out, int max) {
+    Dwarf_Die cu, *scopes = NULL, *chain = NULL, *sub = NULL;
+    if (!d || max < 1 || !dwarf_addrdie(d->dw, pc, &cu))
+        return 0;
+    const char *file = NULL;
+    int line = 0, n = 0, nchain = 0;
+    Dwarf_Line *ln = dwarf_getsrc_die(&cu, pc);
+    if (ln) {
+        file = dwarf_linesrc(ln, NULL, NULL);
+        dwarf_lineno(ln, &line);
+    }
+    /* dwarf_getscopes continues from an inlined instance into its abstract origin, not into
+     * the function it was inlined into: keep only the innermost scope from it and walk the
+     * concrete parents with dwarf_getscopes_die. */
+    if (dwarf_getscopes(&cu, pc, &scopes) > 0)
+        nchain = dwarf_getscopes_die(&scopes[0], &chain);
+    free(scopes);
+    Dwarf_Files *files = NULL;
+    if (dwarf_getsrcfiles(&cu, &files, NULL) != 0)
+        files = NULL;
+    for (int i = 0; i < nchain && !sub; i++) {
+        int tag = dwarf_tag(&chain[i]);
+        if (tag == DW_TAG_subprogram) {
+            sub = &chain[i];
+        } else if (tag == DW_TAG_inlined_subroutine) {
+            if (n < max - 1)
+                out[n++] = (struct mt_dw_frame){die_name(&chain[i]), file, line, 1};
+            /* The next frame out is positioned at this instance's call site. */
+            Dwarf_Attribute a;
+            Dwarf_Word w;
+            file = NULL;
+            line = 0;
+            if (files && dwarf_formudata(dwarf_attr(&chain[i], DW_AT_call_file, &a), &w) == 0)
+                file = dwarf_filesrc(files, w, NULL, NULL);
+            if (dwarf_formudata(dwarf_attr(&chain[i], DW_AT_call_line, &a), &w) == 0)
+                line = w <= INT_MAX ? (int)w : 0;
+        }
+    }
+    out[n++] = (struct mt_dw_frame){sub ? die_name(sub) : NULL, file, line, 0};
+    free(chain);
+    return n;
+}
+
+#else /* !MT_HAVE_LIBDW */
+
+#include <stddef.h>
+
+struct mt_dwarf *mt_dwarf_open(const char *path) {
+    (void)path;
+    return NULL;
+}
+
+void mt_dwarf_close(struct mt_dwarf *d) { (void)d; }
+
+int mt_dwarf_frames(struct mt_dwarf *d, uintptr_t pc, struct mt_dw_frame *out, int max) {
+    (void)d, (void)pc, (void)out, (void)max;
+    return 0;
+}
+
+#endif

@@ -1,0 +1,596 @@
+/*
+ * Return addresses of this process -> object, function, source line, inlined frames.
+ *
+ *   - The module list comes from dl_iterate_phdr: one entry per loaded object, its PT_LOAD
+ *     segments in one sorted array for a binary search.  It is rebuilt when the loader's
+ *     adds/subs counters move; modules still loaded keep their caches.
+ *   - Per module, on first use: the function symbols of the file on disk (.symtab, else .dynsym)
+ *     in a sorted array, and with libdw its DWARF.
+ *   - Per module, a direct-mapped cache of finished answers: a DWARF scope walk costs tens of
+ *     microseconds on a large compilation unit, and leak reports repeat the same addresses.
+ *
+ * Only files are read, never the memory of the objects, so an address inside a library that
+ * has been unloaded since it was recorded cannot fault.
+ */
+#define _GNU_SOURCE
+#include "symbols.h"
+
+#include "dwarf_lines.h"
+
+#include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if UINTPTR_MAX > 0xffffffffu
+#define MT_ELFCLASS ELFCLASS64
+#else
+#define MT_ELFCLASS ELFCLASS32
+#endif
+
+typedef ElfW(Ehdr) Ehdr;
+typedef ElfW(Shdr) Shdr;
+typedef ElfW(Sym) Sym;
+typedef ElfW(Phdr) Phdr;
+
+#define CACHE_SLOTS 1024 /* answers cached per module; a power of two */
+#define NEAR_SCAN 8      /* preceding symbols tried when the nearest one does not contain pc */
+
+struct sym {
+    uintptr_t value, size;
+    const char *name;
+    unsigned rank; /* among aliases at one address, the lowest rank is kept */
+};
+
+struct symtab {
+    struct sym *syms;
+    size_t n;
+    char *names;
+};
+
+/* A finished answer; its strings follow the frames in the same allocation. */
+struct answer {
+    uintptr_t pc;
+    int demangle, n;
+    struct mt_dw_frame f[];
+};
+
+struct module {
+    uintptr_t bias;
+    char *path;
+    int is_exe;
+    pthread_mutex_t mu; /* guards everything below: loading, libdw (not thread-safe), cache */
+    int loaded;
+    struct symtab st;
+    struct mt_dwarf *dwarf;
+    struct answer **cache;
+};
+
+struct seg {
+    uintptr_t lo, hi;
+    struct module *mod;
+};
+
+/* Readers hold g_lock shared for a whole lookup, so modules outlive any use of them. */
+static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct module **g_mods;
+static size_t g_nmods;
+static struct seg *g_segs;
+static size_t g_nsegs;
+static int g_valid;
+static unsigned long long g_adds, g_subs;
+
+/* ---- demangling --------------------------------------------------------------------------- */
+
+typedef char *(*cxa_demangle_fn)(const char *, char *, size_t *, int *);
+static cxa_demangle_fn g_cxa_demangle;
+static pthread_once_t g_demangle_once = PTHREAD_ONCE_INIT;
+
+static void demangle_init(void) {
+    void *f = dlsym(RTLD_DEFAULT, "__cxa_demangle");
+    if (!f) {
+        /* Never closed: the function must stay mapped for as long as it may be called. */
+        void *h = dlopen("libstdc++.so.6", RTLD_LAZY | RTLD_LOCAL);
+        if (h)
+            f = dlsym(h, "__cxa_demangle");
+    }
+    _Static_assert(sizeof f == sizeof g_cxa_demangle, "function pointers fit in void *");
+    memcpy(&g_cxa_demangle, &f, sizeof f);
+}
+
+/* malloc'd demangled name, or NULL when name is not a mangled C++ name. */
+static char *demangle_dup(const char *name) {
+    if (!name || strncmp(name, "_Z", 2) != 0)
+        return NULL;
+    pthread_once(&g_demangle_once, demangle_init);
+    if (!g_cxa_demangle)
+        return NULL;
+    int status = -1;
+    char *r = g_cxa_demangle(name, NULL, NULL, &status);
+    if (status != 0) {
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+static void put_text(char *dst, size_t cap, const char *src) {
+    size_t n = src ? strnlen(src, cap - 1) : 0;
+    if (n)
+        memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+int mt_demangle(const char *name, char *buf, size_t len) {
+    if (!buf || len == 0)
+        return -1;
+    char *d = demangle_dup(name);
+    int rc = d ? 0 : -1;
+    put_text(buf, len, d ? d : name);
+    free(d);
+    return rc;
+}
+
+/* ---- ELF symbol tables -------------------------------------------------------------------- */
+
+/* Section header i; the caller has checked that the table lies within the file. */
+static Shdr shdr_at(const unsigned char *img, const Ehdr *eh, size_t i) {
+    Shdr sh;
+    memcpy(&sh, img + eh->e_shoff + i * sizeof sh, sizeof sh);
+    return sh;
+}
+
+static int in_file(size_t size, uint64_t off, uint64_t len) {
+    return off <= size && len <= size - off;
+}
+
+static int sym_cmp(const void *pa, const void *pb) {
+    const struct sym *a = pa, *b = pb;
+    if (a->value != b->value)
+        return a->value < b->value ? -1 : 1;
+    if (a->rank != b->rank)
+        return a->rank < b->rank ? -1 : 1;
+    size_t la = strlen(a->name), lb = strlen(b->name);
+    return la != lb ? (la < lb ? -1 : 1) : strcmp(a->name, b->name);
+}
+
+/* Prefer, among aliases: a size over none, global over weak over local, fewer leading '_'
+ * ("malloc" over "__libc_malloc"), then the shorter name ("free" over "cfree"). */
+static unsigned sym_rank(const Sym *s, const char *name) {
+    unsigned bind = ELF64_ST_BIND(s->st_info) /* same in both classes */;
+    unsigned r = s->st_size ? 0 : 1u << 16;
+    r += (bind == STB_GLOBAL ? 0u : bind == STB_WEAK ? 1u : 2u) << 8;
+    size_t under = strspn(name, "_");
+    return r + (unsigned)(under < 255 ? under : 255);
+}
+
+static int load_section(const unsigned char *img, size_t size, const Ehdr *eh, const Shdr *sh,
+                        struct symtab *st) {
+    if (sh->sh_entsize != sizeof(Sym) || !in_file(size, sh->sh_offset, sh->sh_size) ||
+        sh->sh_link == 0 || sh->sh_link >= eh->e_shnum)
+        return -1;
+    Shdr str = shdr_at(img, eh, sh->sh_link);
+    if (str.sh_type != SHT_STRTAB || !in_file(size, str.sh_offset, str.sh_size))
+        return -1;
+    const char *strs = (const char *)img + str.sh_offset;
+    size_t nsym = sh->sh_size / sizeof(Sym), count = 0, bytes = 0, used = 0;
+
+    /* Pass 0 sizes the arrays, pass 1 fills them. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < nsym; i++) {
+            Sym s;
+            memcpy(&s, img + sh->sh_offset + i * sizeof s, sizeof s);
+            unsigned type = ELF64_ST_TYPE(s.st_info);
+            if ((type != STT_FUNC && type != STT_GNU_IFUNC) || s.st_shndx == SHN_UNDEF ||
+                s.st_value == 0 || s.st_name == 0 || s.st_name >= str.sh_size)
+                continue;
+            const char *name = strs + s.st_name;
+            const char *end = memchr(name, '\0', str.sh_size - s.st_name);
+            if (!end || end == name)
+                continue;
+            size_t len = (size_t)(end - name) + 1;
+            if (pass == 0) {
+                count++;
+                bytes += len;
+                continue;
+            }
+            struct sym *o = &st->syms[st->n++];
+            o->value = s.st_value;
+            o->size = s.st_size;
+            o->name = memcpy(st->names + used, name, len);
+            o->rank = sym_rank(&s, name);
+            used += len;
+        }
+        if (pass == 0) {
+            if (count == 0)
+                return -1;
+            st->syms = malloc(count * sizeof *st->syms);
+            st->names = malloc(bytes);
+            if (!st->syms || !st->names) {
+                free(st->syms);
+                free(st->names);
+                *st = (struct symtab){0};
+                return -1;
+            }
+        }
+    }
+    qsort(st->syms, st->n, sizeof *st->syms, sym_cmp);
+    size_t keep = 0;
+    for (size_t i = 0; i < st->n; i++)
+        if (keep == 0 || st->syms[keep - 1].value != st->syms[i].value)
+            st->syms[keep++] = st->syms[i];
+    st->n = keep;
+    return 0;
+}
+
+static int read_symtab(const unsigned char *img, size_t size, struct symtab *st) {
+    Ehdr eh;
+    if (size < sizeof eh)
+        return -1;
+    memcpy(&eh, img, sizeof eh);
+    if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != MT_ELFCLASS ||
+        eh.e_shentsize != sizeof(Shdr) ||
+        !in_file(size, eh.e_shoff, (uint64_t)eh.e_shnum * sizeof(Shdr)))
+        return -1;
+    /* .symtab has the static functions; a stripped file only has .dynsym. */
+    static const uint32_t kinds[] = {SHT_SYMTAB, SHT_DYNSYM};
+    for (size_t k = 0; k < 2; k++)
+        for (size_t i = 0; i < eh.e_shnum; i++) {
+            Shdr sh = shdr_at(img, &eh, i);
+            if (sh.sh_type == kinds[k] && load_section(img, size, &eh, &sh, st) == 0)
+                return 0;
+        }
+    return -1;
+}
+
+static int file_symtab(const char *path, struct symtab *st) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    struct stat sb;
+    void *img = MAP_FAILED;
+    if (fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0)
+        img = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (img == MAP_FAILED)
+        return -1;
+    /* Names are copied out, so the mapping is short-lived: a file rewritten in place later on
+     * cannot fault us through it. */
+    int rc = read_symtab(img, (size_t)sb.st_size, st);
+    munmap(img, (size_t)sb.st_size);
+    return rc;
+}
+
+static const struct sym *sym_find(const struct symtab *st, uintptr_t pc) {
+    size_t lo = 0, hi = st->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (st->syms[mid].value <= pc)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return NULL;
+    const struct sym *s = &st->syms[lo - 1];
+    if (s->size == 0) /* assembly without .size: the nearest preceding symbol is all we have */
+        return s;
+    for (size_t k = 0; k < NEAR_SCAN && k < lo; k++, s--)
+        if (s->size && pc - s->value < s->size)
+            return s;
+    return NULL; /* past the end of every sized symbol: a function the table does not name */
+}
+
+int mt_symbols_file_symbol(const char *path, uintptr_t vaddr, char *buf, size_t len) {
+    struct symtab st = {0};
+    if (!path || !buf || len == 0 || file_symtab(path, &st) != 0)
+        return -1;
+    const struct sym *s = sym_find(&st, vaddr);
+    if (s)
+        put_text(buf, len, s->name);
+    free(st.syms);
+    free(st.names);
+    return s ? 0 : -1;
+}
+
+/* ---- modules ----------------------------------------------------------------------------- */
+
+static void module_free(struct module *m) {
+    if (!m)
+        return;
+    free(m->st.syms);
+    free(m->st.names);
+    mt_dwarf_close(m->dwarf);
+    if (m->cache)
+        for (size_t i = 0; i < CACHE_SLOTS; i++)
+            free(m->cache[i]);
+    free(m->cache);
+    pthread_mutex_destroy(&m->mu);
+    free(m->path);
+    free(m);
+}
+
+static void module_load(struct module *m) {
+    m->loaded = 1;
+    const char *path = m->is_exe ? "/proc/self/exe" : m->path;
+    file_symtab(path, &m->st);
+    m->dwarf = mt_dwarf_open(path);
+}
+
+struct scan {
+    struct module **old, **mods;
+    size_t nold, nmods, modcap;
+    struct seg *segs;
+    size_t nsegs, segcap, seen;
+    unsigned long long adds, subs;
+    int failed;
+    char exe[PATH_MAX];
+};
+
+/* The array grown to hold need elements, or NULL (the old one left as it was). */
+static void *grow(void *arr, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap)
+        return arr;
+    size_t ncap = *cap ? *cap * 2 : 64;
+    while (ncap < need)
+        ncap *= 2;
+    void *p = realloc(arr, ncap * elem);
+    if (p)
+        *cap = ncap;
+    return p;
+}
+
+static int counters_cb(struct dl_phdr_info *info, size_t size, void *arg) {
+    unsigned long long *c = arg;
+    if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs) {
+        c[0] = info->dlpi_adds;
+        c[1] = info->dlpi_subs;
+    }
+    return 1; /* the counters are the same in every entry: stop after the first */
+}
+
+static int scan_cb(struct dl_phdr_info *info, size_t size, void *arg) {
+    struct scan *s = arg;
+    int first = s->seen++ == 0;
+    if (first)
+        counters_cb(info, size, &s->adds);
+    /* The main program comes first and has no name; other nameless entries have no file. */
+    const char *name = info->dlpi_name ? info->dlpi_name : "";
+    int is_exe = first && name[0] == '\0';
+    const char *path = is_exe ? s->exe : name;
+    if (!path[0])
+        return 0;
+    void *mods = grow(s->mods, &s->modcap, s->nmods + 1, sizeof *s->mods);
+    if (mods)
+        s->mods = mods;
+    void *segs = grow(s->segs, &s->segcap, s->nsegs + info->dlpi_phnum, sizeof *s->segs);
+    if (segs)
+        s->segs = segs;
+    if (!mods || !segs) {
+        s->failed = 1;
+        return 0;
+    }
+    struct module *m = NULL;
+    for (size_t i = 0; i < s->nold && !m; i++)
+        if (s->old[i] && s->old[i]->bias == info->dlpi_addr && !strcmp(s->old[i]->path, path)) {
+            m = s->old[i];
+            s->old[i] = NULL;
+        }
+    if (!m && (m = calloc(1, sizeof *m))) {
+        m->bias = info->dlpi_addr;
+        m->is_exe = is_exe;
+        pthread_mutex_init(&m->mu, NULL);
+        if (!(m->path = strdup(path))) {
+            module_free(m);
+            m = NULL;
+        }
+    }
+    if (!m) {
+        s->failed = 1;
+        return 0;
+    }
+    s->mods[s->nmods++] = m;
+    for (size_t i = 0; i < info->dlpi_phnum; i++) {
+        const Phdr *ph = &info->dlpi_phdr[i];
+        if (ph->p_type == PT_LOAD && ph->p_memsz > 0)
+            s->segs[s->nsegs++] =
+                (struct seg){m->bias + ph->p_vaddr, m->bias + ph->p_vaddr + ph->p_memsz, m};
+    }
+    return 0;
+}
+
+static int seg_cmp(const void *pa, const void *pb) {
+    const struct seg *a = pa, *b = pb;
+    return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+/* Called with g_lock held exclusively. */
+static void rebuild(void) {
+    struct scan *s = calloc(1, sizeof *s);
+    if (!s)
+        return;
+    ssize_t n = readlink("/proc/self/exe", s->exe, sizeof s->exe - 1);
+    if (n > 0)
+        s->exe[n] = '\0';
+    else
+        strcpy(s->exe, "/proc/self/exe");
+    s->old = g_mods;
+    s->nold = g_nmods;
+    dl_iterate_phdr(scan_cb, s);
+    for (size_t i = 0; i < s->nold; i++)
+        module_free(s->old[i]);
+    free(s->old);
+    free(g_segs);
+    qsort(s->segs, s->nsegs, sizeof *s->segs, seg_cmp);
+    g_mods = s->mods;
+    g_nmods = s->nmods;
+    g_segs = s->segs;
+    g_nsegs = s->nsegs;
+    g_adds = s->adds;
+    g_subs = s->subs;
+    g_valid = !s->failed; /* after running out of memory, try again next time */
+    free(s);
+}
+
+void mt_symbols_flush(void) {
+    pthread_rwlock_wrlock(&g_lock);
+    for (size_t i = 0; i < g_nmods; i++)
+        module_free(g_mods[i]);
+    free(g_mods);
+    free(g_segs);
+    g_mods = NULL;
+    g_segs = NULL;
+    g_nmods = g_nsegs = 0;
+    g_valid = 0;
+    pthread_rwlock_unlock(&g_lock);
+}
+
+static struct module *module_find(uintptr_t pc) {
+    size_t lo = 0, hi = g_nsegs;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g_segs[mid].lo <= pc)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo > 0 && pc < g_segs[lo - 1].hi ? g_segs[lo - 1].mod : NULL;
+}
+
+/* ---- answers ----------------------------------------------------------------------------- */
+
+static size_t text_len(const char *s) { return s ? strnlen(s, MT_SYM_TEXT - 1) : 0; }
+
+static char *put_copy(char *p, const char *s) {
+    size_t n = text_len(s);
+    if (n)
+        memcpy(p, s, n);
+    p[n] = '\0';
+    return p + n + 1;
+}
+
+/* Copies the frames and their strings (demangled if asked) into one allocation. */
+static struct answer *answer_make(const struct mt_dw_frame *f, int n, uintptr_t pc, int demangle) {
+    char *dm[MT_SYM_MAX_FRAMES] = {0};
+    size_t bytes = sizeof(struct answer) + (size_t)n * sizeof(struct mt_dw_frame);
+    for (int i = 0; i < n; i++) {
+        if (demangle)
+            dm[i] = demangle_dup(f[i].name);
+        bytes += text_len(dm[i] ? dm[i] : f[i].name) + text_len(f[i].file) + 2;
+    }
+    struct answer *a = malloc(bytes);
+    if (a) {
+        *a = (struct answer){pc, demangle, n};
+        char *p = (char *)&a->f[n];
+        for (int i = 0; i < n; i++) {
+            a->f[i] = f[i];
+            a->f[i].name = p;
+            p = put_copy(p, dm[i] ? dm[i] : f[i].name);
+            a->f[i].file = p;
+            p = put_copy(p, f[i].file);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        free(dm[i]);
+    return a;
+}
+
+static size_t slot_of(uintptr_t pc, int demangle) {
+    uint64_t h = ((uint64_t)pc ^ (uint64_t)(demangle != 0)) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 32) & (CACHE_SLOTS - 1);
+}
+
+/* Writes min(n, max) entries; when some must go, the last written is still the real function. */
+static int emit(uintptr_t addr, const struct module *m, const struct mt_dw_frame *f, int n,
+                struct mt_frame_info *out, int max) {
+    int k = n < max ? n : max;
+    for (int i = 0; i < k; i++) {
+        const struct mt_dw_frame *src = &f[i == k - 1 ? n - 1 : i];
+        struct mt_frame_info *o = &out[i];
+        o->addr = addr;
+        put_text(o->lib, sizeof o->lib, m ? m->path : NULL);
+        put_text(o->symbol, sizeof o->symbol, src->name);
+        put_text(o->file, sizeof o->file, src->file);
+        o->line = src->line;
+        o->inlined = src->inlined;
+        o->offset = m ? addr - m->bias : 0;
+    }
+    return k;
+}
+
+/* Called with m->mu held. */
+static int resolve_in(struct module *m, uintptr_t addr, uintptr_t pc, int demangle,
+                      struct mt_frame_info *out, int max) {
+    if (!m->loaded)
+        module_load(m);
+    if (!m->cache)
+        m->cache = calloc(CACHE_SLOTS, sizeof *m->cache);
+    size_t slot = slot_of(pc, demangle);
+    struct answer *a = m->cache ? m->cache[slot] : NULL;
+    if (a && a->pc == pc && a->demangle == demangle)
+        return emit(addr, m, a->f, a->n, out, max);
+
+    struct mt_dw_frame f[MT_SYM_MAX_FRAMES];
+    const struct sym *s = sym_find(&m->st, pc - m->bias);
+    int n = mt_dwarf_frames(m->dwarf, pc - m->bias, f, MT_SYM_MAX_FRAMES);
+    if (n == 0)
+        f[n++] = (struct mt_dw_frame){NULL, NULL, 0, 0};
+    /* The symbol table names the function (DWARF would say "foo" for "foo.cold"), unless all
+     * it has is a nearest preceding symbol without a size. */
+    if (s && (s->size || !f[n - 1].name))
+        f[n - 1].name = s->name;
+    a = answer_make(f, n, pc, demangle);
+    if (!a)
+        return emit(addr, m, f, n, out, max); /* out of memory: undemangled, uncached */
+    if (m->cache) {
+        free(m->cache[slot]);
+        m->cache[slot] = a;
+    }
+    int k = emit(addr, m, a->f, a->n, out, max);
+    if (!m->cache)
+        free(a);
+    return k;
+}
+
+int mt_symbols_resolve(uintptr_t ret_addr, int demangle, struct mt_frame_info *out, int max) {
+    if (!out || max < 1)
+        return 0;
+    demangle = demangle != 0;
+    if (demangle) /* may dlopen libstdc++: do it before taking locks and reading counters */
+        pthread_once(&g_demangle_once, demangle_init);
+    /* A return address points after the call; the call itself is one byte earlier. */
+    uintptr_t pc = ret_addr ? ret_addr - 1 : 0;
+    unsigned long long c[2] = {0, 0};
+    dl_iterate_phdr(counters_cb, c);
+
+    pthread_rwlock_rdlock(&g_lock);
+    /* Retried because a flush may slip in between the rebuild and the shared lock; bounded
+     * because a rebuild that ran out of memory leaves the list invalid. */
+    for (int tries = 0; tries < 3 && (!g_valid || c[0] != g_adds || c[1] != g_subs); tries++) {
+        pthread_rwlock_unlock(&g_lock);
+        pthread_rwlock_wrlock(&g_lock);
+        dl_iterate_phdr(counters_cb, c);
+        if (!g_valid || c[0] != g_adds || c[1] != g_subs)
+            rebuild();
+        pthread_rwlock_unlock(&g_lock);
+        pthread_rwlock_rdlock(&g_lock);
+    }
+    struct module *m = module_find(pc);
+    int n;
+    if (m) {
+        pthread_mutex_lock(&m->mu);
+        n = resolve_in(m, ret_addr, pc, demangle, out, max);
+        pthread_mutex_unlock(&m->mu);
+    } else {
+        n = emit(ret_addr, NULL, &(struct mt_dw_frame){0}, 1, out, max);
+    }
+    pthread_rwlock_unlock(&g_lock);
+    return n;
+}
