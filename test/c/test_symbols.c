@@ -342,7 +342,9 @@ static void test_corrupt_elf(void *ra) {
 
 /* ---- threads ----------------------------------------------------------------------------- */
 
-#define NADDR 5
+/* libc is left out here: reloading its (compressed) debug info after each flush
+ * takes seconds under ASan; its names are checked single-threaded above. */
+#define NADDR 4
 
 struct expect {
     void *addr;
@@ -387,8 +389,7 @@ static void *churner(void *arg) {
 }
 
 static void test_threads(void) {
-    void *addrs[NADDR] = {static_target(), inline_host(), (char *)libc_malloc() + 5, (void *)0x10,
-                          LONG_NAME()};
+    void *addrs[NADDR] = {static_target(), inline_host(), (void *)0x10, LONG_NAME()};
     for (int i = 0; i < NADDR; i++) {
         struct expect *e = &expected[i];
         e->addr = addrs[i];
