@@ -34,13 +34,11 @@ defmodule Mtrace.VM.ProcessChecks do
   end
 
   defp mailbox(snap, secs) do
-    {pid, len} = first(snap.procs.mql_top)
-    {gpid, delta} = first(snap.procs.mql_growth)
-    per_s = rate(delta, secs)
-    size = ratio(len, @mailbox_len)
-    growth = growth_ratio(delta, secs, @mailbox_growth, @mailbox_growth_min)
-    # Report the process that triggers the larger score.
-    pid = if growth > size, do: gpid, else: pid
+    {pid, score, per_s, own_per_s} =
+      leader(snap.procs.mql_top, snap.procs.mql_growth, secs, @mailbox_len,
+        growth: @mailbox_growth,
+        min: @mailbox_growth_min
+      )
 
     if pid do
       info = Procs.info(pid)
@@ -48,9 +46,9 @@ defmodule Mtrace.VM.ProcessChecks do
 
       finding(
         :mailbox_buildup,
-        max(size, growth),
+        score,
         "#{Format.process(pid, info)} has #{Format.int(len)} messages waiting" <>
-          growth_text(per_s && gpid == pid && per_s, "messages"),
+          growth_text(own_per_s, "messages"),
         %{
           pid: pid,
           message_queue_len: len,
@@ -106,12 +104,11 @@ defmodule Mtrace.VM.ProcessChecks do
   end
 
   defp monitors(snap, secs) do
-    {pid, n} = first(snap.procs.monitors_top)
-    {gpid, delta} = first(snap.procs.monitors_growth)
-    per_s = rate(delta, secs)
-    size = ratio(n, @monitors)
-    growth = growth_ratio(delta, secs, @monitor_growth, @monitor_growth_min)
-    pid = if growth > size, do: gpid, else: pid
+    {pid, score, per_s, own_per_s} =
+      leader(snap.procs.monitors_top, snap.procs.monitors_growth, secs, @monitors,
+        growth: @monitor_growth,
+        min: @monitor_growth_min
+      )
 
     if pid do
       n = Map.get(snap.procs.monitors, pid, 0)
@@ -119,9 +116,9 @@ defmodule Mtrace.VM.ProcessChecks do
 
       finding(
         :monitor_leak,
-        max(size, growth),
+        score,
         "#{Format.process(pid, Procs.info(pid))} holds #{Format.int(n)} monitors" <>
-          growth_text(per_s && gpid == pid && per_s, "monitors"),
+          growth_text(own_per_s, "monitors"),
         %{pid: pid, monitors: n, growth_per_s: per_s, targets: targets},
         "Process.info(#{Format.pid_expr(pid)}, :monitors); look for Process.monitor/1 " <>
           "calls in its code that are never matched by a demonitor or a :DOWN"
@@ -151,6 +148,19 @@ defmodule Mtrace.VM.ProcessChecks do
     end
   catch
     _, _ -> nil
+  end
+
+  # The process to report for a per-process measure: the largest one, or the
+  # fastest-growing one when its growth scores higher. Returns {pid, score,
+  # growth_per_s, growth_per_s when it is that process's own (else nil)}.
+  defp leader(top, growth_top, secs, size_limit, growth: growth_limit, min: growth_min) do
+    {pid, value} = first(top)
+    {gpid, delta} = first(growth_top)
+    per_s = rate(delta, secs)
+    size = ratio(value, size_limit)
+    growth = growth_ratio(delta, secs, growth_limit, growth_min)
+    pid = if growth > size, do: gpid, else: pid
+    {pid, max(size, growth), per_s, per_s && gpid == pid && per_s}
   end
 
   defp first([head | _]), do: head
