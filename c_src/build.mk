@@ -7,9 +7,10 @@ include $(MAKEVARS)
 
 CFLAGS_ALL = $(BASE_CFLAGS) $(WARN_CFLAGS) $(EXTRA_CFLAGS)
 
-PRELOAD_SRC = c_src/interpose.c c_src/table.c c_src/stacks.c c_src/query.c c_src/config.c
+PRELOAD_SRC = c_src/interpose.c c_src/table.c c_src/stacks.c c_src/query.c c_src/config.c \
+	c_src/sampling.c
 PRELOAD_HDR = c_src/mtrace_api.h c_src/table.h c_src/stacks.h c_src/interpose.h \
-	c_src/config.h c_src/spinlock.h
+	c_src/config.h c_src/spinlock.h c_src/sampling.h
 NIF_SRC = c_src/nif.c c_src/symbols.c c_src/dwarf_lines.c
 SYM_SRC = c_src/symbols.c c_src/dwarf_lines.c
 SYM_HDR = c_src/symbols.h c_src/dwarf_lines.h
@@ -44,13 +45,15 @@ ctest: all $(CTESTS) $(BUILD)/symbols_fixture.so
 ctest-asan: $(ASAN_TESTS) $(BUILD)/symbols_fixture.so
 	sh test/c/run.sh $(BUILD) $(PRIV) $(ASAN_TESTS)
 
-$(BUILD)/test_table: test/c/test_table.c test/c/check.h c_src/table.c c_src/table.h $(MAKEVARS)
+$(BUILD)/test_table: test/c/test_table.c test/c/check.h c_src/table.c c_src/table.h \
+		c_src/sampling.c c_src/sampling.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_table.c c_src/table.c -lpthread
+	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_table.c c_src/table.c c_src/sampling.c -lpthread -lm
 
-$(BUILD)/asan_test_table: test/c/test_table.c test/c/check.h c_src/table.c c_src/table.h $(MAKEVARS)
+$(BUILD)/asan_test_table: test/c/test_table.c test/c/check.h c_src/table.c c_src/table.h \
+		c_src/sampling.c c_src/sampling.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_table.c c_src/table.c -lpthread
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_table.c c_src/table.c c_src/sampling.c -lpthread -lm
 
 $(BUILD)/test_config: test/c/test_config.c test/c/check.h c_src/config.c c_src/config.h $(MAKEVARS)
 	@mkdir -p $(BUILD)

@@ -28,6 +28,36 @@ int mt_parse_enabled(const char *s) {
              (!strcmp(s, "0") || !strcmp(s, "false") || !strcmp(s, "no") || !strcmp(s, "off")));
 }
 
+uint64_t mt_parse_sample_bytes(const char *s, int *garbage) {
+    *garbage = 0;
+    if (!s || !*s)
+        return 0;
+    uint64_t v = 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9' || v > (UINT64_MAX - 9) / 10) {
+            *garbage = 1; /* "1M", "-5", "1e6", overflow: lossless, and said in stats */
+            return 0;
+        }
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    return v;
+}
+
+static int all_digits(const char *s) {
+    for (; *s; s++)
+        if (*s < '0' || *s > '9')
+            return 0;
+    return 1;
+}
+
+static int known_switch(const char *s) {
+    static const char *const words[] = {"0", "1", "false", "true", "no", "yes", "off", "on"};
+    for (size_t i = 0; i < sizeof words / sizeof *words; i++)
+        if (!strcmp(s, words[i]))
+            return 1;
+    return 0;
+}
+
 int mt_program_listed(const char *list, const char *exe_name) {
     size_t want = strlen(exe_name);
     for (const char *p = list; *p;) {
@@ -66,6 +96,12 @@ void mt_config_load(struct mt_config *c) {
     const char *programs = getenv("MTRACE_PROGRAMS");
     exe_name(exe, sizeof exe);
     c->active = mt_program_listed(programs && *programs ? programs : MT_DEFAULT_PROGRAMS, exe);
-    c->enabled = mt_parse_enabled(getenv("MTRACE_ENABLED"));
-    c->depth = mt_parse_depth(getenv("MTRACE_DEPTH"));
+    const char *enabled = getenv("MTRACE_ENABLED"), *depth = getenv("MTRACE_DEPTH");
+    int bad_sample;
+    c->enabled = mt_parse_enabled(enabled);
+    c->depth = mt_parse_depth(depth);
+    c->sample_bytes = mt_parse_sample_bytes(getenv("MTRACE_SAMPLE_BYTES"), &bad_sample);
+    c->garbage = (depth && *depth && !all_digits(depth) ? MT_GARBAGE_DEPTH : 0) |
+                 (enabled && *enabled && !known_switch(enabled) ? MT_GARBAGE_ENABLED : 0) |
+                 (bad_sample ? MT_GARBAGE_SAMPLE : 0);
 }

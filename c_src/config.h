@@ -17,14 +17,23 @@ struct mt_config {
     int active;     /* this executable is one MTRACE_PROGRAMS names */
     int enabled;    /* MTRACE_ENABLED: track from the start */
     uint32_t depth; /* MTRACE_DEPTH: frames kept per stack */
+    uint64_t sample_bytes; /* MTRACE_SAMPLE_BYTES: mean bytes between samples, 0 = lossless */
+    uint32_t garbage;      /* MT_GARBAGE_* bits: variables whose value was not understood */
 };
 
-/* Reads MTRACE_PROGRAMS, MTRACE_ENABLED, MTRACE_DEPTH and /proc/self/exe. */
+#define MT_GARBAGE_DEPTH 1u
+#define MT_GARBAGE_ENABLED 2u
+#define MT_GARBAGE_SAMPLE 4u
+
+/* Reads MTRACE_PROGRAMS, MTRACE_ENABLED, MTRACE_DEPTH, MTRACE_SAMPLE_BYTES
+ * and /proc/self/exe. */
 void mt_config_load(struct mt_config *c);
 
 /* Pure helpers, exposed for tests. */
 uint32_t mt_parse_depth(const char *s);
 int mt_parse_enabled(const char *s);
+/* Digits only; anything else (or overflow) is garbage and means 0. */
+uint64_t mt_parse_sample_bytes(const char *s, int *garbage);
 int mt_program_listed(const char *list, const char *exe_name);
 
 #endif

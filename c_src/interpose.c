@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "config.h"
+#include "sampling.h"
 #include "stacks.h"
 #include "table.h"
 
@@ -36,6 +37,7 @@
 
 #define EXPORT __attribute__((visibility("default")))
 #define TLS __thread __attribute__((tls_model("initial-exec")))
+#define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
 extern void *__libc_malloc(size_t);
@@ -51,29 +53,49 @@ enum { MODE_UNINIT, MODE_INIT, MODE_INERT, MODE_ACTIVE };
 
 static _Atomic int mode = MODE_UNINIT;
 static _Atomic int enabled;
-static _Atomic int table_used; /* something was recorded since the last reset */
-static int provisional;        /* configured before libc had set up the environment */
+/* The one word every call reads first: 0 means "straight to libc" (this
+ * process is not traced, or tracking is switched off).  Frees then only
+ * look at the table's one-line bitmap.  1 while unconfigured or tracking. */
+static _Atomic int gate = 1;
+static int provisional; /* configured before libc had set up the environment */
 static struct mt_config cfg;
 
-static TLS unsigned char busy, ignored, stripe, fork_saved_busy;
+static TLS unsigned char busy, ignored, fork_saved_busy;
 
-/* Call counters, striped so that threads do not share a hot cache line. */
-#define STRIPES 64
-struct stripe {
+/* Call counters: each thread owns a block and bumps it with plain stores
+ * (no lock prefix on the hot path); stats sums every block.  A block goes
+ * back to the pool when its thread exits and keeps its counts for the next
+ * owner.  Threads beyond the pool, or still freeing after their block went
+ * back, share one block updated atomically. */
+#define COUNTER_BLOCKS 1024
+struct counter_block {
     _Atomic uint64_t calls[MT_FN_COUNT];
+    _Atomic int owned;
 } __attribute__((aligned(128)));
-static struct stripe stripes[STRIPES];
-static _Atomic unsigned stripe_seq;
+static struct counter_block counter_blocks[COUNTER_BLOCKS];
+static struct counter_block shared_block;
+static TLS struct counter_block *my_block;
+static TLS unsigned char block_returned;
+static pthread_key_t block_key;
+static int block_key_made;
 
 static int (*real_posix_memalign)(void **, size_t, size_t);
 static void *(*real_aligned_alloc)(size_t, size_t);
 
+static void update_gate(void) {
+    int m = atomic_load(&mode);
+    atomic_store(&gate, m == MODE_UNINIT || m == MODE_INIT ||
+                            (m == MODE_ACTIVE && atomic_load(&enabled)));
+}
+
 static void configure(void) {
     mt_config_load(&cfg);
+    mt_sample_mean = cfg.active ? cfg.sample_bytes : 0;
     if (cfg.active)
         mt_stacks_init();
     atomic_store(&enabled, cfg.enabled);
     atomic_store(&mode, cfg.active ? MODE_ACTIVE : MODE_INERT);
+    update_gate();
 }
 
 /* First call of any interposed function, possibly before constructors. */
@@ -101,31 +123,65 @@ static inline int ready(void) {
     return 0;
 }
 
-/* Should a new allocation by this thread be recorded? */
+/* Is this call to be counted, and its block considered for the table? */
 static inline int tracking(void) {
+    if (likely(!atomic_load_explicit(&gate, memory_order_relaxed)))
+        return 0;
     return ready() && !busy && !ignored && atomic_load_explicit(&enabled, memory_order_relaxed);
 }
 
-static inline void count(enum mtrace_fn fn) {
-    if (unlikely(!stripe))
-        stripe = (unsigned char)(atomic_fetch_add(&stripe_seq, 1) % STRIPES + 1);
-    atomic_fetch_add_explicit(&stripes[stripe - 1].calls[fn], 1, memory_order_relaxed);
+static void return_block(void *block) {
+    atomic_store_explicit(&((struct counter_block *)block)->owned, 0, memory_order_release);
+    my_block = NULL;
+    block_returned = 1;
 }
 
+static __attribute__((noinline)) void claim_block(void) {
+    if (block_returned) /* exiting thread: its block may have a new owner */
+        return;
+    for (int i = 0; i < COUNTER_BLOCKS; i++) {
+        int free_block = 0;
+        if (!atomic_load_explicit(&counter_blocks[i].owned, memory_order_relaxed) &&
+            atomic_compare_exchange_strong(&counter_blocks[i].owned, &free_block, 1)) {
+            my_block = &counter_blocks[i];
+            break;
+        }
+    }
+    if (my_block && block_key_made) {
+        unsigned char was = busy;
+        busy = 2; /* a high key number makes pthread_setspecific allocate */
+        pthread_setspecific(block_key, my_block);
+        busy = was;
+    }
+}
+
+static inline void count(enum mtrace_fn fn) {
+    if (unlikely(!my_block)) {
+        claim_block();
+        if (!my_block) {
+            atomic_fetch_add_explicit(&shared_block.calls[fn], 1, memory_order_relaxed);
+            return;
+        }
+    }
+    _Atomic uint64_t *c = &my_block->calls[fn]; /* single writer */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+
+/* The coarse clock is the monotonic clock at tick resolution (1-4 ms): a
+ * few ns per read instead of ~20, and allocation ages are what matter. */
 uint64_t mt_now_ms(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
 static void insert(uint64_t addr, uint64_t size, uint64_t t_ms, uint32_t stack) {
     busy = 2;
-    if (mt_table_insert(addr, size, t_ms, stack) != MT_DROPPED &&
-        !atomic_load_explicit(&table_used, memory_order_relaxed))
-        atomic_store_explicit(&table_used, 1, memory_order_relaxed);
+    mt_table_insert(addr, size, t_ms, stack);
 }
 
-static void record(void *p, size_t size) {
+static __attribute__((noinline)) void record_now(void *p, size_t size) {
     int saved = errno; /* unwinding and mmap must not disturb what libc set */
     busy = 1;
     uint32_t stack = mt_stack_capture(cfg.depth);
@@ -134,15 +190,26 @@ static void record(void *p, size_t size) {
     errno = saved;
 }
 
-/* Removes p from the table; returns 1 (and the entry) if it was recorded. */
-static int forget(void *p, struct mt_slot *old) {
-    if (!p || busy >= 2 || !atomic_load_explicit(&table_used, memory_order_relaxed))
-        return 0;
+/* Records a block the caller got for this thread (sampling decides). */
+static inline void record(void *p, size_t size) {
+    if (mt_sample_take(size))
+        record_now(p, size);
+}
+
+static __attribute__((noinline)) int forget_now(void *p, struct mt_slot *old) {
     unsigned char was = busy;
     busy = 2;
     int found = mt_table_remove((uintptr_t)p, old);
     busy = was;
     return found;
+}
+
+/* Removes p from the table; returns 1 (and the entry) if it was recorded.
+ * Inline up to the table's lock-free filters, which answer most frees. */
+static inline int forget(void *p, struct mt_slot *old) {
+    if (!p || !mt_table_may_hold((uintptr_t)p) || busy >= 2)
+        return 0;
+    return forget_now(p, old);
 }
 
 /* Puts back an entry whose block turned out to stay alive (failed realloc). */
@@ -175,11 +242,15 @@ EXPORT void *calloc(size_t n, size_t size) {
 }
 
 EXPORT void free(void *p) {
-    if (ready()) {
-        if (tracking())
+    if (unlikely(atomic_load_explicit(&gate, memory_order_relaxed))) {
+        if (!ready()) {
+            __libc_free(p);
+            return;
+        }
+        if (!busy && !ignored && atomic_load_explicit(&enabled, memory_order_relaxed))
             count(MT_FN_FREE);
-        forget(p, NULL);
     }
+    forget(p, NULL);
     __libc_free(p);
 }
 
@@ -322,23 +393,33 @@ __attribute__((constructor)) static void on_load(void) {
     else if (provisional)
         configure(); /* the environment is readable now */
     resolve_aligned();
-    if (atomic_load(&mode) == MODE_ACTIVE)
+    if (atomic_load(&mode) == MODE_ACTIVE) {
         pthread_atfork(fork_prepare, fork_release, fork_release);
+        block_key_made = pthread_key_create(&block_key, return_block) == 0;
+        if (block_key_made && my_block) /* claimed before this constructor ran */
+            pthread_setspecific(block_key, my_block);
+    }
 }
 
 void mt_sum_calls(uint64_t *out) {
     for (int f = 0; f < MT_FN_COUNT; f++)
         out[f] = 0;
-    for (int s = 0; s < STRIPES; s++)
+    for (int b = 0; b < COUNTER_BLOCKS; b++)
         for (int f = 0; f < MT_FN_COUNT; f++)
-            out[f] += atomic_load_explicit(&stripes[s].calls[f], memory_order_relaxed);
+            out[f] += atomic_load_explicit(&counter_blocks[b].calls[f], memory_order_relaxed);
+    for (int f = 0; f < MT_FN_COUNT; f++)
+        out[f] += atomic_load_explicit(&shared_block.calls[f], memory_order_relaxed);
 }
 
 uint32_t mt_depth(void) { return cfg.depth; }
 int mt_is_active(void) { return ready(); }
 int mt_is_enabled(void) { return mt_is_active() && atomic_load(&enabled); }
-void mt_set_enabled(int on) { atomic_store(&enabled, on != 0); }
-void mt_table_emptied(void) { atomic_store(&table_used, 0); }
+void mt_set_enabled(int on) {
+    atomic_store(&enabled, on != 0);
+    update_gate();
+}
+uint64_t mt_sample_bytes(void) { return mt_sample_mean; }
+uint32_t mt_config_garbage(void) { return cfg.garbage; }
 
 int mt_thread_ignore(int on) {
     int was = ignored;

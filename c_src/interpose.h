@@ -9,7 +9,7 @@
 
 #include "mtrace_api.h"
 
-/* Sums the per-thread-stripe call counters into out[MT_FN_COUNT]. */
+/* Sums the per-thread call counters into out[MT_FN_COUNT]. */
 void mt_sum_calls(uint64_t *out);
 
 uint32_t mt_depth(void);
@@ -19,7 +19,7 @@ void mt_set_enabled(int on);
 int mt_thread_ignore(int on);
 uint64_t mt_now_ms(void);
 
-/* Called by reset: frees can skip the table while it is empty. */
-void mt_table_emptied(void);
+uint64_t mt_sample_bytes(void);   /* MTRACE_SAMPLE_BYTES in effect, 0 = lossless */
+uint32_t mt_config_garbage(void); /* MT_GARBAGE_* bits of config.h */
 
 #endif

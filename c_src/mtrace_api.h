@@ -51,7 +51,7 @@ enum mtrace_fn {
 struct mtrace_alloc {
     uint64_t addr;
     uint64_t size;
-    uint64_t t_ms; /* allocation time, milliseconds on CLOCK_MONOTONIC */
+    uint64_t t_ms; /* allocation time, ms on CLOCK_MONOTONIC_COARSE (1-4 ms ticks) */
     uint32_t stack_id;
     uint32_t reserved;
 };
@@ -74,11 +74,22 @@ struct mtrace_stats {
     uint64_t stacks;             /* distinct call stacks interned */
     uint64_t stack_bytes;        /* memory mapped for the stack store */
     uint64_t stacks_dropped;     /* allocations recorded without a stack (store full) */
-    uint64_t now_ms;             /* CLOCK_MONOTONIC, same clock as t_ms */
+    uint64_t now_ms;             /* CLOCK_MONOTONIC_COARSE, same clock as t_ms */
     uint32_t depth;              /* effective MTRACE_DEPTH */
     uint32_t enabled;            /* tracking currently on */
     uint32_t active;             /* this process tracks at all (MTRACE_PROGRAMS) */
     uint32_t shards;             /* table shards (locks) */
+};
+
+/* Figures added after the first release, read through api->more_stats.
+ * Fields are only appended; the preload writes at most the size it is given,
+ * and a reader zeroes the struct first. */
+struct mtrace_more_stats {
+    uint64_t sample_bytes;   /* MTRACE_SAMPLE_BYTES in effect; 0 = lossless */
+    uint64_t est_live_count; /* live allocations estimated from the samples (exact if lossless) */
+    uint64_t est_live_bytes; /* their bytes, estimated likewise */
+    uint32_t config_garbage; /* MTRACE_ variables not understood: 1 DEPTH, 2 ENABLED, 4 SAMPLE_BYTES */
+    uint32_t reserved;
 };
 
 struct mtrace_api {
@@ -109,6 +120,9 @@ struct mtrace_api {
 
     /* Current time on the table's clock. */
     uint64_t (*now_ms)(void);
+
+    /* Added after version 1 (check size): fills at most size bytes of out. */
+    void (*more_stats)(struct mtrace_more_stats *out, size_t size);
 };
 
 #endif

@@ -11,6 +11,7 @@
 #include "interpose.h"
 #include "mtrace_api.h"
 #include "stacks.h"
+#include "sampling.h"
 #include "table.h"
 
 static int matches(const struct mt_slot *s, const struct mtrace_filter *f) {
@@ -114,11 +115,23 @@ static void api_stats(struct mtrace_stats *out) {
     out->shards = MT_SHARDS;
 }
 
-static uint64_t api_reset(void) {
-    /* Cleared first: an insert racing with the reset sets it again. */
-    mt_table_emptied();
-    return mt_table_reset();
+static void api_more_stats(struct mtrace_more_stats *out, size_t size) {
+    struct mt_table_figures t;
+    struct mtrace_more_stats m;
+    memset(&m, 0, sizeof m);
+    mt_table_figures(&t);
+    m.sample_bytes = mt_sample_bytes();
+    m.est_live_count = (t.est_count + MT_WEIGHT_ONE / 2) / MT_WEIGHT_ONE;
+    m.est_live_bytes = t.est_bytes;
+    if (!m.sample_bytes) { /* lossless: the estimates are the exact figures */
+        m.est_live_count = t.live_count;
+        m.est_live_bytes = t.live_bytes;
+    }
+    m.config_garbage = mt_config_garbage();
+    memcpy(out, &m, size < sizeof m ? size : sizeof m);
 }
+
+static uint64_t api_reset(void) { return mt_table_reset(); }
 
 __attribute__((visibility("default"))) const struct mtrace_api mtrace_api_v1 = {
     .version = MTRACE_API_VERSION,
@@ -130,4 +143,5 @@ __attribute__((visibility("default"))) const struct mtrace_api mtrace_api_v1 = {
     .set_enabled = mt_set_enabled,
     .thread_ignore = mt_thread_ignore,
     .now_ms = mt_now_ms,
+    .more_stats = api_more_stats,
 };

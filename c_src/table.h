@@ -9,6 +9,7 @@
 #ifndef MT_TABLE_H
 #define MT_TABLE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,37 @@ static inline uint32_t mt_slot_stack(const struct mt_slot *s) {
 
 enum mt_insert_result { MT_INSERTED, MT_REPLACED, MT_DROPPED };
 
+/* A shard holds the blocks of some 64 KiB regions of the address space.
+ * glibc gives each thread its own arena, so threads mostly work on shards
+ * of their own and do not pass lock cache lines back and forth. */
+#define MT_REGION_BITS 16
+static inline unsigned mt_shard_index(uint64_t addr) {
+    return (unsigned)(((addr >> MT_REGION_BITS) * 0x9E3779B97F4A7C15ull) >> (64 - MT_SHARD_BITS));
+}
+
+/* Lock-free filters that let most frees skip the table:
+ *  - one bit per shard, set while it holds entries (a single cache line);
+ *  - per shard, 64 counters of its entries by address hash (saturating:
+ *    a counter that reached 255 stays there and only means "maybe").
+ * Both are written under the shard's lock and read without it. */
+#define MT_FILTER_SLOTS 64
+extern _Atomic uint64_t mt_nonempty[MT_SHARDS / 64];
+extern _Atomic uint8_t mt_filters[MT_SHARDS][MT_FILTER_SLOTS];
+
+static inline unsigned mt_filter_slot(uint64_t addr) {
+    return (unsigned)((addr * 0xff51afd7ed558ccdull) >> (64 - 6));
+}
+
+/* Could addr be in the table?  An exact "no" for any block whose insertion
+ * happened before this call, as it has for a block being freed: the count
+ * for its filter slot was raised then and cannot fall while it is there. */
+static inline int mt_table_may_hold(uint64_t addr) {
+    unsigned k = mt_shard_index(addr);
+    if (!((atomic_load_explicit(&mt_nonempty[k / 64], memory_order_relaxed) >> (k % 64)) & 1))
+        return 0;
+    return atomic_load_explicit(&mt_filters[k][mt_filter_slot(addr)], memory_order_relaxed) != 0;
+}
+
 /* Records a block; an address already present is overwritten (its free was
  * missed) and reported as MT_REPLACED.  MT_DROPPED when no memory could be
  * mapped to hold it. */
@@ -42,7 +74,8 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
 /* Forgets a block; returns 1 and copies the entry to *old when it was there. */
 int mt_table_remove(uint64_t addr, struct mt_slot *old);
 
-/* Forgets everything (memory is returned to the system); returns the count. */
+/* Forgets everything (large slot arrays go back to the system, small ones to
+ * a free list for reuse); returns the count. */
 uint64_t mt_table_reset(void);
 
 /* Calls fn once per shard, under that shard's lock, with its slot array
@@ -52,6 +85,7 @@ void mt_table_scan(mt_shard_fn fn, void *ctx);
 
 struct mt_table_figures {
     uint64_t live_count, live_bytes, table_bytes, dropped, replaced;
+    uint64_t est_count, est_bytes; /* sampling estimates; est_count in MT_WEIGHT_ONE units */
 };
 /* Lock-free snapshot of the counters (each shard's figures are consistent). */
 void mt_table_figures(struct mt_table_figures *out);
@@ -60,7 +94,8 @@ void mt_table_figures(struct mt_table_figures *out);
 void mt_table_lock_all(void);
 void mt_table_unlock_all(void);
 
-/* Test hook: when set, the table asks it instead of mmap for memory. */
+/* Test hook: when set, the table asks it instead of mmap for every mapping
+ * (1 MiB chunks of small slot arrays, and large slot arrays). */
 extern void *(*mt_table_map_hook)(size_t bytes);
 
 #endif

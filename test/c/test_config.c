@@ -1,4 +1,5 @@
 /* Environment parsing: garbage falls back to defaults, ranges clamp. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
@@ -21,6 +22,38 @@ int main(void) {
     CHECK_EQ(mt_parse_enabled("0"), 0);
     CHECK_EQ(mt_parse_enabled("false"), 0);
     CHECK_EQ(mt_parse_enabled("garbage"), 1);
+
+    int garbage;
+    CHECK_EQ(mt_parse_sample_bytes(NULL, &garbage), 0);
+    CHECK_EQ(garbage, 0);
+    CHECK_EQ(mt_parse_sample_bytes("524288", &garbage), 524288);
+    CHECK_EQ(garbage, 0);
+    CHECK_EQ(mt_parse_sample_bytes("0", &garbage), 0);
+    CHECK_EQ(garbage, 0);
+    CHECK_EQ(mt_parse_sample_bytes("512k", &garbage), 0);
+    CHECK_EQ(garbage, 1);
+    CHECK_EQ(mt_parse_sample_bytes("-1", &garbage), 0);
+    CHECK_EQ(garbage, 1);
+    CHECK_EQ(mt_parse_sample_bytes("99999999999999999999999", &garbage), 0);
+    CHECK_EQ(garbage, 1);
+
+    setenv("MTRACE_SAMPLE_BYTES", "1M", 1);
+    setenv("MTRACE_DEPTH", "deep", 1);
+    setenv("MTRACE_ENABLED", "maybe", 1);
+    struct mt_config c;
+    mt_config_load(&c);
+    CHECK_EQ(c.sample_bytes, 0);
+    CHECK_EQ(c.depth, MT_DEFAULT_DEPTH);
+    CHECK_EQ(c.enabled, 1);
+    CHECK_EQ(c.garbage, MT_GARBAGE_SAMPLE | MT_GARBAGE_DEPTH | MT_GARBAGE_ENABLED);
+    setenv("MTRACE_SAMPLE_BYTES", "4096", 1);
+    setenv("MTRACE_DEPTH", "12", 1);
+    setenv("MTRACE_ENABLED", "off", 1);
+    mt_config_load(&c);
+    CHECK_EQ(c.sample_bytes, 4096);
+    CHECK_EQ(c.depth, 12);
+    CHECK_EQ(c.enabled, 0);
+    CHECK_EQ(c.garbage, 0);
 
     CHECK(mt_program_listed("beam.smp", "beam.smp"));
     CHECK(!mt_program_listed("beam.smp", "beam"));
