@@ -53,14 +53,15 @@ enum { MODE_UNINIT, MODE_INIT, MODE_INERT, MODE_ACTIVE };
 
 static _Atomic int mode = MODE_UNINIT;
 static _Atomic int enabled;
-/* The one word every call reads first: 0 means "straight to libc" (this
- * process is not traced, or tracking is switched off).  Frees then only
- * look at the table's one-line bitmap.  1 while unconfigured or tracking. */
-static _Atomic int gate = 1;
+/* The one word every call reads first: GATE_LIBC means straight to libc
+ * (this process is not traced, or tracking is switched off; frees then only
+ * ask the table's lock-free filters), GATE_SETUP that the first call must
+ * configure, GATE_TRACK that calls are counted and blocks recorded. */
+enum { GATE_LIBC, GATE_SETUP, GATE_TRACK };
+static _Atomic int gate = GATE_SETUP;
 static int provisional; /* configured before libc had set up the environment */
 static struct mt_config cfg;
 
-static TLS unsigned char busy, ignored, fork_saved_busy;
 
 /* Call counters: each thread owns a block and bumps it with plain stores
  * (no lock prefix on the hot path); stats sums every block.  A block goes
@@ -74,8 +75,14 @@ struct counter_block {
 } __attribute__((aligned(128)));
 static struct counter_block counter_blocks[COUNTER_BLOCKS];
 static struct counter_block shared_block;
-static TLS struct counter_block *my_block;
-static TLS unsigned char block_returned;
+
+/* All per-thread state in one initial-exec TLS block: one address to
+ * compute per call, nothing allocated on a thread's first use. */
+static TLS struct {
+    unsigned char busy, ignored, block_returned, fork_saved_busy;
+    struct counter_block *my_block;
+    struct mt_sampler sampler;
+} me;
 static pthread_key_t block_key;
 static int block_key_made;
 
@@ -84,8 +91,9 @@ static void *(*real_aligned_alloc)(size_t, size_t);
 
 static void update_gate(void) {
     int m = atomic_load(&mode);
-    atomic_store(&gate, m == MODE_UNINIT || m == MODE_INIT ||
-                            (m == MODE_ACTIVE && atomic_load(&enabled)));
+    atomic_store(&gate, m == MODE_UNINIT || m == MODE_INIT                ? GATE_SETUP
+                        : m == MODE_ACTIVE && atomic_load(&enabled) ? GATE_TRACK
+                                                                      : GATE_LIBC);
 }
 
 static void configure(void) {
@@ -106,17 +114,17 @@ static void init(void) {
             sched_yield();
         return;
     }
-    busy = 2;
+    me.busy = 2;
     provisional = (__environ == NULL);
     configure();
-    busy = 0;
+    me.busy = 0;
 }
 
 static inline int ready(void) {
     int m = atomic_load_explicit(&mode, memory_order_relaxed);
     if (m == MODE_ACTIVE)
         return 1;
-    if (m == MODE_UNINIT && !busy) {
+    if (m == MODE_UNINIT && !me.busy) {
         init();
         return atomic_load(&mode) == MODE_ACTIVE;
     }
@@ -125,45 +133,49 @@ static inline int ready(void) {
 
 /* Is this call to be counted, and its block considered for the table? */
 static inline int tracking(void) {
-    if (likely(!atomic_load_explicit(&gate, memory_order_relaxed)))
+    int g = atomic_load_explicit(&gate, memory_order_relaxed);
+    if (likely(g == GATE_LIBC))
         return 0;
-    return ready() && !busy && !ignored && atomic_load_explicit(&enabled, memory_order_relaxed);
+    if (unlikely(g == GATE_SETUP) &&
+        !(ready() && atomic_load_explicit(&enabled, memory_order_relaxed)))
+        return 0;
+    return !(me.busy | me.ignored);
 }
 
 static void return_block(void *block) {
     atomic_store_explicit(&((struct counter_block *)block)->owned, 0, memory_order_release);
-    my_block = NULL;
-    block_returned = 1;
+    me.my_block = NULL;
+    me.block_returned = 1;
 }
 
 static __attribute__((noinline)) void claim_block(void) {
-    if (block_returned) /* exiting thread: its block may have a new owner */
+    if (me.block_returned) /* exiting thread: its block may have a new owner */
         return;
     for (int i = 0; i < COUNTER_BLOCKS; i++) {
         int free_block = 0;
         if (!atomic_load_explicit(&counter_blocks[i].owned, memory_order_relaxed) &&
             atomic_compare_exchange_strong(&counter_blocks[i].owned, &free_block, 1)) {
-            my_block = &counter_blocks[i];
+            me.my_block = &counter_blocks[i];
             break;
         }
     }
-    if (my_block && block_key_made) {
-        unsigned char was = busy;
-        busy = 2; /* a high key number makes pthread_setspecific allocate */
-        pthread_setspecific(block_key, my_block);
-        busy = was;
+    if (me.my_block && block_key_made) {
+        unsigned char was = me.busy;
+        me.busy = 2; /* a high key number makes pthread_setspecific allocate */
+        pthread_setspecific(block_key, me.my_block);
+        me.busy = was;
     }
 }
 
 static inline void count(enum mtrace_fn fn) {
-    if (unlikely(!my_block)) {
+    if (unlikely(!me.my_block)) {
         claim_block();
-        if (!my_block) {
+        if (!me.my_block) {
             atomic_fetch_add_explicit(&shared_block.calls[fn], 1, memory_order_relaxed);
             return;
         }
     }
-    _Atomic uint64_t *c = &my_block->calls[fn]; /* single writer */
+    _Atomic uint64_t *c = &me.my_block->calls[fn]; /* single writer */
     atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
                           memory_order_relaxed);
 }
@@ -177,37 +189,37 @@ uint64_t mt_now_ms(void) {
 }
 
 static void insert(uint64_t addr, uint64_t size, uint64_t t_ms, uint32_t stack) {
-    busy = 2;
+    me.busy = 2;
     mt_table_insert(addr, size, t_ms, stack);
 }
 
 static __attribute__((noinline)) void record_now(void *p, size_t size) {
     int saved = errno; /* unwinding and mmap must not disturb what libc set */
-    busy = 1;
+    me.busy = 1;
     uint32_t stack = mt_stack_capture(cfg.depth);
     insert((uintptr_t)p, size, mt_now_ms(), stack);
-    busy = 0;
+    me.busy = 0;
     errno = saved;
 }
 
 /* Records a block the caller got for this thread (sampling decides). */
 static inline void record(void *p, size_t size) {
-    if (mt_sample_take(size))
+    if (mt_sample_take(&me.sampler, size))
         record_now(p, size);
 }
 
 static __attribute__((noinline)) int forget_now(void *p, struct mt_slot *old) {
-    unsigned char was = busy;
-    busy = 2;
+    unsigned char was = me.busy;
+    me.busy = 2;
     int found = mt_table_remove((uintptr_t)p, old);
-    busy = was;
+    me.busy = was;
     return found;
 }
 
 /* Removes p from the table; returns 1 (and the entry) if it was recorded.
  * Inline up to the table's lock-free filters, which answer most frees. */
 static inline int forget(void *p, struct mt_slot *old) {
-    if (!p || !mt_table_may_hold((uintptr_t)p) || busy >= 2)
+    if (!p || !mt_table_may_hold((uintptr_t)p) || me.busy >= 2)
         return 0;
     return forget_now(p, old);
 }
@@ -215,42 +227,74 @@ static inline int forget(void *p, struct mt_slot *old) {
 /* Puts back an entry whose block turned out to stay alive (failed realloc). */
 static void restore(const struct mt_slot *old) {
     int saved = errno;
-    unsigned char was = busy;
+    unsigned char was = me.busy;
     insert(old->addr, old->size, mt_slot_time(old), mt_slot_stack(old));
-    busy = was;
+    me.busy = was;
     errno = saved;
 }
 
-EXPORT void *malloc(size_t n) {
+/* malloc, calloc and free are split: the exported function is only the
+ * gate test and a tail call to libc, so an untraced or switched-off process
+ * pays a load and a branch; everything else sits in a noinline slow path. */
+static inline int gate_open(void) {
+    return atomic_load_explicit(&gate, memory_order_relaxed) != GATE_LIBC;
+}
+
+/* The sampling decision comes first: an allocation that is not sampled
+ * ends in a tail call to libc, with nothing to keep across it. */
+static __attribute__((noinline)) void *malloc_slow(size_t n) {
     if (!tracking())
         return __libc_malloc(n);
     count(MT_FN_MALLOC);
+    if (!mt_sample_take(&me.sampler, n))
+        return __libc_malloc(n);
     void *p = __libc_malloc(n);
     if (p)
-        record(p, n);
+        record_now(p, n);
+    return p;
+}
+
+EXPORT void *malloc(size_t n) {
+    if (unlikely(gate_open()))
+        return malloc_slow(n);
+    return __libc_malloc(n);
+}
+
+static __attribute__((noinline)) void *calloc_slow(size_t n, size_t size) {
+    if (!tracking())
+        return __libc_calloc(n, size);
+    count(MT_FN_CALLOC);
+    size_t bytes;
+    if (__builtin_mul_overflow(n, size, &bytes) || !mt_sample_take(&me.sampler, bytes))
+        return __libc_calloc(n, size); /* an overflow fails in libc, as it should */
+    void *p = __libc_calloc(n, size);
+    if (p)
+        record_now(p, bytes);
     return p;
 }
 
 EXPORT void *calloc(size_t n, size_t size) {
-    if (!tracking())
-        return __libc_calloc(n, size);
-    count(MT_FN_CALLOC);
-    void *p = __libc_calloc(n, size);
-    if (p)
-        record(p, n * size); /* cannot overflow: libc checked before succeeding */
-    return p;
+    if (unlikely(gate_open()))
+        return calloc_slow(n, size);
+    return __libc_calloc(n, size);
+}
+
+static __attribute__((noinline)) void free_slow(void *p) {
+    int g = atomic_load_explicit(&gate, memory_order_relaxed);
+    if (unlikely(g == GATE_SETUP) && !ready()) {
+        __libc_free(p);
+        return;
+    }
+    if (g != GATE_LIBC && tracking())
+        count(MT_FN_FREE);
+    if (p && mt_table_may_hold((uintptr_t)p) && me.busy < 2)
+        forget_now(p, NULL);
+    __libc_free(p);
 }
 
 EXPORT void free(void *p) {
-    if (unlikely(atomic_load_explicit(&gate, memory_order_relaxed))) {
-        if (!ready()) {
-            __libc_free(p);
-            return;
-        }
-        if (!busy && !ignored && atomic_load_explicit(&enabled, memory_order_relaxed))
-            count(MT_FN_FREE);
-    }
-    forget(p, NULL);
+    if (unlikely(gate_open() || (p && mt_table_may_hold((uintptr_t)p))))
+        return free_slow(p);
     __libc_free(p);
 }
 
@@ -299,10 +343,10 @@ static int fallback_posix_memalign(void **memptr, size_t al, size_t n) {
 }
 
 static void resolve_aligned(void) {
-    busy = 2;
+    me.busy = 2;
     real_posix_memalign = dlsym(RTLD_NEXT, "posix_memalign");
     real_aligned_alloc = dlsym(RTLD_NEXT, "aligned_alloc");
-    busy = 0;
+    me.busy = 0;
 }
 
 EXPORT int posix_memalign(void **memptr, size_t al, size_t n) {
@@ -375,8 +419,8 @@ EXPORT char *strndup(const char *s, size_t n) { return dup_bytes(s, strnlen(s, n
 /* fork: hold every lock so the child inherits a consistent table, and keep
  * this thread out of the table meanwhile (fork itself may allocate). */
 static void fork_prepare(void) {
-    fork_saved_busy = busy;
-    busy = 2;
+    me.fork_saved_busy = me.busy;
+    me.busy = 2;
     mt_stacks_lock();
     mt_table_lock_all();
 }
@@ -384,7 +428,7 @@ static void fork_prepare(void) {
 static void fork_release(void) {
     mt_table_unlock_all();
     mt_stacks_unlock();
-    busy = fork_saved_busy;
+    me.busy = me.fork_saved_busy;
 }
 
 __attribute__((constructor)) static void on_load(void) {
@@ -396,8 +440,8 @@ __attribute__((constructor)) static void on_load(void) {
     if (atomic_load(&mode) == MODE_ACTIVE) {
         pthread_atfork(fork_prepare, fork_release, fork_release);
         block_key_made = pthread_key_create(&block_key, return_block) == 0;
-        if (block_key_made && my_block) /* claimed before this constructor ran */
-            pthread_setspecific(block_key, my_block);
+        if (block_key_made && me.my_block) /* claimed before this constructor ran */
+            pthread_setspecific(block_key, me.my_block);
     }
 }
 
@@ -422,7 +466,7 @@ uint64_t mt_sample_bytes(void) { return mt_sample_mean; }
 uint32_t mt_config_garbage(void) { return cfg.garbage; }
 
 int mt_thread_ignore(int on) {
-    int was = ignored;
-    ignored = on != 0;
+    int was = me.ignored;
+    me.ignored = on != 0;
     return was;
 }

@@ -67,7 +67,7 @@ CC = $cc
 ERTS_INCLUDE = $ERTS_INCLUDE_DIR
 WARN_CFLAGS = -Wall -Wextra -Werror
 BASE_CFLAGS = -std=gnu11 -O2 -g -fPIC $extra_inc
-PRELOAD_CFLAGS = -fvisibility=hidden -ftls-model=initial-exec
+PRELOAD_CFLAGS = -fvisibility=hidden -ftls-model=initial-exec -fno-plt
 PRELOAD_LIBS = $extra_lib -lunwind $dl_libs -lpthread -lm
 SO_LDFLAGS = $so_ldflags
 NIF_LDFLAGS = $nif_ldflags

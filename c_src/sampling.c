@@ -6,40 +6,36 @@
 #include <time.h>
 
 uint64_t mt_sample_mean;
-__thread int64_t mt_sample_left __attribute__((tls_model("initial-exec")));
-static __thread uint64_t rng __attribute__((tls_model("initial-exec")));
-
-/* xorshift64*, seeded per thread from its TLS address and the clock. */
-static uint64_t next_random(void) {
-    if (!rng) {
+/* xorshift64*, seeded per thread from its state's address and the clock. */
+static uint64_t next_random(struct mt_sampler *s) {
+    if (!s->rng) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        rng = ((uint64_t)(uintptr_t)&rng * 0x9E3779B97F4A7C15ull) ^ (uint64_t)ts.tv_nsec ^
-              ((uint64_t)ts.tv_sec << 32) ^ 1;
+        s->rng = ((uint64_t)(uintptr_t)s * 0x9E3779B97F4A7C15ull) ^ (uint64_t)ts.tv_nsec ^
+                 ((uint64_t)ts.tv_sec << 32) ^ 1;
     }
-    rng ^= rng >> 12;
-    rng ^= rng << 25;
-    rng ^= rng >> 27;
-    return rng * 0x2545F4914F6CDD1Dull;
+    s->rng ^= s->rng >> 12;
+    s->rng ^= s->rng << 25;
+    s->rng ^= s->rng >> 27;
+    return s->rng * 0x2545F4914F6CDD1Dull;
 }
 
 /* Exponentially distributed gap with mean R, at least 1 byte. */
-static int64_t next_gap(void) {
-    double u = (double)((next_random() >> 11) + 1) / 9007199254740992.0; /* (0, 1] */
+static int64_t next_gap(struct mt_sampler *s) {
+    double u = (double)((next_random(s) >> 11) + 1) / 9007199254740992.0; /* (0, 1] */
     double gap = -log(u) * (double)mt_sample_mean;
     return gap < 1.0 ? 1 : gap > 9e18 ? (int64_t)9e18 : (int64_t)gap;
 }
 
-int mt_sample_crossed(size_t n) {
-    static __thread unsigned char started __attribute__((tls_model("initial-exec")));
-    if (!started) { /* first allocation of this thread: draw its first gap */
-        started = 1;
-        mt_sample_left = next_gap() - (int64_t)n;
-        if (mt_sample_left > 0)
+int mt_sample_crossed(struct mt_sampler *s, size_t n) {
+    if (!s->started) { /* first allocation of this thread: draw its first gap */
+        s->started = 1;
+        s->left = next_gap(s) - (int64_t)(n + (n == 0));
+        if (s->left > 0)
             return 0;
     }
     /* Memoryless: a fresh gap after each sample keeps p(s) = 1 - exp(-s/R). */
-    mt_sample_left = next_gap();
+    s->left = next_gap(s);
     return 1;
 }
 

@@ -18,18 +18,24 @@
 #define MT_WEIGHT_ONE 65536u
 
 extern uint64_t mt_sample_mean; /* R; 0 = every allocation is recorded */
-extern __thread int64_t mt_sample_left __attribute__((tls_model("initial-exec")));
+
+/* One per thread, zero-initialised (in the interposer's TLS block). */
+struct mt_sampler {
+    int64_t left; /* bytes until the next sample point */
+    uint64_t rng;
+    int started;
+};
 
 /* Slow half of mt_sample_take: the countdown crossed zero (or was never set). */
-int mt_sample_crossed(size_t n);
+int mt_sample_crossed(struct mt_sampler *s, size_t n);
 
 /* Should this thread record an allocation of n bytes?  Always in lossless mode. */
-static inline int mt_sample_take(size_t n) {
+static inline int mt_sample_take(struct mt_sampler *s, size_t n) {
     if (!mt_sample_mean)
         return 1;
-    if ((mt_sample_left -= (int64_t)(n + (n == 0))) > 0) /* malloc(0) holds memory too */
+    if ((s->left -= (int64_t)(n + (n == 0))) > 0) /* malloc(0) holds memory too */
         return 0;
-    return mt_sample_crossed(n);
+    return mt_sample_crossed(s, n);
 }
 
 /* 1/p(size) as fixed point (MT_WEIGHT_ONE = weight 1), and size/p(size) in
