@@ -2,7 +2,8 @@
  * Query cost at scale, run with the preload active:
  *   LD_PRELOAD=priv/mtrace.so MTRACE_PROGRAMS=query_bench _build/c/query_bench [N]
  * Makes N live allocations (default 1,000,000) from 100 call sites, then times
- * olds(10), stats() and reset(), and reports table bytes per live entry.
+ * olds(10) and stats() (median of 7 runs) and reset() (once: it empties the table),
+ * and reports table bytes per live entry.
  * Prints markdown table rows; nothing here is asserted.
  */
 #define _GNU_SOURCE
@@ -17,6 +18,18 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+#define REPS 7
+
+static double median(double *v) {
+    qsort(v, REPS, sizeof *v, cmp_double);
+    return v[REPS / 2];
 }
 
 /* 100 distinct call sites: each function is its own return address. */
@@ -55,16 +68,14 @@ int main(int argc, char **argv) {
     struct mtrace_stats s;
     api->stats(&s);
     struct mtrace_alloc out[10];
-    double best_olds = 1e9, best_stats = 1e9;
-    for (int r = 0; r < 5; r++) {
+    double olds_s[REPS], stats_s[REPS];
+    for (int r = 0; r < REPS; r++) {
         t0 = now_s();
         api->olds(out, 10, NULL);
-        double d = now_s() - t0;
-        best_olds = d < best_olds ? d : best_olds;
+        olds_s[r] = now_s() - t0;
         t0 = now_s();
         api->stats(&s);
-        d = now_s() - t0;
-        best_stats = d < best_stats ? d : best_stats;
+        stats_s[r] = now_s() - t0;
     }
     printf("| live entries | %llu |\n", (unsigned long long)s.live_count);
     printf("| call sites (stacks interned) | %llu |\n", (unsigned long long)s.stacks);
@@ -72,8 +83,8 @@ int main(int argc, char **argv) {
     printf("| table + stack store bytes per live entry | %.1f |\n",
            (double)(s.table_bytes + s.stack_bytes) / (double)s.live_count);
     printf("| fill: ns per tracked malloc | %.0f |\n", fill * 1e9 / (double)n);
-    printf("| olds(10) | %.1f ms |\n", best_olds * 1e3);
-    printf("| stats() | %.3f ms |\n", best_stats * 1e3);
+    printf("| olds(10), median of %d | %.1f ms |\n", REPS, median(olds_s) * 1e3);
+    printf("| stats(), median of %d | %.3f ms |\n", REPS, median(stats_s) * 1e3);
     t0 = now_s();
     uint64_t forgotten = api->reset();
     printf("| reset() of %llu entries | %.1f ms |\n", (unsigned long long)forgotten,

@@ -8,16 +8,18 @@ include $(MAKEVARS)
 CFLAGS_ALL = $(BASE_CFLAGS) $(WARN_CFLAGS) $(EXTRA_CFLAGS)
 
 PRELOAD_SRC = c_src/interpose.c c_src/table.c c_src/stacks.c c_src/query.c c_src/config.c \
-	c_src/sampling.c
+	c_src/sampling.c c_src/unwind.c
 PRELOAD_HDR = c_src/mtrace_api.h c_src/table.h c_src/stacks.h c_src/interpose.h \
-	c_src/config.h c_src/spinlock.h c_src/sampling.h
+	c_src/config.h c_src/spinlock.h c_src/sampling.h c_src/unwind.h
 NIF_SRC = c_src/nif.c c_src/symbols.c c_src/dwarf_lines.c
 SYM_SRC = c_src/symbols.c c_src/dwarf_lines.c
 SYM_HDR = c_src/symbols.h c_src/dwarf_lines.h
 NIF_HDR = c_src/mtrace_api.h $(SYM_HDR)
 
-CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_interpose $(BUILD)/test_symbols
-ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_symbols
+CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_interpose $(BUILD)/test_symbols \
+	$(BUILD)/test_unwind
+ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_symbols \
+	$(BUILD)/asan_test_unwind
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 FIXTURE_FLAGS = -O1 -g -fno-inline -fno-optimize-sibling-calls
 
@@ -74,6 +76,14 @@ $(BUILD)/test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 $(BUILD)/asan_test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) $(DW_CFLAGS) -Ic_src -o $@ test/c/test_symbols.c $(SYM_SRC) $(DW_LIBS)
+
+$(BUILD)/test_unwind: test/c/test_unwind.c test/c/check.h c_src/unwind.c c_src/unwind.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_unwind.c c_src/unwind.c -lunwind $(DL_LIBS) -lpthread
+
+$(BUILD)/asan_test_unwind: test/c/test_unwind.c test/c/check.h c_src/unwind.c c_src/unwind.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_unwind.c c_src/unwind.c -lunwind $(DL_LIBS) -lpthread
 
 $(BUILD)/symbols_fixture.so: test/c/symbols_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)

@@ -97,6 +97,7 @@ void mt_config_load(struct mt_config *c) {
     exe_name(exe, sizeof exe);
     c->active = mt_program_listed(programs && *programs ? programs : MT_DEFAULT_PROGRAMS, exe);
     const char *enabled = getenv("MTRACE_ENABLED"), *depth = getenv("MTRACE_DEPTH");
+    const char *unwind = getenv("MTRACE_UNWIND");
     int bad_sample;
     c->enabled = mt_parse_enabled(enabled);
     c->depth = mt_parse_depth(depth);
@@ -104,4 +105,7 @@ void mt_config_load(struct mt_config *c) {
     c->garbage = (depth && *depth && !all_digits(depth) ? MT_GARBAGE_DEPTH : 0) |
                  (enabled && *enabled && !known_switch(enabled) ? MT_GARBAGE_ENABLED : 0) |
                  (bad_sample ? MT_GARBAGE_SAMPLE : 0);
+    c->fast_unwind = !(unwind && !strcmp(unwind, "libunwind"));
+    if (unwind && *unwind && strcmp(unwind, "libunwind") && strcmp(unwind, "fast"))
+        c->garbage |= MT_GARBAGE_UNWIND;
 }

@@ -14,19 +14,21 @@
 #define MT_DEFAULT_PROGRAMS "beam.smp"
 
 struct mt_config {
-    int active;     /* this executable is one MTRACE_PROGRAMS names */
-    int enabled;    /* MTRACE_ENABLED: track from the start */
-    uint32_t depth; /* MTRACE_DEPTH: frames kept per stack */
+    int active;            /* this executable is one MTRACE_PROGRAMS names */
+    int enabled;           /* MTRACE_ENABLED: track from the start */
+    uint32_t depth;        /* MTRACE_DEPTH: frames kept per stack */
     uint64_t sample_bytes; /* MTRACE_SAMPLE_BYTES: mean bytes between samples, 0 = lossless */
     uint32_t garbage;      /* MT_GARBAGE_* bits: variables whose value was not understood */
+    int fast_unwind;       /* MTRACE_UNWIND: "fast" (default) or "libunwind" */
 };
 
 #define MT_GARBAGE_DEPTH 1u
 #define MT_GARBAGE_ENABLED 2u
 #define MT_GARBAGE_SAMPLE 4u
+#define MT_GARBAGE_UNWIND 8u
 
-/* Reads MTRACE_PROGRAMS, MTRACE_ENABLED, MTRACE_DEPTH, MTRACE_SAMPLE_BYTES
- * and /proc/self/exe. */
+/* Reads MTRACE_PROGRAMS, MTRACE_ENABLED, MTRACE_DEPTH, MTRACE_SAMPLE_BYTES,
+ * MTRACE_UNWIND and /proc/self/exe. */
 void mt_config_load(struct mt_config *c);
 
 /* Pure helpers, exposed for tests. */

@@ -30,6 +30,7 @@
 #include "sampling.h"
 #include "stacks.h"
 #include "table.h"
+#include "unwind.h"
 
 #ifndef __GLIBC__
 #error "the interposer forwards to glibc's __libc_* entry points"
@@ -62,7 +63,6 @@ static _Atomic int gate = GATE_SETUP;
 static int provisional; /* configured before libc had set up the environment */
 static struct mt_config cfg;
 
-
 /* Call counters: each thread owns a block and bumps it with plain stores
  * (no lock prefix on the hot path); stats sums every block.  A block goes
  * back to the pool when its thread exits and keeps its counts for the next
@@ -91,14 +91,15 @@ static void *(*real_aligned_alloc)(size_t, size_t);
 
 static void update_gate(void) {
     int m = atomic_load(&mode);
-    atomic_store(&gate, m == MODE_UNINIT || m == MODE_INIT                ? GATE_SETUP
+    atomic_store(&gate, m == MODE_UNINIT || m == MODE_INIT          ? GATE_SETUP
                         : m == MODE_ACTIVE && atomic_load(&enabled) ? GATE_TRACK
-                                                                      : GATE_LIBC);
+                                                                    : GATE_LIBC);
 }
 
 static void configure(void) {
     mt_config_load(&cfg);
     mt_sample_mean = cfg.active ? cfg.sample_bytes : 0;
+    mt_stacks_fast_unwind = cfg.fast_unwind;
     if (cfg.active)
         mt_stacks_init();
     atomic_store(&enabled, cfg.enabled);
@@ -342,11 +343,25 @@ static int fallback_posix_memalign(void **memptr, size_t al, size_t n) {
     return 0;
 }
 
-static void resolve_aligned(void) {
+static int (*real_dlclose)(void *);
+
+static void resolve_real(void) {
+    unsigned char was = me.busy;
     me.busy = 2;
     real_posix_memalign = dlsym(RTLD_NEXT, "posix_memalign");
     real_aligned_alloc = dlsym(RTLD_NEXT, "aligned_alloc");
-    me.busy = 0;
+    real_dlclose = dlsym(RTLD_NEXT, "dlclose");
+    me.busy = was;
+}
+
+/* Unloaded code takes its unwind rules with it: the walker's cache must not
+ * apply them to whatever is mapped at those addresses next. */
+EXPORT int dlclose(void *handle) {
+    if (!real_dlclose)
+        resolve_real();
+    int r = real_dlclose ? real_dlclose(handle) : -1;
+    mt_unwind_forget();
+    return r;
 }
 
 EXPORT int posix_memalign(void **memptr, size_t al, size_t n) {
@@ -436,7 +451,7 @@ __attribute__((constructor)) static void on_load(void) {
         init();
     else if (provisional)
         configure(); /* the environment is readable now */
-    resolve_aligned();
+    resolve_real();
     if (atomic_load(&mode) == MODE_ACTIVE) {
         pthread_atfork(fork_prepare, fork_release, fork_release);
         block_key_made = pthread_key_create(&block_key, return_block) == 0;

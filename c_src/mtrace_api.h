@@ -88,7 +88,8 @@ struct mtrace_more_stats {
     uint64_t sample_bytes;   /* MTRACE_SAMPLE_BYTES in effect; 0 = lossless */
     uint64_t est_live_count; /* live allocations estimated from the samples (exact if lossless) */
     uint64_t est_live_bytes; /* their bytes, estimated likewise */
-    uint32_t config_garbage; /* MTRACE_ variables not understood: 1 DEPTH, 2 ENABLED, 4 SAMPLE_BYTES */
+    uint32_t
+        config_garbage; /* MTRACE_ variables not understood: 1 DEPTH, 2 ENABLED, 4 SAMPLE_BYTES */
     uint32_t reserved;
 };
 

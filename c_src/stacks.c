@@ -17,6 +17,7 @@
 #include "mtrace_api.h"
 #include "spinlock.h"
 #include "table.h"
+#include "unwind.h"
 
 #define BUCKET_BITS 20
 #define DIR_BITS 12 /* ids = DIR_SLOTS * BLOCK_SLOTS = 2^24, the table's id width */
@@ -151,11 +152,18 @@ none:
     return MTRACE_NO_STACK;
 }
 
+int mt_stacks_fast_unwind = 1;
+
 uint32_t mt_stack_capture(uint32_t depth) {
     void *buf[MTRACE_MAX_DEPTH + MAX_OWN_FRAMES];
     if (depth > MTRACE_MAX_DEPTH)
         depth = MTRACE_MAX_DEPTH;
-    int n = unw_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
+    int n = mt_stacks_fast_unwind ? mt_unwind((uintptr_t *)buf, (int)(depth + MAX_OWN_FRAMES)) : -1;
+    if (n < 0) {
+        if (mt_stacks_fast_unwind)
+            mt_unwind_count_fallback();
+        n = unw_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
+    }
     int skip = 0;
     while (skip < n && (const char *)buf[skip] >= __ehdr_start && (const char *)buf[skip] < etext)
         skip++;

@@ -1,5 +1,6 @@
 /*
- * Call stacks: captured with libunwind, interned once, named by a 24-bit id.
+ * Call stacks: captured by the fast walker of unwind.c (libunwind where it
+ * gives up), interned once, named by a 24-bit id.
  *
  * Most allocations come from a few thousand call sites, so a table entry
  * stores an id instead of its frames.  The store only grows (ids stay valid
@@ -12,6 +13,9 @@
 
 /* Called once before the first capture. */
 void mt_stacks_init(void);
+
+/* MTRACE_UNWIND=libunwind sets this to 0: every stack through libunwind. */
+extern int mt_stacks_fast_unwind;
 
 /* Captures the current call stack, skipping this library's own frames, and
  * returns its id (MTRACE_NO_STACK if it could not be stored). */

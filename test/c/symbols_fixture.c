@@ -21,3 +21,9 @@ void *mt_fixture_entry(int *line) {
     __asm__ volatile("" ::: "memory");
     return ra;
 }
+
+/* For test_unwind: calls back from a frame inside this library. */
+__attribute__((noinline)) void fixture_call_back(void (*fn)(void)) {
+    fn();
+    __asm__ volatile("" ::: "memory");
+}

@@ -1,0 +1,80 @@
+#!/bin/sh
+# The preload inside a real node: a dirty NIF churning malloc/free next to
+# ordinary Erlang processes (bench/vm_churn.erl, bench/vm_churn_nif.c), on a
+# bare node, a preloaded one and a preloaded one in sampling mode; and the
+# time to boot and halt a node, bare and preloaded.  Variants are interleaved
+# for ROUNDS rounds; prints markdown rows of medians with ratios to bare.
+#   sh bench/vm.sh BUILD PRIV [ROUNDS] [PAIRS]
+set -eu
+build=$1 priv=$(cd "$2" && pwd)
+rounds=${3:-5} pairs=${4:-30000000} boots=5
+src=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/mtrace-vm.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+# Inherited settings would change what the columns mean.
+unset MTRACE_PROGRAMS MTRACE_ENABLED MTRACE_SAMPLE_BYTES
+
+# Compile the NIF and the module when missing or older than their sources
+# (find -newer, as test -nt is not POSIX).
+stale() { [ ! -f "$1" ] || [ -n "$(find "$2" -newer "$1")" ]; }
+nif=$build/mtrace_bench_churn
+if stale "$nif.so" "$src/vm_churn_nif.c"; then
+    inc=${ERTS_INCLUDE_DIR:-$(erl -noshell -eval \
+        'io:format("~ts", [filename:join([code:root_dir(), "erts-" ++ erlang:system_info(version), "include"])]), halt().')}
+    ${CC:-cc} -std=gnu11 -O2 -g -fPIC -Wall -Wextra -Werror -shared -I"$inc" \
+        -o "$nif.so" "$src/vm_churn_nif.c"
+fi
+if stale "$build/vm_churn.beam" "$src/vm_churn.erl"; then
+    erlc -o "$build" "$src/vm_churn.erl"
+fi
+
+pre="LD_PRELOAD=$priv/mtrace.so"
+churn() { # churn [ENV=VALUE...] -> prints the workload's wall ms
+    env "$@" erl -noshell -pa "$build" -run vm_churn main "$nif" "$pairs" |
+        awk '/^wall_ms/ { print $2 }'
+}
+boot() { # boot [ENV=VALUE...] -> prints ms from exec to exit, as a user sees it
+    t0=$(date +%s%N)
+    env "$@" erl -noshell -eval 'halt().'
+    echo $((($(date +%s%N) - t0) / 1000000))
+}
+sample() { # sample NAME COMMAND... -> appends "NAME value" to the samples
+    name=$1
+    shift
+    v=$("$@")
+    [ -n "$v" ] || { echo "bench/vm.sh: $name printed nothing" >&2; exit 1; }
+    echo "$name $v" >>"$tmp/samples"
+}
+
+r=1
+while [ "$r" -le "$rounds" ]; do
+    sample churn_bare churn
+    sample churn_pre churn "$pre"
+    sample churn_sampling churn "$pre" MTRACE_SAMPLE_BYTES=524288
+    b=1
+    while [ "$b" -le "$boots" ]; do
+        sample boot_bare boot
+        sample boot_pre boot "$pre"
+        b=$((b + 1))
+    done
+    r=$((r + 1))
+done
+
+# Median per variant (every boot is a sample), then the markdown rows.
+sort -k1,1 -k2,2n "$tmp/samples" | awk -v rounds="$rounds" -v boots="$boots" -v pairs="$pairs" '
+{ n[$1]++; v[$1, n[$1]] = $2 }
+END {
+    for (k in n) { c = n[k]; med[k] = (c % 2) ? v[k, (c + 1) / 2] : (v[k, c / 2] + v[k, c / 2 + 1]) / 2 }
+    print "| VM (bench/vm.sh), wall ms | bare | preloaded (ratio) |"
+    print "|---|---|---|"
+    row("dirty NIF churn + Erlang work", "churn_bare", "churn_pre")
+    row("same, sampling (MTRACE_SAMPLE_BYTES=524288)", "churn_bare", "churn_sampling")
+    row("node boot + halt", "boot_bare", "boot_pre")
+    printf "\nMedian of %d interleaved rounds (boot: of all %d boots). Churn: %d malloc/free pairs " \
+        "(16-1040 bytes, live window 4096) in a dirty CPU NIF while 4 Erlang processes pass maps " \
+        "and binaries until it ends; boot: erl -noshell -eval '"'"'halt().'"'"', exec to exit.\n",
+        rounds, rounds * boots, pairs
+}
+function row(label, b, p) { printf "| %s | %.0f ms (1.00x) | %.0f ms (%.2fx) |\n", label, med[b], med[p], med[p] / med[b] }'

@@ -1,0 +1,178 @@
+/*
+ * The fast walker must return exactly what libunwind returns, for every
+ * stack shape compilers produce, also when it reuses the previous walk of
+ * the thread (stacks that share, or almost share, their outer frames).
+ */
+#define _GNU_SOURCE
+#define UNW_LOCAL_ONLY
+#include <alloca.h>
+#include <dlfcn.h>
+#include <libunwind.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "unwind.h"
+
+#define MAXF 64
+
+static int compared, mismatches, gave_up;
+
+/* Compares the two walkers from the leaf's caller outwards: frame 0 of each
+ * is inside the walker, frame 1 (fast) / 0 (libunwind) a call site in here. */
+static __attribute__((noinline)) void compare_here(void) {
+    uintptr_t fast[MAXF];
+    void *slow[MAXF];
+    int n = mt_unwind(fast, MAXF);
+    int m = unw_backtrace(slow, MAXF);
+    compared++;
+    if (n < 0) {
+        gave_up++;
+        return;
+    }
+    int same = n - 1 == m;
+    for (int i = 1; same && i < m; i++)
+        same = fast[i + 1] == (uintptr_t)slow[i];
+    if (!same && mismatches++ < 3) {
+        fprintf(stderr, "mismatch: fast %d frames, libunwind %d\n", n - 1, m);
+        for (int i = 0; i < MAXF && (i < n || i < m); i++)
+            fprintf(stderr, "  %2d %#18lx %#18lx\n", i,
+                    i + 1 < n ? (unsigned long)fast[i + 1] : 0ul,
+                    i < m ? (unsigned long)slow[i] : 0ul);
+    }
+}
+
+/* Frame shapes: plain, dynamic stack allocation (CFA from RBP), a large
+ * frame, and unoptimised code with frame pointers. */
+static void shape(unsigned path, int depth);
+
+static __attribute__((noinline)) void plain(unsigned path, int depth) {
+    shape(path, depth);
+    __asm__ __volatile__("" ::: "memory");
+}
+
+static __attribute__((noinline)) void dynamic(unsigned path, int depth) {
+    volatile char *buf = alloca(16 + (path & 0xff));
+    buf[0] = 1;
+    shape(path, depth);
+    buf[1] = buf[0];
+}
+
+static __attribute__((noinline)) void large(unsigned path, int depth) {
+    volatile char buf[70000];
+    buf[0] = (char)path;
+    shape(path, depth);
+    buf[69999] = buf[0];
+}
+
+#ifdef __clang__
+#define UNOPTIMISED optnone
+#else
+#define UNOPTIMISED optimize("O0")
+#endif
+static __attribute__((noinline, UNOPTIMISED)) void unoptimised(unsigned path, int depth) {
+    shape(path, depth);
+}
+
+static int cmp_ints(const void *a, const void *b) {
+    static unsigned calls;
+    if (calls++ % 7 == 0)
+        compare_here(); /* from inside libc's qsort */
+    return *(const int *)a - *(const int *)b;
+}
+
+static __attribute__((noinline)) void through_libc(unsigned path, int depth) {
+    (void)path;
+    (void)depth;
+    int v[8] = {5, 3, 8, 1, 9, 2, 7, 4};
+    qsort(v, 8, sizeof *v, cmp_ints);
+}
+
+static void shape(unsigned path, int depth) {
+    if (depth == 0) {
+        compare_here();
+        compare_here(); /* the second one reuses the first walk */
+        return;
+    }
+    switch ((path >> (2 * depth)) & 3) {
+    case 0:
+        plain(path, depth - 1);
+        break;
+    case 1:
+        dynamic(path, depth - 1);
+        break;
+    case 2:
+        large(path, depth - 1);
+        break;
+    default:
+        unoptimised(path, depth - 1);
+        break;
+    }
+}
+
+static void *shapes(void *arg) {
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    for (int i = 0; i < 3000; i++) {
+        seed = seed * 1103515245u + 12345u;
+        shape(seed, 1 + (int)((seed >> 8) % 12));
+        if (i % 100 == 0)
+            through_libc(seed, 0);
+    }
+    return NULL;
+}
+
+static void test_shapes(void) {
+    shapes((void *)1);
+    pthread_t t;
+    pthread_create(&t, NULL, shapes, (void *)2);
+    pthread_join(t, NULL);
+    printf("compared %d stacks, %d handed to libunwind\n", compared, gave_up);
+    CHECK(compared > 10000);
+    CHECK_EQ(mismatches, 0);
+    CHECK_EQ(gave_up, 0);
+}
+
+/* A signal frame is libunwind's business: the walker must give up there. */
+static int in_handler;
+static void on_signal(int sig) {
+    (void)sig;
+    uintptr_t fast[MAXF];
+    in_handler = mt_unwind(fast, MAXF);
+}
+
+static void test_signal_frame(void) {
+    signal(SIGUSR1, on_signal);
+    raise(SIGUSR1);
+    CHECK_EQ(in_handler, -1);
+}
+
+/* After dlclose and mt_unwind_forget, code loaded at the same place is
+ * walked with its own rules. */
+static void test_reload(const char *build) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/symbols_fixture.so", build);
+    for (int round = 0; round < 3; round++) {
+        void *h = dlopen(path, RTLD_NOW);
+        CHECK(h != NULL);
+        if (!h)
+            return;
+        void (*call)(void (*)(void)) = (void (*)(void (*)(void)))dlsym(h, "fixture_call_back");
+        CHECK(call != NULL);
+        int before = mismatches;
+        if (call)
+            call(compare_here);
+        CHECK_EQ(mismatches, before);
+        dlclose(h);
+        mt_unwind_forget();
+    }
+}
+
+int main(int argc, char **argv) {
+    test_shapes();
+    test_signal_frame();
+    test_reload(argc > 1 ? argv[1] : "_build/c");
+    return check_summary();
+}
