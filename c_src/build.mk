@@ -17,7 +17,7 @@ SYM_HDR = c_src/symbols.h c_src/dwarf_lines.h
 NIF_HDR = c_src/mtrace_api.h $(SYM_HDR)
 
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_interpose $(BUILD)/test_symbols \
-	$(BUILD)/test_unwind
+	$(BUILD)/test_unwind $(BUILD)/test_interpose_sampling
 ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_symbols \
 	$(BUILD)/asan_test_unwind
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -68,6 +68,10 @@ $(BUILD)/asan_test_config: test/c/test_config.c test/c/check.h c_src/config.c c_
 $(BUILD)/test_interpose: test/c/test_interpose.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -O1 -fno-inline -fno-optimize-sibling-calls -fno-builtin -Ic_src -o $@ test/c/test_interpose.c $(DL_LIBS) -lpthread -rdynamic
+
+$(BUILD)/test_interpose_sampling: test/c/test_interpose_sampling.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_interpose_sampling.c $(DL_LIBS)
 
 $(BUILD)/test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)

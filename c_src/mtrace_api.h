@@ -88,9 +88,11 @@ struct mtrace_more_stats {
     uint64_t sample_bytes;   /* MTRACE_SAMPLE_BYTES in effect; 0 = lossless */
     uint64_t est_live_count; /* live allocations estimated from the samples (exact if lossless) */
     uint64_t est_live_bytes; /* their bytes, estimated likewise */
-    uint32_t
-        config_garbage; /* MTRACE_ variables not understood: 1 DEPTH, 2 ENABLED, 4 SAMPLE_BYTES */
-    uint32_t reserved;
+    /* MTRACE_ variables whose value was not understood (and fell back to the
+     * default): 1 DEPTH, 2 ENABLED, 4 SAMPLE_BYTES, 8 UNWIND. */
+    uint32_t config_garbage;
+    uint32_t fast_unwind;      /* 1 = own stack walker, 0 = libunwind only (MTRACE_UNWIND) */
+    uint64_t unwind_fallbacks; /* stacks the fast walker handed to libunwind */
 };
 
 struct mtrace_api {

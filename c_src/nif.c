@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <malloc.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 
@@ -45,13 +46,15 @@ static ERL_NIF_TERM not_preloaded(ErlNifEnv *env) {
     return enif_make_tuple2(env, enif_make_atom(env, "error"), atom_not_preloaded);
 }
 
-static ERL_NIF_TERM binary_or_nil(ErlNifEnv *env, const char *s) {
-    if (!*s)
-        return atom_nil;
+static ERL_NIF_TERM binary(ErlNifEnv *env, const char *s) {
     ERL_NIF_TERM t;
     size_t len = strlen(s);
     memcpy(enif_make_new_binary(env, len, &t), s, len);
     return t;
+}
+
+static ERL_NIF_TERM binary_or_nil(ErlNifEnv *env, const char *s) {
+    return *s ? binary(env, s) : atom_nil;
 }
 
 static uint64_t mono_ns(void) {
@@ -141,6 +144,30 @@ static void put_u64(ErlNifEnv *env, ERL_NIF_TERM *map, const char *key, uint64_t
     put(env, map, key, enif_make_uint64(env, v));
 }
 
+/* Figures of later preload versions; an older preload has none of them. */
+static void put_more_stats(ErlNifEnv *env, ERL_NIF_TERM *m) {
+    struct mtrace_more_stats x;
+    memset(&x, 0, sizeof x);
+    if (api->size >= offsetof(struct mtrace_api, more_stats) + sizeof api->more_stats &&
+        api->more_stats)
+        api->more_stats(&x, sizeof x);
+    else
+        return;
+    put_u64(env, m, "sample_bytes", x.sample_bytes);
+    put(env, m, "sampled", x.sample_bytes ? atom_true : atom_false);
+    put_u64(env, m, "est_live_count", x.est_live_count);
+    put_u64(env, m, "est_live_bytes", x.est_live_bytes);
+    put(env, m, "fast_unwind", x.fast_unwind ? atom_true : atom_false);
+    put_u64(env, m, "unwind_fallbacks", x.unwind_fallbacks);
+    static const char *const vars[] = {"MTRACE_DEPTH", "MTRACE_ENABLED", "MTRACE_SAMPLE_BYTES",
+                                       "MTRACE_UNWIND"};
+    ERL_NIF_TERM bad = enif_make_list(env, 0);
+    for (int i = (int)(sizeof vars / sizeof *vars) - 1; i >= 0; i--)
+        if (x.config_garbage & (1u << i))
+            bad = enif_make_list_cell(env, binary(env, vars[i]), bad);
+    put(env, m, "config_errors", bad);
+}
+
 static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc, (void)argv;
     if (!api)
@@ -166,6 +193,7 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put_u64(env, &m, "shards", s.shards);
     put(env, &m, "enabled", s.enabled ? atom_true : atom_false);
     put(env, &m, "active", s.active ? atom_true : atom_false);
+    put_more_stats(env, &m);
     /* glibc's own view of the heap, as the seed reported it. */
     struct mallinfo2 mi = mallinfo2();
     put_u64(env, &m, "allocated_bytes", mi.arena);

@@ -13,6 +13,7 @@
 #include "stacks.h"
 #include "sampling.h"
 #include "table.h"
+#include "unwind.h"
 
 static int matches(const struct mt_slot *s, const struct mtrace_filter *f) {
     if (!f)
@@ -128,6 +129,8 @@ static void api_more_stats(struct mtrace_more_stats *out, size_t size) {
         m.est_live_bytes = t.live_bytes;
     }
     m.config_garbage = mt_config_garbage();
+    m.fast_unwind = (uint32_t)mt_stacks_fast_unwind;
+    m.unwind_fallbacks = mt_unwind_fallbacks();
     memcpy(out, &m, size < sizeof m ? size : sizeof m);
 }
 

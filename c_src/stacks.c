@@ -154,11 +154,19 @@ none:
 
 int mt_stacks_fast_unwind = 1;
 
+/* The id this thread got last; reused when the walker saw the same stack. */
+static __thread uint32_t last_id __attribute__((tls_model("initial-exec")));
+
 uint32_t mt_stack_capture(uint32_t depth) {
     void *buf[MTRACE_MAX_DEPTH + MAX_OWN_FRAMES];
     if (depth > MTRACE_MAX_DEPTH)
         depth = MTRACE_MAX_DEPTH;
-    int n = mt_stacks_fast_unwind ? mt_unwind((uintptr_t *)buf, (int)(depth + MAX_OWN_FRAMES)) : -1;
+    int same = 0;
+    int n = mt_stacks_fast_unwind
+                ? mt_unwind((uintptr_t *)buf, (int)(depth + MAX_OWN_FRAMES), &same)
+                : -1;
+    if (same && last_id)
+        return last_id;
     if (n < 0) {
         if (mt_stacks_fast_unwind)
             mt_unwind_count_fallback();
@@ -168,7 +176,8 @@ uint32_t mt_stack_capture(uint32_t depth) {
     while (skip < n && (const char *)buf[skip] >= __ehdr_start && (const char *)buf[skip] < etext)
         skip++;
     uint32_t got = (uint32_t)(n - skip);
-    return mt_stack_intern((const uintptr_t *)(buf + skip), got < depth ? got : depth);
+    last_id = mt_stack_intern((const uintptr_t *)(buf + skip), got < depth ? got : depth);
+    return last_id;
 }
 
 uint32_t mt_stack_get(uint32_t id, uintptr_t *ips, uint32_t max) {

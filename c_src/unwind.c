@@ -585,6 +585,7 @@ struct cols {
 static __thread struct frames last __attribute__((tls_model("initial-exec")));
 static __thread int last_n __attribute__((tls_model("initial-exec"))); /* 0 = none */
 static __thread uint64_t last_gen __attribute__((tls_model("initial-exec")));
+static __thread int last_max __attribute__((tls_model("initial-exec")));
 
 /* The walker reads other frames' stack words on purpose. */
 #define READS_STACK __attribute__((no_sanitize_address))
@@ -656,7 +657,7 @@ static void splice(const struct cols *pre, int n, int c) {
     mark_needs(&l, n, last_n);
 }
 
-READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max) {
+READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int *same) {
     uintptr_t ip, sp, bp;
     __asm__ volatile("lea 0(%%rip), %0\n\tmov %%rsp, %1\n\tmov %%rbp, %2"
                      : "=r"(ip), "=r"(sp), "=r"(bp));
@@ -675,6 +676,8 @@ READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max) {
     }
     if (max > WALK_MAX)
         max = WALK_MAX;
+    *same = 0;
+    last_max = max;
     int n = 0, natural = 0, valid = -1; /* valid: frames from here on checked */
     while (n < max) {
         while (c < last_n && last.sp[c] < sp)
@@ -684,6 +687,8 @@ READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max) {
             if (valid < 0)
                 valid = valid_from(c); /* once: the stack does not change meanwhile */
             if (c >= valid) {
+                *same = n == 0 && c == 0 && max == last_max;
+                last_max = max;
                 splice(f, n, c);
                 int give = last_n < max ? last_n : max;
                 memcpy(out, last.ip, (size_t)give * sizeof(uintptr_t));
@@ -740,9 +745,10 @@ give_up:
 
 #else /* not x86-64 Linux */
 
-int mt_unwind(uintptr_t *out, int max) {
+int mt_unwind(uintptr_t *out, int max, int *same) {
     (void)out;
     (void)max;
+    *same = 0;
     return -1;
 }
 

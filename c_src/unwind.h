@@ -21,8 +21,10 @@
 #include <stdint.h>
 
 /* Writes up to max addresses: out[0] is inside mt_unwind, then one return
- * address per frame.  Returns the count, or -1 when libunwind must be used. */
-int mt_unwind(uintptr_t *out, int max);
+ * address per frame.  Returns the count, or -1 when libunwind must be used.
+ * *same is set to 1 when the stack is exactly the one this thread walked
+ * last time (with the same max), else 0. */
+int mt_unwind(uintptr_t *out, int max, int *same);
 
 /* Code may have been unmapped (dlclose): forget every cached rule. */
 void mt_unwind_forget(void);

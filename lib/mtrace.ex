@@ -82,11 +82,20 @@ defmodule Mtrace do
   `allocated_bytes`, `used_bytes`, `free_bytes`, `mmap_chunks` and
   `mmap_bytes` come from glibc's `mallinfo2()`.
 
-      iex> %{live_count: n, enabled: true, active: true} = Mtrace.stats()
+  In sampling mode (`MTRACE_SAMPLE_BYTES`, `sampled: true`) the table holds a
+  sample: `live_count`/`live_bytes` are what was recorded, and
+  `est_live_count`/`est_live_bytes` are estimates of all live allocations,
+  each sample weighted by the inverse of its chance to be sampled (without
+  sampling they equal the exact figures). `fast_unwind` tells which stack
+  walker runs and `unwind_fallbacks` how many stacks it handed to libunwind;
+  `config_errors` names the `MTRACE_` variables whose value was not
+  understood and fell back to the default.
+
+      iex> %{live_count: n, enabled: true, active: true, config_errors: []} = Mtrace.stats()
       iex> is_integer(n)
       true
   """
-  @spec stats() :: %{atom() => non_neg_integer() | boolean()}
+  @spec stats() :: %{atom() => non_neg_integer() | boolean() | [String.t()]}
   def stats, do: call(&Native.stats/0)
 
   @doc """

@@ -10,7 +10,7 @@ for t in "$@"; do
     echo "== $name"
     case "$name" in
     test_interpose*)
-        LD_PRELOAD="$(cd "$priv" && pwd)/mtrace.so" MTRACE_PROGRAMS=test_interpose \
+        LD_PRELOAD="$(cd "$priv" && pwd)/mtrace.so" MTRACE_PROGRAMS="$name" \
             timeout 300 "$t" "$build" || failed=$((failed + 1)) ;;
     *) timeout 300 "$t" "$build" || failed=$((failed + 1)) ;;
     esac

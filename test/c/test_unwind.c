@@ -26,7 +26,8 @@ static int compared, mismatches, gave_up;
 static __attribute__((noinline)) void compare_here(void) {
     uintptr_t fast[MAXF];
     void *slow[MAXF];
-    int n = mt_unwind(fast, MAXF);
+    int unchanged;
+    int n = mt_unwind(fast, MAXF, &unchanged);
     int m = unw_backtrace(slow, MAXF);
     compared++;
     if (n < 0) {
@@ -135,12 +136,34 @@ static void test_shapes(void) {
     CHECK_EQ(gave_up, 0);
 }
 
+/* Two walks from one call site: the second says the stack is unchanged and
+ * returns the same frames; a walk from elsewhere does not. */
+static __attribute__((noinline)) void walk_twice(int *unchanged, int *n, uintptr_t (*out)[MAXF]) {
+    static volatile int times = 2; /* not unrolled: one call site */
+    for (int i = 0; i < times; i++)
+        n[i] = mt_unwind(out[i], MAXF, &unchanged[i]);
+}
+
+static void test_unchanged(void) {
+    int unchanged[2], n[2], other;
+    uintptr_t out[2][MAXF];
+    walk_twice(unchanged, n, out);
+    CHECK_EQ(unchanged[1], 1);
+    CHECK_EQ(n[0], n[1]);
+    CHECK(n[0] > 0 && !memcmp(out[0], out[1], (size_t)n[0] * sizeof(uintptr_t)));
+    mt_unwind(out[0], MAXF, &other);
+    CHECK_EQ(other, 0);
+    mt_unwind(out[0], MAXF / 2, &other); /* same place, other max */
+    CHECK_EQ(other, 0);
+}
+
 /* A signal frame is libunwind's business: the walker must give up there. */
 static int in_handler;
 static void on_signal(int sig) {
     (void)sig;
     uintptr_t fast[MAXF];
-    in_handler = mt_unwind(fast, MAXF);
+    int unchanged;
+    in_handler = mt_unwind(fast, MAXF, &unchanged);
 }
 
 static void test_signal_frame(void) {
@@ -172,6 +195,7 @@ static void test_reload(const char *build) {
 
 int main(int argc, char **argv) {
     test_shapes();
+    test_unchanged();
     test_signal_frame();
     test_reload(argc > 1 ? argv[1] : "_build/c");
     return check_summary();

@@ -1,0 +1,79 @@
+/* Sampling mode (MTRACE_SAMPLE_BYTES) in a plain C program, run with the
+ * preload: every call is still counted, few blocks are recorded, and the
+ * estimates of live count and bytes land near the truth for large and small
+ * blocks alike.  Re-executes itself with MTRACE_SAMPLE_BYTES set, because the
+ * preload reads its settings when the program starts. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "mtrace_api.h"
+
+#define R 16384
+#define BIG_N 20000
+#define BIG_SIZE 4096
+#define SMALL_N 400000
+#define SMALL_SIZE 64
+
+static void *blocks[BIG_N + SMALL_N]; /* not malloc'ed: the test's own bookkeeping is invisible */
+static const struct mtrace_api *api;
+
+static void more(struct mtrace_more_stats *m) { api->more_stats(m, sizeof *m); }
+
+/* |got - want| within `share` of want. */
+static int near(double got, double want, double share) {
+    return got > want * (1 - share) && got < want * (1 + share);
+}
+
+/* Allocates n blocks of size bytes; checks counts and estimates of them. */
+static void check_estimates(size_t from, size_t n, size_t size, double share) {
+    struct mtrace_stats s0, s1;
+    struct mtrace_more_stats m0, m1;
+    api->stats(&s0);
+    more(&m0);
+    for (size_t i = from; i < from + n; i++)
+        blocks[i] = malloc(size);
+    api->stats(&s1);
+    more(&m1);
+    double est_n = (double)(m1.est_live_count - m0.est_live_count);
+    double est_b = (double)(m1.est_live_bytes - m0.est_live_bytes);
+    uint64_t recorded = s1.live_count - s0.live_count;
+    printf("%zu blocks of %zu bytes: %llu recorded, estimated %.0f blocks, %.0f bytes\n", n, size,
+           (unsigned long long)recorded, est_n, est_b);
+    CHECK_EQ(s1.calls[MT_FN_MALLOC] - s0.calls[MT_FN_MALLOC], n);
+    CHECK(recorded > 0 && recorded < n / 2);
+    CHECK(near(est_n, (double)n, share));
+    CHECK(near(est_b, (double)(n * size), share));
+}
+
+int main(int argc, char **argv) {
+    (void)argc;
+    if (!getenv("MTRACE_SAMPLE_BYTES")) {
+        setenv("MTRACE_SAMPLE_BYTES", "16384", 1);
+        execv("/proc/self/exe", argv);
+        perror("execv");
+        return 1;
+    }
+    api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
+    CHECK(api != NULL);
+    if (!api || api->size < sizeof *api)
+        return check_summary();
+    struct mtrace_more_stats m0, m1;
+    more(&m0);
+    CHECK_EQ(m0.sample_bytes, R);
+    /* Expected samples: 20000 * (1 - e^(-4096/16384)) = 4424 (1.3% spread)
+     * and 400000 * (1 - e^(-64/16384)) = 1559 (2.5%): the bounds are over
+     * six standard deviations wide. */
+    check_estimates(0, BIG_N, BIG_SIZE, 0.10);
+    check_estimates(BIG_N, SMALL_N, SMALL_SIZE, 0.15);
+    for (size_t i = 0; i < BIG_N + SMALL_N; i++)
+        free(blocks[i]);
+    more(&m1);
+    /* Weights are integers, added and taken away exactly: back to where it
+     * started, give or take stdio's buffer (one sample weighs about 4). */
+    CHECK(m1.est_live_count <= m0.est_live_count + 8);
+    return check_summary();
+}
