@@ -1,8 +1,27 @@
 #!/bin/sh
-# Runs mtrace's benchmarks and prints markdown rows for the README.
+# Runs every benchmark and prints the README's performance section: the
+# machine, then markdown tables.  Figures are printed, never asserted.
 #   sh bench/run.sh BUILD PRIV      (make bench / bmake -f Makefile.bsd bench)
+# BENCH_ROUNDS (default 5) sets the interleaved rounds of the churn and VM runs.
 set -eu
 build=$1 priv=$(cd "$2" && pwd)
-echo "| Query cost with the preload active (bench/query_bench.c) | |"
+rounds=${BENCH_ROUNDS:-5}
+here=$(cd "$(dirname "$0")" && pwd)
+
+cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/null || echo unknown)
+glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null || echo "libc unknown")
+otp=$(erl -noshell -eval 'io:format("OTP ~s, ERTS ~s", [erlang:system_info(otp_release), erlang:system_info(version)]), halt().')
+echo "Machine: $cpu, $(nproc) cores, Linux $(uname -r), $glibc, $otp."
+echo
+
+sh "$here/churn.sh" "$build" "$priv" "$rounds"
+echo
+sh "$here/vm.sh" "$build" "$priv" "$rounds"
+echo
+echo "| Queries, 1,000,000 live allocations from 100 call sites (bench/query_bench.c) | |"
 echo "|---|---|"
 LD_PRELOAD="$priv/mtrace.so" MTRACE_PROGRAMS=query_bench "$build/query_bench" 1000000
+echo
+echo "| Symbolization (bench/symbols_bench.c) | |"
+echo "|---|---|"
+"$build/symbols_bench"

@@ -94,8 +94,16 @@ $(BUILD)/symbols_fixture.so: test/c/symbols_fixture.c $(MAKEVARS)
 	$(CC) $(CFLAGS_ALL) -O1 -g $(SO_LDFLAGS) -o $@ test/c/symbols_fixture.c
 
 # Benchmarks (figures only, never asserted).
-bench-c: all $(BUILD)/query_bench
+bench-c: all $(BUILD)/query_bench $(BUILD)/churn $(BUILD)/symbols_bench
 	sh bench/run.sh $(BUILD) $(PRIV)
+
+$(BUILD)/churn: bench/churn.c c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-optimize-sibling-calls -Ic_src -o $@ bench/churn.c $(DL_LIBS) -lpthread
+
+$(BUILD)/symbols_bench: bench/symbols_bench.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -o $@ bench/symbols_bench.c $(SYM_SRC) $(DW_LIBS)
 
 $(BUILD)/query_bench: bench/query_bench.c c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)

@@ -40,8 +40,9 @@ typedef ElfW(Shdr) Shdr;
 typedef ElfW(Sym) Sym;
 typedef ElfW(Phdr) Phdr;
 
-#define CACHE_SLOTS 1024 /* answers cached per module; a power of two */
-#define NEAR_SCAN 8      /* preceding symbols tried when the nearest one does not contain pc */
+#define CACHE_SLOTS 4096 /* answers cached per module; a power of two */
+#define CACHE_WAYS 4 /* set-associative: a few colliding hot addresses do not evict each other */
+#define NEAR_SCAN 8  /* preceding symbols tried when the nearest one does not contain pc */
 
 struct sym {
     uintptr_t value, size;
@@ -502,9 +503,10 @@ static struct answer *answer_make(const struct mt_dw_frame *f, int n, uintptr_t 
     return a;
 }
 
-static size_t slot_of(uintptr_t pc, int demangle) {
+/* First slot of the set that may hold pc's answer. */
+static size_t set_of(uintptr_t pc, int demangle) {
     uint64_t h = ((uint64_t)pc ^ (uint64_t)(demangle != 0)) * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> 32) & (CACHE_SLOTS - 1);
+    return (size_t)(h >> 32) & (CACHE_SLOTS - 1) & ~(size_t)(CACHE_WAYS - 1);
 }
 
 /* Writes min(n, max) entries; when some must go, the last written is still the real function. */
@@ -532,10 +534,14 @@ static int resolve_in(struct module *m, uintptr_t addr, uintptr_t pc, int demang
         module_load(m);
     if (!m->cache)
         m->cache = calloc(CACHE_SLOTS, sizeof *m->cache);
-    size_t slot = slot_of(pc, demangle);
-    struct answer *a = m->cache ? m->cache[slot] : NULL;
-    if (a && a->pc == pc && a->demangle == demangle)
-        return emit(addr, m, a->f, a->n, out, max);
+    size_t set = set_of(pc, demangle), slot = set + CACHE_WAYS - 1;
+    for (size_t w = 0; m->cache && w < CACHE_WAYS; w++) {
+        struct answer *a = m->cache[set + w];
+        if (a && a->pc == pc && a->demangle == demangle)
+            return emit(addr, m, a->f, a->n, out, max);
+        if (!a && slot == set + CACHE_WAYS - 1)
+            slot = set + w; /* the first free way, else the last one is replaced */
+    }
 
     struct mt_dw_frame f[MT_SYM_MAX_FRAMES];
     const struct sym *s = sym_find(&m->st, pc - m->bias);
@@ -546,7 +552,7 @@ static int resolve_in(struct module *m, uintptr_t addr, uintptr_t pc, int demang
      * it has is a nearest preceding symbol without a size. */
     if (s && (s->size || !f[n - 1].name))
         f[n - 1].name = s->name;
-    a = answer_make(f, n, pc, demangle);
+    struct answer *a = answer_make(f, n, pc, demangle);
     if (!a)
         return emit(addr, m, f, n, out, max); /* out of memory: undemangled, uncached */
     if (m->cache) {
