@@ -2,7 +2,8 @@
 # C churn, side by side: bare glibc, mtrace lossless, mtrace sampling, mtrace
 # loaded but disabled, and heaptrack when installed.  Variants are
 # interleaved (A B C ... A B C ...) for ROUNDS rounds; each cell is the median
-# ns per malloc/free pair, with its ratio to bare glibc from the same run.
+# ns per malloc/free pair and the median of the per-round ratios to bare glibc
+# (a ratio compares runs made seconds apart, so machine drift cancels out).
 #   sh bench/churn.sh BUILD PRIV [ROUNDS] [PAIRS_PER_THREAD]
 set -eu
 build=$1 priv=$(cd "$2" && pwd)
@@ -31,41 +32,46 @@ while [ "$r" -le "$rounds" ]; do
         for v in $variants; do
             ns=$(run "$v" "$t")
             [ -n "$ns" ] || { echo "bench/churn.sh: $v with $t threads printed nothing" >&2; exit 1; }
-            echo "$t $v $ns" >>"$tmp/samples"
+            echo "$r $t $v $ns" >>"$tmp/samples"
         done
     done
     r=$((r + 1))
 done
 
-# Median per (threads, variant), then the markdown rows.
-sort -k1,1n -k2,2 -k3,3g "$tmp/samples" | awk -v variants="$variants" -v rounds="$rounds" '
-{ key = $1 " " $2; n[key]++; v[key, n[key]] = $3 }
-END {
-    nv = split(variants, names, " ")
-    for (k in n) { c = n[k]; med[k] = (c % 2) ? v[k, (c + 1) / 2] : (v[k, c / 2] + v[k, c / 2 + 1]) / 2 }
-    head = "| C churn, ns per malloc+free pair (ratio to glibc) |"; line = "|---|"
-    for (i = 1; i <= nv; i++) { head = head " " label(names[i]) " |"; line = line "---|" }
-    print head; print line
-    for (t = 1; t <= 2; t++) {
-        row = "| " t " thread" (t > 1 ? "s" : "") " |"
-        for (i = 1; i <= nv; i++) {
-            m = med[t " " names[i]]; base = med[t " glibc"]
-            row = row sprintf(" %.0f ns (%.2fx) |", m, m / base)
-        }
-        print row
-    }
-    row = "| 1 -> 2 threads: throughput gain (share of glibc'"'"'s) |"
-    for (i = 1; i <= nv; i++) {
-        g = 2 * med["1 " names[i]] / med["2 " names[i]]
-        gb = 2 * med["1 glibc"] / med["2 glibc"]
-        row = row sprintf(" %.2fx (%.2f) |", g, g / gb)
-    }
-    print row
-    printf "\nMedian of %d interleaved rounds; 16-1040 byte blocks, live window 4096, call depth 12.\n", rounds
+# Medians per (threads, variant) of ns and of per-round ratios, as markdown.
+awk -v variants="$variants" -v rounds="$rounds" '
+{ ns[$1, $2, $3] = $4 }
+function median(a, n,    i, j, t) {
+    for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+    return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }
 function label(x) {
     if (x == "lossless") return "mtrace lossless"
     if (x == "sampling") return "mtrace sampling 512 KiB"
     if (x == "disabled") return "mtrace disabled"
     return x
-}'
+}
+END {
+    nv = split(variants, names, " ")
+    head = "| C churn, ns per malloc+free pair (ratio to glibc) |"; line = "|---|"
+    for (i = 1; i <= nv; i++) { head = head " " label(names[i]) " |"; line = line "---|" }
+    print head; print line
+    for (t = 1; t <= 2; t++) {
+        row = "| " t " thread" (t > 1 ? "s" : "") " |"
+        for (i = 1; i <= nv; i++) {
+            for (r = 1; r <= rounds; r++) { a[r] = ns[r, t, names[i]]; b[r] = ns[r, t, names[i]] / ns[r, t, "glibc"] }
+            row = row sprintf(" %.0f ns (%.2fx) |", median(a, rounds), median(b, rounds))
+        }
+        print row
+    }
+    row = "| 1 -> 2 threads: throughput gain (share of glibc'"'"'s) |"
+    for (i = 1; i <= nv; i++) {
+        for (r = 1; r <= rounds; r++) {
+            a[r] = 2 * ns[r, 1, names[i]] / ns[r, 2, names[i]]
+            b[r] = a[r] / (2 * ns[r, 1, "glibc"] / ns[r, 2, "glibc"])
+        }
+        row = row sprintf(" %.2fx (%.2f) |", median(a, rounds), median(b, rounds))
+    }
+    print row
+    printf "\nMedian of %d interleaved rounds; 16-1040 byte blocks, live window 4096, call depth 12.\n", rounds
+}' "$tmp/samples"

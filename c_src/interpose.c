@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "config.h"
+#include "counters.h"
 #include "sampling.h"
 #include "stacks.h"
 #include "table.h"
@@ -57,43 +58,47 @@ static _Atomic int enabled;
 /* The one word every call reads first: GATE_LIBC means straight to libc
  * (this process is not traced, or tracking is switched off; frees then only
  * ask the table's lock-free filters), GATE_SETUP that the first call must
- * configure, GATE_TRACK that calls are counted and blocks recorded. */
-enum { GATE_LIBC, GATE_SETUP, GATE_TRACK };
+ * configure, GATE_TRACK that calls are counted and blocks recorded,
+ * GATE_SAMPLE the same with MTRACE_SAMPLE_BYTES choosing the blocks. */
+enum { GATE_LIBC, GATE_SETUP, GATE_TRACK, GATE_SAMPLE };
 static _Atomic int gate = GATE_SETUP;
 static int provisional; /* configured before libc had set up the environment */
 static struct mt_config cfg;
 
-/* Call counters: each thread owns a block and bumps it with plain stores
- * (no lock prefix on the hot path); stats sums every block.  A block goes
- * back to the pool when its thread exits and keeps its counts for the next
- * owner.  Threads beyond the pool, or still freeing after their block went
- * back, share one block updated atomically. */
-#define COUNTER_BLOCKS 1024
-struct counter_block {
-    _Atomic uint64_t calls[MT_FN_COUNT];
-    _Atomic int owned;
-} __attribute__((aligned(128)));
-static struct counter_block counter_blocks[COUNTER_BLOCKS];
-static struct counter_block shared_block;
+/* Per-thread switches, readable as one word: the fast paths test them all
+ * with a single compare against FAST_OK. */
+union flags {
+    struct {
+        unsigned char busy;       /* see the top of this file */
+        unsigned char ignored;    /* mt_thread_ignore */
+        unsigned char exiting;    /* counts retired: count through the slow path */
+        unsigned char registered; /* counts visible to stats */
+    } b;
+    uint32_t any;
+};
+static const union flags FAST_OK = {.b = {0, 0, 0, 1}};
 
 /* All per-thread state in one initial-exec TLS block: one address to
  * compute per call, nothing allocated on a thread's first use. */
 static TLS struct {
-    unsigned char busy, ignored, block_returned, fork_saved_busy;
-    struct counter_block *my_block;
+    union flags f;
+    unsigned char fork_saved_busy;
+    struct mt_counts counts;
     struct mt_sampler sampler;
 } me;
-static pthread_key_t block_key;
-static int block_key_made;
+static pthread_key_t exit_key;
+static int exit_key_made;
 
 static int (*real_posix_memalign)(void **, size_t, size_t);
 static void *(*real_aligned_alloc)(size_t, size_t);
 
 static void update_gate(void) {
     int m = atomic_load(&mode);
-    atomic_store(&gate, m == MODE_UNINIT || m == MODE_INIT          ? GATE_SETUP
-                        : m == MODE_ACTIVE && atomic_load(&enabled) ? GATE_TRACK
-                                                                    : GATE_LIBC);
+    int on = m == MODE_ACTIVE && atomic_load(&enabled);
+    atomic_store(&gate, m == MODE_UNINIT || m == MODE_INIT ? GATE_SETUP
+                        : !on                              ? GATE_LIBC
+                        : mt_sample_mean                   ? GATE_SAMPLE
+                                                           : GATE_TRACK);
 }
 
 static void configure(void) {
@@ -115,17 +120,17 @@ static void init(void) {
             sched_yield();
         return;
     }
-    me.busy = 2;
+    me.f.b.busy = 2;
     provisional = (__environ == NULL);
     configure();
-    me.busy = 0;
+    me.f.b.busy = 0;
 }
 
 static inline int ready(void) {
     int m = atomic_load_explicit(&mode, memory_order_relaxed);
     if (m == MODE_ACTIVE)
         return 1;
-    if (m == MODE_UNINIT && !me.busy) {
+    if (m == MODE_UNINIT && !me.f.b.busy) {
         init();
         return atomic_load(&mode) == MODE_ACTIVE;
     }
@@ -140,45 +145,37 @@ static inline int tracking(void) {
     if (unlikely(g == GATE_SETUP) &&
         !(ready() && atomic_load_explicit(&enabled, memory_order_relaxed)))
         return 0;
-    return !(me.busy | me.ignored);
+    return !(me.f.b.busy | me.f.b.ignored);
 }
 
-static void return_block(void *block) {
-    atomic_store_explicit(&((struct counter_block *)block)->owned, 0, memory_order_release);
-    me.my_block = NULL;
-    me.block_returned = 1;
+/* Thread exit (a pthread key destructor): fold this thread's counts. */
+static void thread_exit(void *unused) {
+    (void)unused;
+    mt_counts_retire(&me.counts);
+    me.f.b.registered = 0;
+    me.f.b.exiting = 1;
 }
 
-static __attribute__((noinline)) void claim_block(void) {
-    if (me.block_returned) /* exiting thread: its block may have a new owner */
-        return;
-    for (int i = 0; i < COUNTER_BLOCKS; i++) {
-        int free_block = 0;
-        if (!atomic_load_explicit(&counter_blocks[i].owned, memory_order_relaxed) &&
-            atomic_compare_exchange_strong(&counter_blocks[i].owned, &free_block, 1)) {
-            me.my_block = &counter_blocks[i];
-            break;
-        }
-    }
-    if (me.my_block && block_key_made) {
-        unsigned char was = me.busy;
-        me.busy = 2; /* a high key number makes pthread_setspecific allocate */
-        pthread_setspecific(block_key, me.my_block);
-        me.busy = was;
-    }
+static __attribute__((noinline)) void register_thread(void) {
+    unsigned char was = me.f.b.busy;
+    me.f.b.busy = 2; /* a high key number makes pthread_setspecific allocate */
+    mt_counts_register(&me.counts);
+    me.f.b.registered = me.counts.state == MT_COUNTS_REGISTERED;
+    if (me.f.b.registered && exit_key_made)
+        pthread_setspecific(exit_key, (void *)1);
+    me.f.b.busy = was;
 }
 
 static inline void count(enum mtrace_fn fn) {
-    if (unlikely(!me.my_block)) {
-        claim_block();
-        if (!me.my_block) {
-            atomic_fetch_add_explicit(&shared_block.calls[fn], 1, memory_order_relaxed);
+    if (unlikely(!me.f.b.registered)) {
+        if (me.counts.state == MT_COUNTS_NEW && !me.f.b.exiting)
+            register_thread();
+        if (!me.f.b.registered) {
+            mt_counts_shared_add(fn);
             return;
         }
     }
-    _Atomic uint64_t *c = &me.my_block->calls[fn]; /* single writer */
-    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1,
-                          memory_order_relaxed);
+    mt_counts_bump(&me.counts, fn);
 }
 
 /* The coarse clock is the monotonic clock at tick resolution (1-4 ms): a
@@ -190,16 +187,16 @@ uint64_t mt_now_ms(void) {
 }
 
 static void insert(uint64_t addr, uint64_t size, uint64_t t_ms, uint32_t stack) {
-    me.busy = 2;
+    me.f.b.busy = 2;
     mt_table_insert(addr, size, t_ms, stack);
 }
 
 static __attribute__((noinline)) void record_now(void *p, size_t size) {
     int saved = errno; /* unwinding and mmap must not disturb what libc set */
-    me.busy = 1;
+    me.f.b.busy = 1;
     uint32_t stack = mt_stack_capture(cfg.depth);
     insert((uintptr_t)p, size, mt_now_ms(), stack);
-    me.busy = 0;
+    me.f.b.busy = 0;
     errno = saved;
 }
 
@@ -210,17 +207,17 @@ static inline void record(void *p, size_t size) {
 }
 
 static __attribute__((noinline)) int forget_now(void *p, struct mt_slot *old) {
-    unsigned char was = me.busy;
-    me.busy = 2;
+    unsigned char was = me.f.b.busy;
+    me.f.b.busy = 2;
     int found = mt_table_remove((uintptr_t)p, old);
-    me.busy = was;
+    me.f.b.busy = was;
     return found;
 }
 
 /* Removes p from the table; returns 1 (and the entry) if it was recorded.
  * Inline up to the table's lock-free filters, which answer most frees. */
 static inline int forget(void *p, struct mt_slot *old) {
-    if (!p || !mt_table_may_hold((uintptr_t)p) || me.busy >= 2)
+    if (!p || !mt_table_may_hold((uintptr_t)p) || me.f.b.busy >= 2)
         return 0;
     return forget_now(p, old);
 }
@@ -228,18 +225,22 @@ static inline int forget(void *p, struct mt_slot *old) {
 /* Puts back an entry whose block turned out to stay alive (failed realloc). */
 static void restore(const struct mt_slot *old) {
     int saved = errno;
-    unsigned char was = me.busy;
+    unsigned char was = me.f.b.busy;
     insert(old->addr, old->size, mt_slot_time(old), mt_slot_stack(old));
-    me.busy = was;
+    me.f.b.busy = was;
     errno = saved;
 }
 
-/* malloc, calloc and free are split: the exported function is only the
- * gate test and a tail call to libc, so an untraced or switched-off process
- * pays a load and a branch; everything else sits in a noinline slow path. */
+/* malloc, calloc and free are split: the exported function holds only the
+ * common cases (switched off; tracking a block that sampling skips) ending
+ * in a tail call to libc, everything else sits in a noinline slow path. */
 static inline int gate_open(void) {
     return atomic_load_explicit(&gate, memory_order_relaxed) != GATE_LIBC;
 }
+
+/* Tracking on (gate g), this thread neither inside the tracer nor ignored,
+ * and its counters registered. */
+static inline int tracking_fast(int g) { return g >= GATE_TRACK && me.f.any == FAST_OK.any; }
 
 /* The sampling decision comes first: an allocation that is not sampled
  * ends in a tail call to libc, with nothing to keep across it. */
@@ -255,10 +256,26 @@ static __attribute__((noinline)) void *malloc_slow(size_t n) {
     return p;
 }
 
+static __attribute__((noinline)) void *malloc_sampled(size_t n) {
+    if (!mt_sample_crossed(&me.sampler, n))
+        return __libc_malloc(n);
+    void *p = __libc_malloc(n);
+    if (p)
+        record_now(p, n);
+    return p;
+}
+
 EXPORT void *malloc(size_t n) {
-    if (unlikely(gate_open()))
-        return malloc_slow(n);
-    return __libc_malloc(n);
+    int g = atomic_load_explicit(&gate, memory_order_relaxed);
+    if (likely(g == GATE_LIBC))
+        return __libc_malloc(n);
+    if (likely(g == GATE_SAMPLE && me.f.any == FAST_OK.any)) {
+        mt_counts_bump(&me.counts, MT_FN_MALLOC);
+        if (likely((me.sampler.left -= (int64_t)(n + (n == 0))) > 0))
+            return __libc_malloc(n);
+        return malloc_sampled(n);
+    }
+    return malloc_slow(n);
 }
 
 static __attribute__((noinline)) void *calloc_slow(size_t n, size_t size) {
@@ -280,22 +297,29 @@ EXPORT void *calloc(size_t n, size_t size) {
     return __libc_calloc(n, size);
 }
 
-static __attribute__((noinline)) void free_slow(void *p) {
+static __attribute__((noinline)) void free_slow(void *p, int counted) {
     int g = atomic_load_explicit(&gate, memory_order_relaxed);
     if (unlikely(g == GATE_SETUP) && !ready()) {
         __libc_free(p);
         return;
     }
-    if (g != GATE_LIBC && tracking())
+    if (!counted && g != GATE_LIBC && tracking())
         count(MT_FN_FREE);
-    if (p && mt_table_may_hold((uintptr_t)p) && me.busy < 2)
+    if (p && mt_table_may_hold((uintptr_t)p) && me.f.b.busy < 2)
         forget_now(p, NULL);
     __libc_free(p);
 }
 
 EXPORT void free(void *p) {
-    if (unlikely(gate_open() || (p && mt_table_may_hold((uintptr_t)p))))
-        return free_slow(p);
+    int counted = 0, g = atomic_load_explicit(&gate, memory_order_relaxed);
+    if (unlikely(g != GATE_LIBC)) {
+        if (!tracking_fast(g))
+            return free_slow(p, 0);
+        mt_counts_bump(&me.counts, MT_FN_FREE);
+        counted = 1;
+    }
+    if (unlikely(p && mt_table_may_hold((uintptr_t)p)))
+        return free_slow(p, counted);
     __libc_free(p);
 }
 
@@ -346,12 +370,12 @@ static int fallback_posix_memalign(void **memptr, size_t al, size_t n) {
 static int (*real_dlclose)(void *);
 
 static void resolve_real(void) {
-    unsigned char was = me.busy;
-    me.busy = 2;
+    unsigned char was = me.f.b.busy;
+    me.f.b.busy = 2;
     real_posix_memalign = dlsym(RTLD_NEXT, "posix_memalign");
     real_aligned_alloc = dlsym(RTLD_NEXT, "aligned_alloc");
     real_dlclose = dlsym(RTLD_NEXT, "dlclose");
-    me.busy = was;
+    me.f.b.busy = was;
 }
 
 /* Unloaded code takes its unwind rules with it: the walker's cache must not
@@ -434,16 +458,23 @@ EXPORT char *strndup(const char *s, size_t n) { return dup_bytes(s, strnlen(s, n
 /* fork: hold every lock so the child inherits a consistent table, and keep
  * this thread out of the table meanwhile (fork itself may allocate). */
 static void fork_prepare(void) {
-    me.fork_saved_busy = me.busy;
-    me.busy = 2;
+    me.fork_saved_busy = me.f.b.busy;
+    me.f.b.busy = 2;
+    mt_counts_lock();
     mt_stacks_lock();
     mt_table_lock_all();
 }
 
-static void fork_release(void) {
+static void fork_parent(void) {
     mt_table_unlock_all();
     mt_stacks_unlock();
-    me.busy = me.fork_saved_busy;
+    mt_counts_unlock();
+    me.f.b.busy = me.fork_saved_busy;
+}
+
+static void fork_child(void) {
+    mt_counts_child(&me.counts); /* the other threads did not come along */
+    fork_parent();
 }
 
 __attribute__((constructor)) static void on_load(void) {
@@ -453,22 +484,14 @@ __attribute__((constructor)) static void on_load(void) {
         configure(); /* the environment is readable now */
     resolve_real();
     if (atomic_load(&mode) == MODE_ACTIVE) {
-        pthread_atfork(fork_prepare, fork_release, fork_release);
-        block_key_made = pthread_key_create(&block_key, return_block) == 0;
-        if (block_key_made && me.my_block) /* claimed before this constructor ran */
-            pthread_setspecific(block_key, me.my_block);
+        pthread_atfork(fork_prepare, fork_parent, fork_child);
+        exit_key_made = pthread_key_create(&exit_key, thread_exit) == 0;
+        if (exit_key_made && me.f.b.registered) /* registered before this constructor ran */
+            pthread_setspecific(exit_key, (void *)1);
     }
 }
 
-void mt_sum_calls(uint64_t *out) {
-    for (int f = 0; f < MT_FN_COUNT; f++)
-        out[f] = 0;
-    for (int b = 0; b < COUNTER_BLOCKS; b++)
-        for (int f = 0; f < MT_FN_COUNT; f++)
-            out[f] += atomic_load_explicit(&counter_blocks[b].calls[f], memory_order_relaxed);
-    for (int f = 0; f < MT_FN_COUNT; f++)
-        out[f] += atomic_load_explicit(&shared_block.calls[f], memory_order_relaxed);
-}
+void mt_sum_calls(uint64_t *out) { mt_counts_sum(out); }
 
 uint32_t mt_depth(void) { return cfg.depth; }
 int mt_is_active(void) { return ready(); }
@@ -481,7 +504,7 @@ uint64_t mt_sample_bytes(void) { return mt_sample_mean; }
 uint32_t mt_config_garbage(void) { return cfg.garbage; }
 
 int mt_thread_ignore(int on) {
-    int was = me.ignored;
-    me.ignored = on != 0;
+    int was = me.f.b.ignored;
+    me.f.b.ignored = on != 0;
     return was;
 }

@@ -31,7 +31,6 @@ struct mt_shard {
 } __attribute__((aligned(64)));
 
 static struct mt_shard shards[MT_SHARDS];
-_Atomic uint64_t mt_nonempty[MT_SHARDS / 64] __attribute__((aligned(64)));
 _Atomic uint8_t mt_filters[MT_SHARDS][MT_FILTER_SLOTS] __attribute__((aligned(64)));
 
 /* Filter counters move under the shard lock: plain load and store. */
@@ -124,14 +123,6 @@ static inline size_t home_slot(uint64_t h, uint32_t cap_bits) {
 
 static inline struct mt_shard *shard_of(uint64_t addr) { return &shards[mt_shard_index(addr)]; }
 
-static void mark_nonempty(unsigned k, int on) {
-    uint64_t bit = 1ull << (k % 64);
-    if (on)
-        atomic_fetch_or_explicit(&mt_nonempty[k / 64], bit, memory_order_relaxed);
-    else
-        atomic_fetch_and_explicit(&mt_nonempty[k / 64], ~bit, memory_order_relaxed);
-}
-
 /* Sampling estimates move with each entry (no-ops in lossless mode). */
 static void account(struct mt_shard *s, uint64_t size, int sign) {
     if (!mt_sample_mean)
@@ -198,8 +189,6 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
         account(s, slot->size, -1);
         r = MT_REPLACED;
     } else {
-        if (!count)
-            mark_nonempty((unsigned)(s - shards), 1);
         filter_add(addr, (unsigned)(s - shards), 1);
         relaxed_add(&s->count, 1);
     }
@@ -230,8 +219,6 @@ int mt_table_remove(uint64_t addr, struct mt_slot *old) {
         *old = s->slots[i];
     uint64_t left = atomic_load_explicit(&s->count, memory_order_relaxed) - 1;
     atomic_store_explicit(&s->count, left, memory_order_relaxed);
-    if (!left)
-        mark_nonempty((unsigned)(s - shards), 0);
     filter_add(addr, (unsigned)(s - shards), -1);
     relaxed_add(&s->bytes, -(int64_t)s->slots[i].size);
     account(s, s->slots[i].size, -1);
@@ -263,7 +250,6 @@ uint64_t mt_table_reset(void) {
         atomic_store_explicit(&s->bytes, 0, memory_order_relaxed);
         atomic_store_explicit(&s->est_count, 0, memory_order_relaxed);
         atomic_store_explicit(&s->est_bytes, 0, memory_order_relaxed);
-        mark_nonempty(k, 0);
         for (unsigned f = 0; f < MT_FILTER_SLOTS; f++)
             atomic_store_explicit(&mt_filters[k][f], 0, memory_order_relaxed);
         mt_unlock(&s->lock);

@@ -42,13 +42,13 @@ static inline unsigned mt_shard_index(uint64_t addr) {
     return (unsigned)(((addr >> MT_REGION_BITS) * 0x9E3779B97F4A7C15ull) >> (64 - MT_SHARD_BITS));
 }
 
-/* Lock-free filters that let most frees skip the table:
- *  - one bit per shard, set while it holds entries (a single cache line);
- *  - per shard, 64 counters of its entries by address hash (saturating:
- *    a counter that reached 255 stays there and only means "maybe").
- * Both are written under the shard's lock and read without it. */
+/* A lock-free filter that lets most frees skip the table: per shard, 64
+ * counters of its entries by address hash (saturating: a counter that
+ * reached 255 stays there and only means "maybe").  Written under the
+ * shard's lock, read without it.  One byte load per free, and its answer
+ * is almost always "no": predictable, and the bytes of a thread's shards
+ * stay in its cache. */
 #define MT_FILTER_SLOTS 64
-extern _Atomic uint64_t mt_nonempty[MT_SHARDS / 64];
 extern _Atomic uint8_t mt_filters[MT_SHARDS][MT_FILTER_SLOTS];
 
 static inline unsigned mt_filter_slot(uint64_t addr) {
@@ -59,10 +59,8 @@ static inline unsigned mt_filter_slot(uint64_t addr) {
  * happened before this call, as it has for a block being freed: the count
  * for its filter slot was raised then and cannot fall while it is there. */
 static inline int mt_table_may_hold(uint64_t addr) {
-    unsigned k = mt_shard_index(addr);
-    if (!((atomic_load_explicit(&mt_nonempty[k / 64], memory_order_relaxed) >> (k % 64)) & 1))
-        return 0;
-    return atomic_load_explicit(&mt_filters[k][mt_filter_slot(addr)], memory_order_relaxed) != 0;
+    return atomic_load_explicit(&mt_filters[mt_shard_index(addr)][mt_filter_slot(addr)],
+                                memory_order_relaxed) != 0;
 }
 
 /* Records a block; an address already present is overwritten (its free was

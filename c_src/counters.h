@@ -1,0 +1,50 @@
+/*
+ * Per-call counters (malloc_cnt, free_cnt, ...) at the cost of one plain
+ * increment of thread-local memory per call.
+ *
+ * Each thread counts into its own struct mt_counts (in the interposer's TLS)
+ * and registers it once; stats sums the registered ones.  When a thread
+ * exits its counts are folded into a total, and anything it still counts
+ * (later TLS destructors that free) goes to shared atomic counters, as do
+ * the calls of threads beyond the registry's size.  No allocation anywhere.
+ */
+#ifndef MT_COUNTERS_H
+#define MT_COUNTERS_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "mtrace_api.h"
+
+enum { MT_COUNTS_NEW, MT_COUNTS_REGISTERED, MT_COUNTS_SHARED };
+
+struct mt_counts {
+    _Atomic uint64_t calls[MT_FN_COUNT]; /* written by the owner only, read by stats */
+    unsigned char state;                 /* MT_COUNTS_* */
+};
+
+/* Makes c visible to stats; c->state says whether a slot was found. */
+void mt_counts_register(struct mt_counts *c);
+
+/* The owner of c is exiting: folds its counts into the total. */
+void mt_counts_retire(struct mt_counts *c);
+
+/* For threads without a registered struct. */
+void mt_counts_shared_add(enum mtrace_fn fn);
+
+/* Sums everything into out[MT_FN_COUNT]. */
+void mt_counts_sum(uint64_t *out);
+
+/* Around fork: the child keeps only the forking thread's registration. */
+void mt_counts_lock(void);
+void mt_counts_unlock(void);
+void mt_counts_child(struct mt_counts *mine);
+
+/* The owner's increment: a plain load, add and store. */
+static inline void mt_counts_bump(struct mt_counts *c, enum mtrace_fn fn) {
+    atomic_store_explicit(&c->calls[fn],
+                          atomic_load_explicit(&c->calls[fn], memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+}
+
+#endif
