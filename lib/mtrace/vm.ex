@@ -51,7 +51,8 @@ defmodule Mtrace.VM do
       and memory taken directly from malloc/mmap by NIFs, drivers and
       libraries. A large or growing value points at native code;
     * `:native`: when the `mtrace.so` tracer is preloaded, its counters
-      (`:live_count`, `:live_bytes`, `:dropped`, `:enabled`) and the C heap's
+      (`:live_count`, `:live_bytes`, `:dropped`, `:enabled`; estimates when
+      `:sampled` is true, see `MTRACE_SAMPLE_BYTES`) and the C heap's
       mallinfo2 figures (`:allocated_bytes`, `:used_bytes`, `:free_bytes`,
       `:mmap_bytes`); else `nil`.
 

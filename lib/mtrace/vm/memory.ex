@@ -105,7 +105,8 @@ defmodule Mtrace.VM.Memory do
         nil
 
       stats ->
-        Map.take(stats, [
+        stats
+        |> Map.take([
           :live_count,
           :live_bytes,
           :dropped,
@@ -115,6 +116,13 @@ defmodule Mtrace.VM.Memory do
           :free_bytes,
           :mmap_bytes
         ])
+        |> Map.merge(estimated(stats))
     end
   end
+
+  # In sampling mode the table holds a sample: judge from the estimates.
+  defp estimated(%{sampled: true} = stats),
+    do: %{live_count: stats.est_live_count, live_bytes: stats.est_live_bytes, sampled: true}
+
+  defp estimated(_stats), do: %{sampled: false}
 end
