@@ -101,10 +101,10 @@ $(BUILD)/churn: bench/churn.c c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-optimize-sibling-calls -Ic_src -o $@ bench/churn.c $(DL_LIBS) -lpthread
 
-$(BUILD)/symbols_bench: bench/symbols_bench.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
+$(BUILD)/symbols_bench: bench/symbols_bench.c bench/hundred_sites.h $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -o $@ bench/symbols_bench.c $(SYM_SRC) $(DW_LIBS)
 
-$(BUILD)/query_bench: bench/query_bench.c c_src/mtrace_api.h $(MAKEVARS)
+$(BUILD)/query_bench: bench/query_bench.c bench/hundred_sites.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ bench/query_bench.c $(DL_LIBS)
