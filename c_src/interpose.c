@@ -271,7 +271,7 @@ EXPORT void *malloc(size_t n) {
         return __libc_malloc(n);
     if (likely(g == GATE_SAMPLE && me.f.any == FAST_OK.any)) {
         mt_counts_bump(&me.counts, MT_FN_MALLOC);
-        if (likely((me.sampler.left -= (int64_t)(n + (n == 0))) > 0))
+        if (likely(mt_sample_skip(&me.sampler, n)))
             return __libc_malloc(n);
         return malloc_sampled(n);
     }

@@ -30,8 +30,8 @@ static int64_t next_gap(struct mt_sampler *s) {
 int mt_sample_crossed(struct mt_sampler *s, size_t n) {
     if (!s->started) { /* first allocation of this thread: draw its first gap */
         s->started = 1;
-        s->left = next_gap(s) - (int64_t)(n + (n == 0));
-        if (s->left > 0)
+        s->left = next_gap(s);
+        if (mt_sample_skip(s, n))
             return 0;
     }
     /* Memoryless: a fresh gap after each sample keeps p(s) = 1 - exp(-s/R). */

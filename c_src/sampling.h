@@ -29,11 +29,17 @@ struct mt_sampler {
 /* Slow half of mt_sample_take: the countdown crossed zero (or was never set). */
 int mt_sample_crossed(struct mt_sampler *s, size_t n);
 
+/* Counts n bytes down; 1 while no sample point was crossed (malloc(0)
+ * holds memory too, so it counts as one byte). */
+static inline int mt_sample_skip(struct mt_sampler *s, size_t n) {
+    return (s->left -= (int64_t)(n + (n == 0))) > 0;
+}
+
 /* Should this thread record an allocation of n bytes?  Always in lossless mode. */
 static inline int mt_sample_take(struct mt_sampler *s, size_t n) {
     if (!mt_sample_mean)
         return 1;
-    if ((s->left -= (int64_t)(n + (n == 0))) > 0) /* malloc(0) holds memory too */
+    if (mt_sample_skip(s, n))
         return 0;
     return mt_sample_crossed(s, n);
 }
