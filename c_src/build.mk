@@ -8,9 +8,9 @@ include $(MAKEVARS)
 CFLAGS_ALL = $(BASE_CFLAGS) $(WARN_CFLAGS) $(EXTRA_CFLAGS)
 
 PRELOAD_SRC = c_src/interpose.c c_src/table.c c_src/stacks.c c_src/query.c c_src/config.c \
-	c_src/sampling.c c_src/unwind.c c_src/counters.c
+	c_src/sampling.c c_src/unwind.c c_src/eh_frame.c c_src/counters.c
 PRELOAD_HDR = c_src/mtrace_api.h c_src/table.h c_src/stacks.h c_src/interpose.h \
-	c_src/config.h c_src/spinlock.h c_src/sampling.h c_src/unwind.h c_src/counters.h
+	c_src/config.h c_src/spinlock.h c_src/sampling.h c_src/unwind.h c_src/eh_frame.h c_src/counters.h
 NIF_SRC = c_src/nif.c c_src/symbols.c c_src/dwarf_lines.c
 SYM_SRC = c_src/symbols.c c_src/dwarf_lines.c
 SYM_HDR = c_src/symbols.h c_src/dwarf_lines.h
@@ -81,13 +81,15 @@ $(BUILD)/asan_test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVA
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) $(DW_CFLAGS) -Ic_src -o $@ test/c/test_symbols.c $(SYM_SRC) $(DW_LIBS)
 
-$(BUILD)/test_unwind: test/c/test_unwind.c test/c/check.h c_src/unwind.c c_src/unwind.h $(MAKEVARS)
+$(BUILD)/test_unwind: test/c/test_unwind.c test/c/check.h c_src/unwind.c c_src/unwind.h \
+		c_src/eh_frame.c c_src/eh_frame.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_unwind.c c_src/unwind.c -lunwind $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_unwind.c c_src/unwind.c c_src/eh_frame.c -lunwind $(DL_LIBS) -lpthread
 
-$(BUILD)/asan_test_unwind: test/c/test_unwind.c test/c/check.h c_src/unwind.c c_src/unwind.h $(MAKEVARS)
+$(BUILD)/asan_test_unwind: test/c/test_unwind.c test/c/check.h c_src/unwind.c c_src/unwind.h \
+		c_src/eh_frame.c c_src/eh_frame.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_unwind.c c_src/unwind.c -lunwind $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_unwind.c c_src/unwind.c c_src/eh_frame.c -lunwind $(DL_LIBS) -lpthread
 
 $(BUILD)/symbols_fixture.so: test/c/symbols_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
