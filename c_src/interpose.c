@@ -69,9 +69,9 @@ static struct mt_config cfg;
  * with a single compare against FAST_OK. */
 union flags {
     struct {
-        unsigned char busy;       /* see the top of this file */
-        unsigned char ignored;    /* mt_thread_ignore */
-        unsigned char exiting;    /* counts retired: count through the slow path */
+        unsigned char busy;    /* see the top of this file */
+        unsigned char ignored; /* mt_thread_ignore */
+        unsigned char spare;
         unsigned char registered; /* counts visible to stats */
     } b;
     uint32_t any;
@@ -151,9 +151,8 @@ static inline int tracking(void) {
 /* Thread exit (a pthread key destructor): fold this thread's counts. */
 static void thread_exit(void *unused) {
     (void)unused;
-    mt_counts_retire(&me.counts);
+    mt_counts_retire(&me.counts); /* state SHARED: later calls count atomically */
     me.f.b.registered = 0;
-    me.f.b.exiting = 1;
 }
 
 static __attribute__((noinline)) void register_thread(void) {
@@ -168,7 +167,7 @@ static __attribute__((noinline)) void register_thread(void) {
 
 static inline void count(enum mtrace_fn fn) {
     if (unlikely(!me.f.b.registered)) {
-        if (me.counts.state == MT_COUNTS_NEW && !me.f.b.exiting)
+        if (me.counts.state == MT_COUNTS_NEW)
             register_thread();
         if (!me.f.b.registered) {
             mt_counts_shared_add(fn);
@@ -242,27 +241,25 @@ static inline int gate_open(void) {
  * and its counters registered. */
 static inline int tracking_fast(int g) { return g >= GATE_TRACK && me.f.any == FAST_OK.any; }
 
-/* The sampling decision comes first: an allocation that is not sampled
- * ends in a tail call to libc, with nothing to keep across it. */
-static __attribute__((noinline)) void *malloc_slow(size_t n) {
-    if (!tracking())
-        return __libc_malloc(n);
-    count(MT_FN_MALLOC);
-    if (!mt_sample_take(&me.sampler, n))
-        return __libc_malloc(n);
+static void *malloc_recorded(size_t n) {
     void *p = __libc_malloc(n);
     if (p)
         record_now(p, n);
     return p;
 }
 
-static __attribute__((noinline)) void *malloc_sampled(size_t n) {
-    if (!mt_sample_crossed(&me.sampler, n))
+/* The sampling decision comes first: an allocation that is not sampled
+ * ends in a tail call to libc, with nothing to keep across it. */
+static __attribute__((noinline)) void *malloc_slow(size_t n) {
+    if (!tracking())
         return __libc_malloc(n);
-    void *p = __libc_malloc(n);
-    if (p)
-        record_now(p, n);
-    return p;
+    count(MT_FN_MALLOC);
+    return mt_sample_take(&me.sampler, n) ? malloc_recorded(n) : __libc_malloc(n);
+}
+
+/* The fast path's countdown crossed zero (or was never started). */
+static __attribute__((noinline)) void *malloc_sampled(size_t n) {
+    return mt_sample_crossed(&me.sampler, n) ? malloc_recorded(n) : __libc_malloc(n);
 }
 
 EXPORT void *malloc(size_t n) {
@@ -305,8 +302,7 @@ static __attribute__((noinline)) void free_slow(void *p, int counted) {
     }
     if (!counted && g != GATE_LIBC && tracking())
         count(MT_FN_FREE);
-    if (p && mt_table_may_hold((uintptr_t)p) && me.f.b.busy < 2)
-        forget_now(p, NULL);
+    forget(p, NULL);
     __libc_free(p);
 }
 

@@ -217,8 +217,7 @@ int mt_table_remove(uint64_t addr, struct mt_slot *old) {
     }
     if (old)
         *old = s->slots[i];
-    uint64_t left = atomic_load_explicit(&s->count, memory_order_relaxed) - 1;
-    atomic_store_explicit(&s->count, left, memory_order_relaxed);
+    relaxed_add(&s->count, -1);
     filter_add(addr, (unsigned)(s - shards), -1);
     relaxed_add(&s->bytes, -(int64_t)s->slots[i].size);
     account(s, s->slots[i].size, -1);
