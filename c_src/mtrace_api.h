@@ -95,6 +95,26 @@ struct mtrace_more_stats {
     uint64_t unwind_fallbacks; /* stacks the fast walker handed to libunwind */
 };
 
+/* A filter plus a set of stacks, for the queries added after version 1. */
+struct mtrace_query {
+    struct mtrace_filter filter;
+    const uint64_t *stack_set; /* bit i (word i / 64, bit i % 64) keeps stack id i; NULL = all */
+    uint64_t stack_set_bits;   /* ids at or beyond this many bits are not kept */
+};
+
+/* Live allocations grouped by their stack: a leak site. */
+struct mtrace_site {
+    uint32_t stack_id;
+    uint32_t reserved;
+    uint64_t count;       /* live allocations made by this stack */
+    uint64_t bytes;       /* their sizes, summed */
+    uint64_t oldest_t_ms; /* time of the oldest of them */
+    uint64_t newest_t_ms; /* time of the newest */
+};
+
+/* How sites are ranked: most bytes, most blocks, or oldest allocation first. */
+enum mtrace_site_order { MTRACE_BY_BYTES = 0, MTRACE_BY_COUNT = 1, MTRACE_BY_OLDEST = 2 };
+
 struct mtrace_api {
     uint32_t version; /* MTRACE_API_VERSION */
     uint32_t size;    /* sizeof(struct mtrace_api) of the preload */
@@ -126,6 +146,18 @@ struct mtrace_api {
 
     /* Added after version 1 (check size): fills at most size bytes of out. */
     void (*more_stats)(struct mtrace_more_stats *out, size_t size);
+
+    /* Added after version 1 (check size).  The n top sites among the
+     * allocations matching q (NULL = all), best first by order; fills *total
+     * (unless NULL) with the sum over every matching allocation, stack_id 0.
+     * Allocations whose stack was interned after the call began are left
+     * out, like any allocation made after the scan passed its shard.  Returns
+     * the number written, or SIZE_MAX when no scratch memory could be mapped. */
+    size_t (*sites)(struct mtrace_site *out, size_t n, const struct mtrace_query *q, int order,
+                    struct mtrace_site *total);
+
+    /* Added after version 1 (check size): olds() with a stack set. */
+    size_t (*olds_where)(struct mtrace_alloc *out, size_t n, const struct mtrace_query *q);
 };
 
 #endif

@@ -12,28 +12,54 @@
 #include <malloc.h>
 #include <stddef.h>
 #include <string.h>
-#include <time.h>
 
 #include <erl_nif.h>
 
-#include "mtrace_api.h"
-#include "symbols.h"
+#include "nif.h"
 
-#define MAX_INLINE 8
+const struct mtrace_api *mt_api;
+struct mt_atoms mt_atoms;
 
-static const struct mtrace_api *api;
-static ERL_NIF_TERM atom_ok, atom_true, atom_false, atom_nil, atom_not_preloaded;
+static void make_atoms(ErlNifEnv *env) {
+    struct {
+        ERL_NIF_TERM *term;
+        const char *name;
+    } all[] = {
+        {&mt_atoms.ok, "ok"},
+        {&mt_atoms.true_, "true"},
+        {&mt_atoms.false_, "false"},
+        {&mt_atoms.nil, "nil"},
+        {&mt_atoms.error, "error"},
+        {&mt_atoms.not_preloaded, "not_preloaded"},
+        {&mt_atoms.preload_too_old, "preload_too_old"},
+        {&mt_atoms.enomem, "enomem"},
+        {&mt_atoms.bytes, "bytes"},
+        {&mt_atoms.count, "count"},
+        {&mt_atoms.oldest, "oldest"},
+        {&mt_atoms.lib, "lib"},
+        {&mt_atoms.symbol, "symbol"},
+        {&mt_atoms.file, "file"},
+        {&mt_atoms.line, "line"},
+        {&mt_atoms.addr, "addr"},
+        {&mt_atoms.inlined, "inlined"},
+        {&mt_atoms.offset, "offset"},
+        {&mt_atoms.newest, "newest"},
+        {&mt_atoms.frames, "frames"},
+        {&mt_atoms.age, "age"},
+        {&mt_atoms.size, "size"},
+        {&mt_atoms.ns, "ns"},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        *all[i].term = enif_make_atom(env, all[i].name);
+}
 
 static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info) {
     (void)priv, (void)info;
     const struct mtrace_api *found = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
-    if (found && found->version == MTRACE_API_VERSION && found->size >= sizeof(*found))
-        api = found;
-    atom_ok = enif_make_atom(env, "ok");
-    atom_true = enif_make_atom(env, "true");
-    atom_false = enif_make_atom(env, "false");
-    atom_nil = enif_make_atom(env, "nil");
-    atom_not_preloaded = enif_make_atom(env, "not_preloaded");
+    if (found && found->version == MTRACE_API_VERSION &&
+        found->size >= offsetof(struct mtrace_api, now_ms) + sizeof found->now_ms)
+        mt_api = found;
+    make_atoms(env);
     return 0;
 }
 
@@ -42,98 +68,34 @@ static int upgrade(ErlNifEnv *env, void **priv, void **old, ERL_NIF_TERM info) {
     return load(env, priv, info);
 }
 
-static ERL_NIF_TERM not_preloaded(ErlNifEnv *env) {
-    return enif_make_tuple2(env, enif_make_atom(env, "error"), atom_not_preloaded);
+ERL_NIF_TERM mt_nif_error(ErlNifEnv *env, ERL_NIF_TERM reason) {
+    return enif_make_tuple2(env, mt_atoms.error, reason);
 }
 
-static ERL_NIF_TERM binary(ErlNifEnv *env, const char *s) {
+static ERL_NIF_TERM not_preloaded(ErlNifEnv *env) {
+    return mt_nif_error(env, mt_atoms.not_preloaded);
+}
+
+ERL_NIF_TERM mt_nif_binary(ErlNifEnv *env, const char *s) {
     ERL_NIF_TERM t;
     size_t len = strlen(s);
     memcpy(enif_make_new_binary(env, len, &t), s, len);
     return t;
 }
 
-static ERL_NIF_TERM binary_or_nil(ErlNifEnv *env, const char *s) {
-    return *s ? binary(env, s) : atom_nil;
-}
-
-static uint64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+static ERL_NIF_TERM boolean(int on) { return on ? mt_atoms.true_ : mt_atoms.false_; }
 
 static ERL_NIF_TERM nif_preloaded(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)env, (void)argc, (void)argv;
-    return api ? atom_true : atom_false;
+    return boolean(mt_api != NULL);
 }
 
-/* [{lib, symbol}] for one stack; symbol is the ELF function containing the
- * address (the outermost of any inlined chain), as the seed reported it. */
-static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle) {
-    uintptr_t ips[MTRACE_MAX_DEPTH];
-    uint32_t depth = api->stack(stack_id, ips, MTRACE_MAX_DEPTH);
-    ERL_NIF_TERM list = enif_make_list(env, 0);
-    struct mt_frame_info info[MAX_INLINE];
-    for (uint32_t i = depth; i-- > 0;) {
-        int n = mt_symbols_resolve(ips[i], demangle, info, MAX_INLINE);
-        const struct mt_frame_info *f = &info[n > 0 ? n - 1 : 0];
-        ERL_NIF_TERM frame =
-            n > 0 ? enif_make_tuple2(env, binary_or_nil(env, f->lib), binary_or_nil(env, f->symbol))
-                  : enif_make_tuple2(env, atom_nil, atom_nil);
-        list = enif_make_list_cell(env, frame, list);
-    }
-    return list;
-}
-
-/* Reads {MinT, MaxT, MinSize, MaxSize} (0 = unbounded) into f. */
-static int get_filter(ErlNifEnv *env, ERL_NIF_TERM t, struct mtrace_filter *f) {
-    int arity;
-    const ERL_NIF_TERM *e;
-    return enif_get_tuple(env, t, &arity, &e) && arity == 4 &&
-           enif_get_uint64(env, e[0], (ErlNifUInt64 *)&f->min_t_ms) &&
-           enif_get_uint64(env, e[1], (ErlNifUInt64 *)&f->max_t_ms) &&
-           enif_get_uint64(env, e[2], (ErlNifUInt64 *)&f->min_size) &&
-           enif_get_uint64(env, e[3], (ErlNifUInt64 *)&f->max_size);
-}
-
-/* olds(N, Demangle, Filter) -> [{AgeSeconds, Size, Addr, Ns, Stack}] */
-static ERL_NIF_TERM nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
-    (void)argc;
-    ErlNifUInt64 want;
-    struct mtrace_filter filter = {0, 0, 0, 0};
-    if (!enif_get_uint64(env, argv[0], &want) || !enif_is_atom(env, argv[1]) ||
-        !get_filter(env, argv[2], &filter))
-        return enif_make_badarg(env);
-    if (!api)
+/* The table's clock, for marks: allocations at or after a mark's time came after it. */
+static ERL_NIF_TERM nif_now_ms(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
+    (void)argc, (void)argv;
+    if (!mt_api)
         return not_preloaded(env);
-    int demangle = enif_is_identical(argv[1], atom_true);
-    int was = api->thread_ignore(1);
-
-    struct mtrace_stats s;
-    api->stats(&s);
-    size_t cap = want < s.live_count + 4096 ? (size_t)want : (size_t)(s.live_count + 4096);
-    struct mtrace_alloc *buf = cap ? enif_alloc(cap * sizeof(*buf)) : NULL;
-    if (cap && !buf) {
-        api->thread_ignore(was);
-        return enif_raise_exception(env, enif_make_atom(env, "enomem"));
-    }
-    size_t n = cap ? api->olds(buf, cap, &filter) : 0;
-    uint64_t now = api->now_ms();
-    ERL_NIF_TERM list = enif_make_list(env, 0);
-    for (size_t i = n; i-- > 0;) {
-        uint64_t t0 = mono_ns();
-        ERL_NIF_TERM stack = stack_term(env, buf[i].stack_id, demangle);
-        uint64_t spent = mono_ns() - t0;
-        uint64_t age = now > buf[i].t_ms ? (now - buf[i].t_ms) / 1000 : 0;
-        ERL_NIF_TERM entry = enif_make_tuple5(
-            env, enif_make_uint64(env, age), enif_make_uint64(env, buf[i].size),
-            enif_make_uint64(env, buf[i].addr), enif_make_uint64(env, spent), stack);
-        list = enif_make_list_cell(env, entry, list);
-    }
-    enif_free(buf);
-    api->thread_ignore(was);
-    return list;
+    return enif_make_uint64(env, mt_api->now_ms());
 }
 
 static void put(ErlNifEnv *env, ERL_NIF_TERM *map, const char *key, ERL_NIF_TERM value) {
@@ -148,33 +110,31 @@ static void put_u64(ErlNifEnv *env, ERL_NIF_TERM *map, const char *key, uint64_t
 static void put_more_stats(ErlNifEnv *env, ERL_NIF_TERM *m) {
     struct mtrace_more_stats x;
     memset(&x, 0, sizeof x);
-    if (api->size >= offsetof(struct mtrace_api, more_stats) + sizeof api->more_stats &&
-        api->more_stats)
-        api->more_stats(&x, sizeof x);
-    else
+    if (!MT_API_HAS(more_stats))
         return;
+    mt_api->more_stats(&x, sizeof x);
     put_u64(env, m, "sample_bytes", x.sample_bytes);
-    put(env, m, "sampled", x.sample_bytes ? atom_true : atom_false);
+    put(env, m, "sampled", x.sample_bytes ? mt_atoms.true_ : mt_atoms.false_);
     put_u64(env, m, "est_live_count", x.est_live_count);
     put_u64(env, m, "est_live_bytes", x.est_live_bytes);
-    put(env, m, "fast_unwind", x.fast_unwind ? atom_true : atom_false);
+    put(env, m, "fast_unwind", x.fast_unwind ? mt_atoms.true_ : mt_atoms.false_);
     put_u64(env, m, "unwind_fallbacks", x.unwind_fallbacks);
     static const char *const vars[] = {"MTRACE_DEPTH", "MTRACE_ENABLED", "MTRACE_SAMPLE_BYTES",
                                        "MTRACE_UNWIND"};
     ERL_NIF_TERM bad = enif_make_list(env, 0);
     for (int i = (int)(sizeof vars / sizeof *vars) - 1; i >= 0; i--)
         if (x.config_garbage & (1u << i))
-            bad = enif_make_list_cell(env, binary(env, vars[i]), bad);
+            bad = enif_make_list_cell(env, mt_nif_binary(env, vars[i]), bad);
     put(env, m, "config_errors", bad);
 }
 
 static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc, (void)argv;
-    if (!api)
+    if (!mt_api)
         return not_preloaded(env);
     static const char *const names[MT_FN_COUNT] = MTRACE_FN_NAMES;
     struct mtrace_stats s;
-    api->stats(&s);
+    mt_api->stats(&s);
     ERL_NIF_TERM m = enif_make_new_map(env);
     char key[64];
     for (int f = 0; f < MT_FN_COUNT; f++) {
@@ -191,8 +151,8 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put_u64(env, &m, "stacks_dropped", s.stacks_dropped);
     put_u64(env, &m, "depth", s.depth);
     put_u64(env, &m, "shards", s.shards);
-    put(env, &m, "enabled", s.enabled ? atom_true : atom_false);
-    put(env, &m, "active", s.active ? atom_true : atom_false);
+    put(env, &m, "enabled", s.enabled ? mt_atoms.true_ : mt_atoms.false_);
+    put(env, &m, "active", s.active ? mt_atoms.true_ : mt_atoms.false_);
     put_more_stats(env, &m);
     /* glibc's own view of the heap, as the seed reported it. */
     struct mallinfo2 mi = mallinfo2();
@@ -206,24 +166,27 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
 
 static ERL_NIF_TERM nif_reset(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc, (void)argv;
-    if (!api)
+    if (!mt_api)
         return not_preloaded(env);
-    return enif_make_uint64(env, api->reset());
+    return enif_make_uint64(env, mt_api->reset());
 }
 
 static ERL_NIF_TERM nif_set_enabled(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc;
-    if (!enif_is_identical(argv[0], atom_true) && !enif_is_identical(argv[0], atom_false))
+    if (!enif_is_identical(argv[0], mt_atoms.true_) && !enif_is_identical(argv[0], mt_atoms.false_))
         return enif_make_badarg(env);
-    if (!api)
+    if (!mt_api)
         return not_preloaded(env);
-    api->set_enabled(enif_is_identical(argv[0], atom_true));
-    return atom_ok;
+    mt_api->set_enabled(enif_is_identical(argv[0], mt_atoms.true_));
+    return mt_atoms.ok;
 }
 
 static ErlNifFunc funcs[] = {
     {"preloaded", 0, nif_preloaded, 0},
-    {"olds", 3, nif_olds, ERL_NIF_DIRTY_JOB_CPU_BOUND},
+    {"now_ms", 0, nif_now_ms, 0},
+    {"olds", 3, mt_nif_olds, ERL_NIF_DIRTY_JOB_CPU_BOUND},
+    {"olds_where", 4, mt_nif_olds_where, ERL_NIF_DIRTY_JOB_CPU_BOUND},
+    {"sites", 5, mt_nif_sites, ERL_NIF_DIRTY_JOB_CPU_BOUND},
     {"stats", 0, nif_stats, 0},
     {"reset", 0, nif_reset, ERL_NIF_DIRTY_JOB_CPU_BOUND},
     {"set_enabled", 1, nif_set_enabled, 0},

@@ -10,88 +10,48 @@
 
 #include "interpose.h"
 #include "mtrace_api.h"
+#include "query.h"
 #include "stacks.h"
 #include "sampling.h"
 #include "table.h"
+#include "topn.h"
 #include "unwind.h"
 
-static int matches(const struct mt_slot *s, const struct mtrace_filter *f) {
-    if (!f)
-        return 1;
-    uint64_t t = mt_slot_time(s);
-    return (!f->min_t_ms || t >= f->min_t_ms) && (!f->max_t_ms || t <= f->max_t_ms) &&
-           (!f->min_size || s->size >= f->min_size) && (!f->max_size || s->size <= f->max_size);
-}
-
-/* Orders by age, oldest first; ties broken by address so results are stable. */
-static int younger(const struct mtrace_alloc *a, const struct mtrace_alloc *b) {
+/* Oldest first; ties broken by address so results are stable. */
+static int younger(const void *pa, const void *pb) {
+    const struct mtrace_alloc *a = pa, *b = pb;
     return a->t_ms != b->t_ms ? a->t_ms > b->t_ms : a->addr > b->addr;
 }
 
-/* A max-heap on youngest: its root is the entry to evict for an older one. */
-struct olds_heap {
-    struct mtrace_alloc *h;
-    size_t len, cap;
-    const struct mtrace_filter *f;
+struct olds_scan {
+    struct mt_topn top;
+    const struct mtrace_query *q;
 };
 
-static void sift_down(struct mtrace_alloc *h, size_t len, size_t i) {
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, top = i;
-        if (l < len && younger(&h[l], &h[top]))
-            top = l;
-        if (r < len && younger(&h[r], &h[top]))
-            top = r;
-        if (top == i)
-            return;
-        struct mtrace_alloc t = h[i];
-        h[i] = h[top];
-        h[top] = t;
-        i = top;
-    }
-}
-
-static void sift_up(struct mtrace_alloc *h, size_t i) {
-    while (i && younger(&h[i], &h[(i - 1) / 2])) {
-        struct mtrace_alloc t = h[i];
-        h[i] = h[(i - 1) / 2];
-        h[(i - 1) / 2] = t;
-        i = (i - 1) / 2;
-    }
-}
-
 static void olds_shard(void *ctx, const struct mt_slot *slots, size_t cap) {
-    struct olds_heap *q = ctx;
+    struct olds_scan *o = ctx;
     for (size_t i = 0; i < cap; i++) {
         const struct mt_slot *s = &slots[i];
-        if (!s->addr || !matches(s, q->f))
+        if (!s->addr || !mt_query_matches(s, o->q))
             continue;
         struct mtrace_alloc a = {s->addr, s->size, mt_slot_time(s), mt_slot_stack(s), 0};
-        if (q->len < q->cap) {
-            q->h[q->len] = a;
-            sift_up(q->h, q->len++);
-        } else if (younger(&q->h[0], &a)) {
-            q->h[0] = a;
-            sift_down(q->h, q->len, 0);
-        }
+        mt_topn_offer(&o->top, &a);
     }
+}
+
+static size_t api_olds_where(struct mtrace_alloc *out, size_t n, const struct mtrace_query *q) {
+    if (!n || !out)
+        return 0;
+    struct olds_scan o = {{(char *)out, 0, n, sizeof *out, younger}, q};
+    int was = mt_thread_ignore(1);
+    mt_table_scan(olds_shard, &o);
+    mt_thread_ignore(was);
+    return mt_topn_sort(&o.top);
 }
 
 static size_t api_olds(struct mtrace_alloc *out, size_t n, const struct mtrace_filter *f) {
-    if (!n || !out)
-        return 0;
-    struct olds_heap q = {out, 0, n, f};
-    int was = mt_thread_ignore(1);
-    mt_table_scan(olds_shard, &q);
-    mt_thread_ignore(was);
-    /* Heap sort in place: repeatedly move the youngest to the end. */
-    for (size_t len = q.len; len > 1; len--) {
-        struct mtrace_alloc t = out[0];
-        out[0] = out[len - 1];
-        out[len - 1] = t;
-        sift_down(out, len - 1, 0);
-    }
-    return q.len;
+    struct mtrace_query q = {f ? *f : (struct mtrace_filter){0, 0, 0, 0}, NULL, 0};
+    return api_olds_where(out, n, &q);
 }
 
 static void api_stats(struct mtrace_stats *out) {
@@ -136,6 +96,14 @@ static void api_more_stats(struct mtrace_more_stats *out, size_t size) {
 
 static uint64_t api_reset(void) { return mt_table_reset(); }
 
+static size_t api_sites(struct mtrace_site *out, size_t n, const struct mtrace_query *q, int order,
+                        struct mtrace_site *total) {
+    int was = mt_thread_ignore(1);
+    size_t got = mt_sites(out, n, q, order, total);
+    mt_thread_ignore(was);
+    return got;
+}
+
 __attribute__((visibility("default"))) const struct mtrace_api mtrace_api_v1 = {
     .version = MTRACE_API_VERSION,
     .size = sizeof(struct mtrace_api),
@@ -147,4 +115,6 @@ __attribute__((visibility("default"))) const struct mtrace_api mtrace_api_v1 = {
     .thread_ignore = mt_thread_ignore,
     .now_ms = mt_now_ms,
     .more_stats = api_more_stats,
+    .sites = api_sites,
+    .olds_where = api_olds_where,
 };

@@ -565,17 +565,10 @@ static int resolve_in(struct module *m, uintptr_t addr, uintptr_t pc, int demang
     return k;
 }
 
-int mt_symbols_resolve(uintptr_t ret_addr, int demangle, struct mt_frame_info *out, int max) {
-    if (!out || max < 1)
-        return 0;
-    demangle = demangle != 0;
-    if (demangle) /* may dlopen libstdc++: do it before taking locks and reading counters */
-        pthread_once(&g_demangle_once, demangle_init);
-    /* A return address points after the call; the call itself is one byte earlier. */
-    uintptr_t pc = ret_addr ? ret_addr - 1 : 0;
+/* Takes g_lock shared, with the module list up to date with the loaded objects. */
+static void modules_lock(void) {
     unsigned long long c[2] = {0, 0};
     dl_iterate_phdr(counters_cb, c);
-
     pthread_rwlock_rdlock(&g_lock);
     /* Retried because a flush may slip in between the rebuild and the shared lock; bounded
      * because a rebuild that ran out of memory leaves the list invalid. */
@@ -588,6 +581,17 @@ int mt_symbols_resolve(uintptr_t ret_addr, int demangle, struct mt_frame_info *o
         pthread_rwlock_unlock(&g_lock);
         pthread_rwlock_rdlock(&g_lock);
     }
+}
+
+int mt_symbols_resolve(uintptr_t ret_addr, int demangle, struct mt_frame_info *out, int max) {
+    if (!out || max < 1)
+        return 0;
+    demangle = demangle != 0;
+    if (demangle) /* may dlopen libstdc++: do it before taking locks and reading counters */
+        pthread_once(&g_demangle_once, demangle_init);
+    /* A return address points after the call; the call itself is one byte earlier. */
+    uintptr_t pc = ret_addr ? ret_addr - 1 : 0;
+    modules_lock();
     struct module *m = module_find(pc);
     int n;
     if (m) {
@@ -599,4 +603,15 @@ int mt_symbols_resolve(uintptr_t ret_addr, int demangle, struct mt_frame_info *o
     }
     pthread_rwlock_unlock(&g_lock);
     return n;
+}
+
+int mt_symbols_any_lib(const uintptr_t *ret_addrs, size_t n, const char *needle) {
+    int found = 0;
+    modules_lock();
+    for (size_t i = 0; i < n && !found; i++) {
+        const struct module *m = module_find(ret_addrs[i] ? ret_addrs[i] - 1 : 0);
+        found = m && strstr(m->path, needle) != NULL;
+    }
+    pthread_rwlock_unlock(&g_lock);
+    return found;
 }

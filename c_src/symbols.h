@@ -37,6 +37,11 @@ struct mt_frame_info {
  * in-process.  Thread-safe; callable concurrently from several threads. */
 int mt_symbols_resolve(uintptr_t ret_addr, int demangle, struct mt_frame_info *out, int max);
 
+/* Whether any of n return addresses lies in a mapped object whose path contains needle.
+ * Reads only the list of loaded objects (no symbol table, no DWARF): cheap enough to ask of
+ * every interned stack. */
+int mt_symbols_any_lib(const uintptr_t *ret_addrs, size_t n, const char *needle);
+
 /* Drop all caches (also done automatically when libraries were loaded/unloaded since last call). */
 void mt_symbols_flush(void);
 

@@ -12,7 +12,7 @@ defmodule Mtrace do
   (processes, binaries, ETS), see `Mtrace.VM`.
   """
 
-  alias Mtrace.Native
+  alias Mtrace.{Export, Flamegraph, Mark, Native, Options, Query, Remote, Report}
 
   @typedoc "One frame of a stack: the object file and the function name (nil if unknown)."
   @type frame :: {lib :: binary() | nil, symbol :: binary() | nil}
@@ -24,6 +24,71 @@ defmodule Mtrace do
   @type old ::
           {age_s :: non_neg_integer(), size :: non_neg_integer(), addr :: non_neg_integer(),
            ns :: non_neg_integer(), stack :: [frame()]}
+
+  @typedoc """
+  One frame, named from the ELF symbol table and, when the object has debug
+  info, DWARF: `file`/`line` of the call, and one map per level of inlined
+  code (`inlined: true`) before the function that holds it. `addr` is the
+  return address; `offset` is it minus the object's load address, for
+  `addr2line -e lib offset` on another machine.
+  """
+  @type frame_map :: %{
+          lib: binary() | nil,
+          symbol: binary() | nil,
+          file: binary() | nil,
+          line: pos_integer() | nil,
+          addr: non_neg_integer(),
+          inlined: boolean(),
+          offset: non_neg_integer()
+        }
+
+  @typedoc "One live allocation, as the keyword form of `olds/2` returns it."
+  @type old_map :: %{
+          age: non_neg_integer(),
+          size: non_neg_integer(),
+          addr: non_neg_integer(),
+          ns: non_neg_integer(),
+          frames: [frame_map()]
+        }
+
+  @typedoc """
+  A leak site: the live allocations made by one call stack, how many, how
+  many bytes, and the ages in seconds of the oldest and newest of them.
+  """
+  @type site :: %{
+          count: non_neg_integer(),
+          bytes: non_neg_integer(),
+          oldest: non_neg_integer(),
+          newest: non_neg_integer(),
+          frames: [frame_map()]
+        }
+
+  @typedoc """
+  Query options, shared by `olds/2` (keyword form), `sites/1`, `report/1`,
+  `export/2` and `flamegraph/2`:
+
+    * `since: mark` — only allocations made after `mark/1` took `mark`;
+    * `min_age: s`, `max_age: s` — at least / at most `s` seconds old;
+    * `min_size: b`, `max_size: b` — blocks of at least / at most `b` bytes;
+    * `lib: "substring"` — only stacks with a frame in an object (shared
+      library or executable) whose path contains the substring;
+    * `demangle: true` — C++ names demangled;
+    * `node: node` — run on that node over distributed Erlang;
+    * `timeout: ms` — how long to wait for `node` (default 300_000).
+  """
+  @type query_opt ::
+          {:since, Mark.t()}
+          | {:min_age, number()}
+          | {:max_age, number()}
+          | {:min_size, non_neg_integer()}
+          | {:max_size, non_neg_integer()}
+          | {:lib, String.t()}
+          | {:demangle, boolean()}
+          | {:node, node()}
+          | {:timeout, timeout()}
+
+  @remote_timeout 300_000
+  @site_defaults [sort: :bytes, limit: 10]
 
   @doc """
   Whether the tracer library is preloaded into this VM (and its NIF loaded).
@@ -41,31 +106,205 @@ defmodule Mtrace do
   @doc """
   The `n` oldest live native allocations, oldest first.
 
-  Each is `{age_seconds, size, addr, ns, stack}`; `stack` is a list of
-  `{lib, symbol}` from the function that called malloc outwards. With
-  `demangle` true, C++ names are demangled. The selection happens in C, so
-  `olds(10)` is cheap even with millions of live allocations; the scan runs on
-  a dirty scheduler.
+  Two forms:
+
+    * `olds(n, demangle)` (the original form): each allocation is
+      `{age_seconds, size, addr, ns, stack}`; `stack` is a list of
+      `{lib, symbol}` from the function that called malloc outwards.
+    * `olds(n, opts)` with keyword options (see `t:query_opt/0`): each
+      allocation is a map `%{age, size, addr, ns, frames}` whose frames are
+      maps with source file and line (`t:frame_map/0`).
+
+  `ns` is the time spent naming that stack (cached names cost next to
+  nothing). The selection happens in C, so `olds(10)` is cheap even with
+  millions of live allocations; the scan runs on a dirty scheduler.
 
       iex> for {age, size, _addr, _ns, stack} <- Mtrace.olds(3) do
       ...>   is_integer(age) and size >= 0 and is_list(stack)
       ...> end
       ...> |> Enum.all?()
       true
+
+      iex> for %{age: age, frames: frames} <- Mtrace.olds(3, min_age: 0, min_size: 1) do
+      ...>   is_integer(age) and is_list(frames)
+      ...> end
+      ...> |> Enum.all?()
+      true
   """
   @spec olds(non_neg_integer(), boolean()) :: [old()]
-  def olds(n \\ 10, demangle \\ false)
+  @spec olds(non_neg_integer(), [query_opt()]) :: [old_map()]
+  def olds(n \\ 10, demangle_or_opts \\ false)
 
   def olds(n, demangle) when is_integer(n) and n >= 0 and is_boolean(demangle) do
-    call(fn -> Native.olds(n, demangle, {0, 0, 0, 0}) end)
+    Query.native!(fn -> Native.olds(count!(n, "olds/2"), demangle, {0, 0, 0, 0}) end)
   end
 
-  def olds(n, demangle) when is_boolean(demangle) do
+  def olds(n, opts) when is_integer(n) and n >= 0 and is_list(opts) do
+    o = Options.parse!(opts, [], "olds/2")
+    remote(o, :olds, [n, drop_node(opts)], fn -> Query.olds(count!(n, "olds/2"), o) end)
+  end
+
+  def olds(n, demangle) when is_boolean(demangle) or is_list(demangle) do
     raise ArgumentError, "olds/2: n must be a non-negative integer, got: #{inspect(n)}"
   end
 
   def olds(_n, demangle) do
-    raise ArgumentError, "olds/2: demangle must be a boolean, got: #{inspect(demangle)}"
+    raise ArgumentError,
+          "olds/2: the second argument must be a boolean (demangle) or a keyword list of " <>
+            "options, got: #{inspect(demangle)}"
+  end
+
+  @doc """
+  The call sites holding the most live native memory: live allocations
+  grouped by the call stack that made them, ranked in C (one pass over the
+  table on a dirty scheduler; only the top sites are named).
+
+  Options (besides those of `t:query_opt/0`):
+
+    * `sort:` — `:bytes` (default), `:count`, or `:oldest` (oldest allocation
+      first);
+    * `limit:` — how many sites (default 10), or `:all`.
+
+  Each site is `%{count, bytes, oldest, newest, frames}` (`t:site/0`); ages
+  in seconds; frames innermost first.
+
+      iex> Mtrace.sites(limit: 2, sort: :count) |> length() <= 2
+      true
+
+      Mtrace.sites(limit: 1, lib: "leaky")
+      #=> [%{count: 3072, bytes: 12582912, oldest: 7380, newest: 5,
+      #=>    frames: [%{symbol: "leak_buffer", file: "c_src/leaky.c", line: 42,
+      #=>               lib: "/srv/app/lib/leaky-0.1.0/priv/leaky.so", inlined: false,
+      #=>               addr: 140210745012345, offset: 4665}, ...]}]
+  """
+  @spec sites([query_opt() | {:sort, :bytes | :count | :oldest} | {:limit, pos_integer() | :all}]) ::
+          [site()]
+  def sites(opts \\ []) do
+    o = Options.parse!(opts, @site_defaults, "sites/1")
+    remote(o, :sites, [drop_node(opts)], fn -> o |> Query.sites() |> elem(1) end)
+  end
+
+  @doc """
+  Marks "now" on the node's allocation table (`node:` for another node).
+
+  Give the mark as `since:` to the queries to see only what was allocated
+  after it and is still live: what grew since you looked, without `reset/0`
+  forgetting the past. Waits for the next tick of the table's coarse clock
+  (a few ms), so the line between before and after is exact.
+
+      iex> mark = Mtrace.mark()
+      iex> Mtrace.sites(since: mark, lib: "no-such-library")
+      []
+  """
+  @spec mark([{:node, node()} | {:timeout, timeout()}]) :: Mark.t()
+  def mark(opts \\ []) do
+    o = Options.parse!(opts, [], "mark/1")
+    remote(o, :mark, [drop_node(opts)], fn -> %Mark{node: node(), t_ms: Query.next_tick()} end)
+  end
+
+  @doc """
+  Prints the top sites as a readable table: live bytes and blocks with
+  humanized sizes and ages, then one line per frame, `symbol (file:line)
+  lib`. Takes the options of `sites/1` plus `frames:` (frames shown per site,
+  default 8). Returns `:ok`.
+
+      Mtrace.report(limit: 3)
+      # prints:
+      # mtrace on app@host: 14.2 MiB live in 25,610 blocks (lossless), 0 dropped
+      # #1  12.0 MiB in 3,072 blocks  oldest 2h 03m  newest 5s
+      #     leak_buffer (c_src/leaky.c:42) leaky.so
+      #     ...
+  """
+  @spec report(keyword()) :: :ok
+  def report(opts \\ []) do
+    o = Options.parse!(opts, @site_defaults ++ [frames: 8], "report/1")
+    snap = snapshot(o, opts, [:frames])
+    IO.write(Report.format(snap.sites, snap.stats, frames: o.frames, node: snap.node))
+  end
+
+  @doc """
+  Writes the live sites to `path`, for other tools:
+
+    * `format: :folded` (default) — collapsed stacks, one line per stack,
+      `outer;...;inner weight`, as read by flamegraph.pl, inferno and
+      speedscope; `weight: :bytes` (default) or `:count`;
+    * `format: :json` — `%{generated_at, node, total, stats, sites}`.
+
+  Takes the options of `sites/1`, with `limit: :all` by default. Returns
+  `:ok`; the file is written only at `path`.
+
+      path = Path.join(System.tmp_dir!(), "native.folded")
+      Mtrace.export(path, format: :folded, weight: :bytes)
+      #=> :ok
+  """
+  @spec export(Path.t(), keyword()) :: :ok
+  def export(path, opts \\ []) do
+    o =
+      Options.parse!(
+        opts,
+        [sort: :bytes, limit: :all, format: :folded, weight: :bytes],
+        "export/2"
+      )
+
+    snap = snapshot(o, opts, [:format, :weight])
+
+    data =
+      case o.format do
+        :folded -> Export.folded(snap.sites, o.weight)
+        :json -> Export.json(snap.sites, snap.stats, Map.take(snap, [:node, :generated_at]))
+      end
+
+    write!(path, data)
+  end
+
+  @doc """
+  Writes a standalone SVG flame graph of live native memory by call stack to
+  `path` (open it in a browser; hover a box for its name, source line, bytes
+  and share). Takes the options of `sites/1` (`limit: :all` by default) plus
+  `weight:` (`:bytes` or `:count`), `title:` and `width:` (pixels). Returns
+  `:ok`.
+
+      Mtrace.flamegraph("/tmp/native.svg", min_age: 3600)
+      #=> :ok
+  """
+  @spec flamegraph(Path.t(), keyword()) :: :ok
+  def flamegraph(path, opts \\ []) do
+    defaults = [sort: :bytes, limit: :all, weight: :bytes, title: nil, width: 1200]
+    o = Options.parse!(opts, defaults, "flamegraph/2")
+    snap = snapshot(o, opts, [:weight, :title, :width])
+    render = [weight: o.weight, width: o.width] ++ if(o.title, do: [title: o.title], else: [])
+    write!(path, Flamegraph.svg(snap.sites, render))
+  end
+
+  @doc """
+  Runs `Mtrace.fun(args...)` on this node and every connected node at once
+  and returns `%{node => {:ok, result} | {:error, exception}}`; a node where
+  mtrace is missing, not preloaded or unreachable gets its error, the others
+  still answer. `fun` is one of `:stats`, `:sites`, `:olds`, `:mark`,
+  `:reset`, `:enable`, `:disable`, `:preloaded?`.
+
+      iex> %{} = result = Mtrace.cluster(:preloaded?)
+      iex> {:ok, answer} = result[node()]
+      iex> is_boolean(answer)
+      true
+  """
+  @spec cluster(atom(), list(), timeout()) :: %{node() => {:ok, term()} | {:error, Exception.t()}}
+  def cluster(fun, args \\ [], timeout \\ @remote_timeout)
+
+  def cluster(fun, args, timeout)
+      when fun in [:stats, :sites, :olds, :mark, :reset, :enable, :disable, :preloaded?] and
+             is_list(args) do
+    Remote.multicall([node() | Node.list()], __MODULE__, fun, args, timeout)
+  end
+
+  def cluster(fun, args, _timeout) when is_list(args) do
+    raise ArgumentError,
+          "cluster/3: fun must be one of :stats, :sites, :olds, :mark, :reset, :enable, " <>
+            ":disable, :preloaded?, got: #{inspect(fun)}"
+  end
+
+  def cluster(_fun, args, _timeout) do
+    raise ArgumentError, "cluster/3: args must be a list, got: #{inspect(args)}"
   end
 
   @doc """
@@ -91,12 +330,19 @@ defmodule Mtrace do
   `config_errors` names the `MTRACE_` variables whose value was not
   understood and fell back to the default.
 
+  `node:` reads another node's figures (`timeout:` as for the queries).
+
       iex> %{live_count: n, enabled: true, active: true, config_errors: []} = Mtrace.stats()
       iex> is_integer(n)
       true
   """
-  @spec stats() :: %{atom() => non_neg_integer() | boolean() | [String.t()]}
-  def stats, do: call(&Native.stats/0)
+  @spec stats([{:node, node()} | {:timeout, timeout()}]) :: %{
+          atom() => non_neg_integer() | boolean() | [String.t()]
+        }
+  def stats(opts \\ []) do
+    o = Options.parse!(opts, [], "stats/1")
+    remote(o, :stats, [drop_node(opts)], fn -> call(&Native.stats/0) end)
+  end
 
   @doc """
   Forgets every recorded allocation and returns how many were forgotten.
@@ -131,19 +377,43 @@ defmodule Mtrace do
   @spec enable() :: :ok
   def enable, do: call(fn -> Native.set_enabled(true) end)
 
-  defp call(fun) do
-    case fun.() do
-      {:error, :not_preloaded} -> raise Mtrace.Error.not_preloaded()
-      result -> result
-    end
-  rescue
-    e in ErlangError ->
-      case e do
-        %ErlangError{original: :nif_not_loaded} ->
-          raise Mtrace.Error.nif_not_loaded(Native.load_error())
+  defp call(fun), do: Query.native!(fun)
 
-        _ ->
-          reraise e, __STACKTRACE__
-      end
+  # Runs locally, or the same public function on option :node's node.
+  defp remote(o, fun, args, local) do
+    case Options.target(o) do
+      target when target == node() -> local.()
+      target -> Remote.call(target, __MODULE__, fun, args, Map.get(o, :timeout, @remote_timeout))
+    end
+  end
+
+  defp drop_node(opts), do: Keyword.drop(opts, [:node, :timeout])
+
+  # The data of an output, taken where the table is; render-only options
+  # stay here.
+  defp snapshot(o, opts, render_keys) do
+    query = opts |> drop_node() |> Keyword.drop(render_keys)
+
+    Remote.call(
+      Options.target(o),
+      Query,
+      :snapshot,
+      [query],
+      Map.get(o, :timeout, @remote_timeout)
+    )
+  end
+
+  defp count!(n, _where) when n <= 0xFFFF_FFFF_FFFF_FFFF, do: n
+
+  defp count!(n, where) do
+    raise ArgumentError, "#{where}: n must be at most 2^64 - 1, got: #{inspect(n)}"
+  end
+
+  defp write!(path, data) do
+    unless is_binary(path) or is_list(path) do
+      raise ArgumentError, "path must be a string, got: #{inspect(path)}"
+    end
+
+    File.write!(path, data)
   end
 end

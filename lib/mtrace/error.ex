@@ -1,12 +1,22 @@
 defmodule Mtrace.Error do
   @moduledoc """
   Raised when native tracing cannot answer: the tracer library is not
-  preloaded into this VM, or the NIF could not be loaded. The message says
-  what to do about it.
+  preloaded into this VM, the NIF could not be loaded, or (with the `node:`
+  option) the other node cannot be reached or has no mtrace. The message says
+  what to do about it; `reason` says which case it is.
   """
   defexception [:message, :reason]
 
-  @type t :: %__MODULE__{message: String.t(), reason: :not_preloaded | :nif_not_loaded}
+  @type reason ::
+          :not_preloaded
+          | :nif_not_loaded
+          | :preload_too_old
+          | :not_distributed
+          | :nodedown
+          | :timeout
+          | :not_loaded
+          | :remote
+  @type t :: %__MODULE__{message: String.t(), reason: reason()}
 
   @doc false
   @spec not_preloaded() :: t()
@@ -38,6 +48,17 @@ defmodule Mtrace.Error do
       message:
         "mtrace: priv/mtrace_nif.so could not be loaded (#{inspect(reason)}); " <>
           "rebuild with `mix compile` and check that it exists in #{:code.priv_dir(:mtrace)}"
+    }
+  end
+
+  @doc false
+  @spec preload_too_old() :: t()
+  def preload_too_old do
+    %__MODULE__{
+      reason: :preload_too_old,
+      message:
+        "mtrace: the preloaded tracer library is older than this mtrace and lacks this " <>
+          "query; preload the mtrace.so of the same release (#{:code.priv_dir(:mtrace)})"
     }
   end
 end

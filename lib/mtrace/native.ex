@@ -31,6 +31,12 @@ defmodule Mtrace.Native do
   @doc false
   def olds(_n, _demangle, _filter), do: :erlang.nif_error(:nif_not_loaded)
   @doc false
+  def olds_where(_n, _demangle, _filter, _lib), do: :erlang.nif_error(:nif_not_loaded)
+  @doc false
+  def sites(_limit, _order, _demangle, _filter, _lib), do: :erlang.nif_error(:nif_not_loaded)
+  @doc false
+  def now_ms, do: :erlang.nif_error(:nif_not_loaded)
+  @doc false
   def stats, do: :erlang.nif_error(:nif_not_loaded)
   @doc false
   def reset, do: :erlang.nif_error(:nif_not_loaded)

@@ -1,0 +1,40 @@
+/*
+ * What the two halves of the NIF share: the preload's API as found at load
+ * time, the atoms, and small term builders.  nif.c registers the functions
+ * and answers the cheap calls; nif_query.c answers the queries that scan the
+ * table and name stacks.
+ */
+#ifndef MT_NIF_H
+#define MT_NIF_H
+
+#include <stddef.h>
+
+#include <erl_nif.h>
+
+#include "mtrace_api.h"
+
+/* NULL when the preload is absent: every call then answers {error, not_preloaded}. */
+extern const struct mtrace_api *mt_api;
+
+/* Whether the preload's API is recent enough to have this member. */
+#define MT_API_HAS(member)                                                                         \
+    (mt_api->size >= offsetof(struct mtrace_api, member) + sizeof mt_api->member &&                \
+     mt_api->member != NULL)
+
+struct mt_atoms {
+    ERL_NIF_TERM ok, true_, false_, nil, error, not_preloaded, preload_too_old, enomem;
+    ERL_NIF_TERM bytes, count, oldest;
+    /* keys of frame, site and old maps */
+    ERL_NIF_TERM lib, symbol, file, line, addr, inlined, offset;
+    ERL_NIF_TERM newest, frames, age, size, ns;
+};
+extern struct mt_atoms mt_atoms;
+
+ERL_NIF_TERM mt_nif_binary(ErlNifEnv *env, const char *s);
+ERL_NIF_TERM mt_nif_error(ErlNifEnv *env, ERL_NIF_TERM reason);
+
+ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM mt_nif_olds_where(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
+
+#endif

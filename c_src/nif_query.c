@@ -1,0 +1,335 @@
+/*
+ * The NIF's queries: olds and sites, with their filters, and stacks turned
+ * into terms.  They run on dirty CPU schedulers (a scan of millions of
+ * entries, symbolization of cold addresses) with the calling thread ignored
+ * by the tracer, so their own allocations are never reported.
+ *
+ * A filter arrives as {SinceMs, MinAgeMs, MaxAgeMs, MinSize, MaxSize} where
+ * each is a non-negative integer or nil; ages are turned into times here, on
+ * the table's clock, right before the scan.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "nif.h"
+#include "symbols.h"
+
+#define MAX_INLINE 8
+
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static ERL_NIF_TERM binary_or_nil(ErlNifEnv *env, const char *s) {
+    return *s ? mt_nif_binary(env, s) : mt_atoms.nil;
+}
+
+static uint64_t age_s(uint64_t now, uint64_t t_ms) { return now > t_ms ? (now - t_ms) / 1000 : 0; }
+
+/* ---- filters ------------------------------------------------------------------------------ */
+
+/* nil or a non-negative integer; *present says which. */
+static int get_opt(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t *v, int *present) {
+    *present = !enif_is_identical(t, mt_atoms.nil);
+    *v = 0;
+    return !*present || enif_get_uint64(env, t, (ErlNifUInt64 *)v);
+}
+
+/* Fills q->filter; returns 0 for a malformed term, -1 when nothing can match. */
+static int get_filter(ErlNifEnv *env, ERL_NIF_TERM t, struct mtrace_query *q) {
+    int arity, has[5];
+    const ERL_NIF_TERM *e;
+    uint64_t v[5];
+    if (!enif_get_tuple(env, t, &arity, &e) || arity != 5)
+        return 0;
+    for (int i = 0; i < 5; i++)
+        if (!get_opt(env, e[i], &v[i], &has[i]))
+            return 0;
+    struct mtrace_filter *f = &q->filter;
+    uint64_t now = mt_api->now_ms();
+    if (has[0]) /* since a mark: at or after its time (0 stays "no bound") */
+        f->min_t_ms = v[0];
+    if (has[1] && v[1]) { /* min_age: allocated at or before now - age */
+        if (v[1] >= now)
+            return -1;
+        f->max_t_ms = now - v[1];
+    }
+    if (has[2] && v[2] < now && now - v[2] > f->min_t_ms) /* max_age: at or after now - age */
+        f->min_t_ms = now - v[2];
+    f->min_size = has[3] ? v[3] : 0;
+    f->max_size = has[4] ? v[4] : 0;
+    if (has[4] && !v[4]) /* max_size 0: only empty blocks, which 0 cannot say */
+        return -1;
+    if ((f->max_t_ms && f->min_t_ms > f->max_t_ms) || (f->max_size && f->min_size > f->max_size))
+        return -1;
+    return 1;
+}
+
+/* The stacks passing through an object whose path contains the binary lib,
+ * as a bit set over stack ids; *bits is 0 when no lib filter was given. */
+static int stack_set_for(ErlNifEnv *env, ERL_NIF_TERM lib, struct mtrace_query *q, uint64_t **set) {
+    ErlNifBinary b;
+    *set = NULL;
+    if (enif_is_identical(lib, mt_atoms.nil))
+        return 1;
+    if (!enif_inspect_binary(env, lib, &b) || memchr(b.data, 0, b.size))
+        return 0;
+    char needle[MT_SYM_TEXT];
+    if (b.size >= sizeof needle)
+        return 0;
+    memcpy(needle, b.data, b.size);
+    needle[b.size] = '\0';
+
+    struct mtrace_stats s;
+    mt_api->stats(&s);
+    uint64_t bits = s.stacks + 1;
+    uint64_t *words = enif_alloc((size_t)((bits + 63) / 64) * sizeof(uint64_t));
+    if (!words)
+        return -1;
+    memset(words, 0, (size_t)((bits + 63) / 64) * sizeof(uint64_t));
+    uintptr_t ips[MTRACE_MAX_DEPTH];
+    for (uint64_t id = 1; id < bits; id++) {
+        uint32_t depth = mt_api->stack((uint32_t)id, ips, MTRACE_MAX_DEPTH);
+        if (mt_symbols_any_lib(ips, depth, needle))
+            words[id / 64] |= 1ull << (id % 64);
+    }
+    q->stack_set = words;
+    q->stack_set_bits = bits;
+    *set = words;
+    return 1;
+}
+
+/* ---- stacks as terms ---------------------------------------------------------------------- */
+
+/* [{lib, symbol}]: symbol is the ELF function containing the address (the
+ * outermost of any inlined chain), as the seed reported it. */
+static ERL_NIF_TERM stack_pairs(ErlNifEnv *env, uint32_t stack_id, int demangle) {
+    uintptr_t ips[MTRACE_MAX_DEPTH];
+    uint32_t depth = mt_api->stack(stack_id, ips, MTRACE_MAX_DEPTH);
+    ERL_NIF_TERM list = enif_make_list(env, 0);
+    struct mt_frame_info info[MAX_INLINE];
+    for (uint32_t i = depth; i-- > 0;) {
+        int n = mt_symbols_resolve(ips[i], demangle, info, MAX_INLINE);
+        const struct mt_frame_info *f = &info[n > 0 ? n - 1 : 0];
+        ERL_NIF_TERM frame =
+            n > 0 ? enif_make_tuple2(env, binary_or_nil(env, f->lib), binary_or_nil(env, f->symbol))
+                  : enif_make_tuple2(env, mt_atoms.nil, mt_atoms.nil);
+        list = enif_make_list_cell(env, frame, list);
+    }
+    return list;
+}
+
+static ERL_NIF_TERM frame_map(ErlNifEnv *env, const struct mt_frame_info *f) {
+    ERL_NIF_TERM keys[] = {mt_atoms.lib,  mt_atoms.symbol,  mt_atoms.file,  mt_atoms.line,
+                           mt_atoms.addr, mt_atoms.inlined, mt_atoms.offset};
+    ERL_NIF_TERM values[] = {
+        binary_or_nil(env, f->lib),       binary_or_nil(env, f->symbol),
+        binary_or_nil(env, f->file),      f->line > 0 ? enif_make_int(env, f->line) : mt_atoms.nil,
+        enif_make_uint64(env, f->addr),   f->inlined ? mt_atoms.true_ : mt_atoms.false_,
+        enif_make_uint64(env, f->offset),
+    };
+    ERL_NIF_TERM map;
+    enif_make_map_from_arrays(env, keys, values, sizeof keys / sizeof *keys, &map);
+    return map;
+}
+
+/* [frame map], innermost first; an address inside inlined code gives one map
+ * per inlined level before the function that holds them. */
+static ERL_NIF_TERM stack_frames(ErlNifEnv *env, uint32_t stack_id, int demangle) {
+    uintptr_t ips[MTRACE_MAX_DEPTH];
+    uint32_t depth = mt_api->stack(stack_id, ips, MTRACE_MAX_DEPTH);
+    ERL_NIF_TERM list = enif_make_list(env, 0);
+    struct mt_frame_info info[MAX_INLINE];
+    for (uint32_t i = depth; i-- > 0;) {
+        int n = mt_symbols_resolve(ips[i], demangle, info, MAX_INLINE);
+        for (int k = n; k-- > 0;)
+            list = enif_make_list_cell(env, frame_map(env, &info[k]), list);
+    }
+    return list;
+}
+
+/* ---- olds --------------------------------------------------------------------------------- */
+
+/* An output buffer for up to want entries, no larger than the table could fill. */
+static void *answer_buffer(uint64_t want, size_t elem, size_t *cap) {
+    struct mtrace_stats s;
+    mt_api->stats(&s);
+    uint64_t most = s.live_count + 4096;
+    *cap = (size_t)(want < most ? want : most);
+    return *cap ? enif_alloc(*cap * elem) : NULL;
+}
+
+/* olds(N, Demangle, {MinT, MaxT, MinSize, MaxSize}) -> [{AgeS, Size, Addr, Ns, [{Lib, Sym}]}]:
+ * the seed's form, 0 meaning "no bound". */
+ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
+    (void)argc;
+    ErlNifUInt64 want;
+    int arity;
+    const ERL_NIF_TERM *e;
+    struct mtrace_filter f = {0, 0, 0, 0};
+    if (!enif_get_uint64(env, argv[0], &want) || !enif_is_atom(env, argv[1]) ||
+        !enif_get_tuple(env, argv[2], &arity, &e) || arity != 4 ||
+        !enif_get_uint64(env, e[0], (ErlNifUInt64 *)&f.min_t_ms) ||
+        !enif_get_uint64(env, e[1], (ErlNifUInt64 *)&f.max_t_ms) ||
+        !enif_get_uint64(env, e[2], (ErlNifUInt64 *)&f.min_size) ||
+        !enif_get_uint64(env, e[3], (ErlNifUInt64 *)&f.max_size))
+        return enif_make_badarg(env);
+    if (!mt_api)
+        return mt_nif_error(env, mt_atoms.not_preloaded);
+    int demangle = enif_is_identical(argv[1], mt_atoms.true_);
+    int was = mt_api->thread_ignore(1);
+    size_t cap;
+    struct mtrace_alloc *buf = answer_buffer(want, sizeof *buf, &cap);
+    if (cap && !buf) {
+        mt_api->thread_ignore(was);
+        return enif_raise_exception(env, mt_atoms.enomem);
+    }
+    size_t n = cap ? mt_api->olds(buf, cap, &f) : 0;
+    uint64_t now = mt_api->now_ms();
+    ERL_NIF_TERM list = enif_make_list(env, 0);
+    for (size_t i = n; i-- > 0;) {
+        uint64_t t0 = mono_ns();
+        ERL_NIF_TERM stack = stack_pairs(env, buf[i].stack_id, demangle);
+        uint64_t spent = mono_ns() - t0;
+        ERL_NIF_TERM entry = enif_make_tuple5(
+            env, enif_make_uint64(env, age_s(now, buf[i].t_ms)), enif_make_uint64(env, buf[i].size),
+            enif_make_uint64(env, buf[i].addr), enif_make_uint64(env, spent), stack);
+        list = enif_make_list_cell(env, entry, list);
+    }
+    enif_free(buf);
+    mt_api->thread_ignore(was);
+    return list;
+}
+
+/* Parses (Demangle, Filter, Lib) of the keyword queries into q; returns 1,
+ * 0 for badarg, -1 when nothing can match, -2 when out of memory. */
+static int get_query(ErlNifEnv *env, const ERL_NIF_TERM argv[], struct mtrace_query *q,
+                     int *demangle, uint64_t **set) {
+    *set = NULL;
+    if (!enif_is_identical(argv[0], mt_atoms.true_) && !enif_is_identical(argv[0], mt_atoms.false_))
+        return 0;
+    *demangle = enif_is_identical(argv[0], mt_atoms.true_);
+    int ok = get_filter(env, argv[1], q);
+    if (ok != 1)
+        return ok;
+    ok = stack_set_for(env, argv[2], q, set);
+    return ok < 0 ? -2 : ok;
+}
+
+/* olds_where(N, Demangle, Filter, Lib) -> [#{age, size, addr, ns, frames}] */
+ERL_NIF_TERM mt_nif_olds_where(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
+    (void)argc;
+    ErlNifUInt64 want;
+    struct mtrace_query q;
+    memset(&q, 0, sizeof q);
+    if (!enif_get_uint64(env, argv[0], &want))
+        return enif_make_badarg(env);
+    if (!mt_api)
+        return mt_nif_error(env, mt_atoms.not_preloaded);
+    if (!MT_API_HAS(olds_where))
+        return mt_nif_error(env, mt_atoms.preload_too_old);
+    int was = mt_api->thread_ignore(1), demangle = 0;
+    uint64_t *set;
+    int ok = get_query(env, argv + 1, &q, &demangle, &set);
+    size_t cap = 0, n = 0;
+    struct mtrace_alloc *buf = ok == 1 ? answer_buffer(want, sizeof *buf, &cap) : NULL;
+    if (ok == 1 && cap && !buf)
+        ok = -2;
+    if (ok == 1 && cap)
+        n = mt_api->olds_where(buf, cap, &q);
+    enif_free(set);
+    uint64_t now = mt_api->now_ms();
+    ERL_NIF_TERM list = enif_make_list(env, 0);
+    ERL_NIF_TERM keys[] = {mt_atoms.age, mt_atoms.size, mt_atoms.addr, mt_atoms.ns,
+                           mt_atoms.frames};
+    for (size_t i = n; i-- > 0;) {
+        uint64_t t0 = mono_ns();
+        ERL_NIF_TERM frames = stack_frames(env, buf[i].stack_id, demangle);
+        ERL_NIF_TERM values[] = {
+            enif_make_uint64(env, age_s(now, buf[i].t_ms)), enif_make_uint64(env, buf[i].size),
+            enif_make_uint64(env, buf[i].addr), enif_make_uint64(env, mono_ns() - t0), frames};
+        ERL_NIF_TERM map;
+        enif_make_map_from_arrays(env, keys, values, 5, &map);
+        list = enif_make_list_cell(env, map, list);
+    }
+    enif_free(buf);
+    mt_api->thread_ignore(was);
+    if (ok == 0)
+        return enif_make_badarg(env);
+    return ok == -2 ? enif_raise_exception(env, mt_atoms.enomem) : list;
+}
+
+/* ---- sites -------------------------------------------------------------------------------- */
+
+static ERL_NIF_TERM site_map(ErlNifEnv *env, const struct mtrace_site *s, uint64_t now,
+                             ERL_NIF_TERM frames) {
+    ERL_NIF_TERM keys[] = {mt_atoms.count, mt_atoms.bytes, mt_atoms.oldest, mt_atoms.newest,
+                           mt_atoms.frames};
+    ERL_NIF_TERM values[] = {enif_make_uint64(env, s->count), enif_make_uint64(env, s->bytes),
+                             enif_make_uint64(env, age_s(now, s->oldest_t_ms)),
+                             enif_make_uint64(env, age_s(now, s->newest_t_ms)), frames};
+    ERL_NIF_TERM map;
+    enif_make_map_from_arrays(env, keys, values, 5, &map);
+    return map;
+}
+
+static int get_order(ErlNifEnv *env, ERL_NIF_TERM t, int *order) {
+    (void)env;
+    if (enif_is_identical(t, mt_atoms.bytes))
+        *order = MTRACE_BY_BYTES;
+    else if (enif_is_identical(t, mt_atoms.count))
+        *order = MTRACE_BY_COUNT;
+    else if (enif_is_identical(t, mt_atoms.oldest))
+        *order = MTRACE_BY_OLDEST;
+    else
+        return 0;
+    return 1;
+}
+
+/* sites(Limit, Order, Demangle, Filter, Lib) -> {Total, [#{count, bytes, oldest, newest, frames}]}
+ * where Total is the same map, frames [], summed over every matching allocation. */
+ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
+    (void)argc;
+    ErlNifUInt64 want;
+    int order;
+    struct mtrace_query q;
+    memset(&q, 0, sizeof q);
+    if (!enif_get_uint64(env, argv[0], &want) || !get_order(env, argv[1], &order))
+        return enif_make_badarg(env);
+    if (!mt_api)
+        return mt_nif_error(env, mt_atoms.not_preloaded);
+    if (!MT_API_HAS(sites))
+        return mt_nif_error(env, mt_atoms.preload_too_old);
+    int was = mt_api->thread_ignore(1), demangle = 0;
+    uint64_t *set;
+    int ok = get_query(env, argv + 2, &q, &demangle, &set);
+    struct mtrace_stats s;
+    mt_api->stats(&s);
+    size_t cap = (size_t)(want < s.stacks + 1 ? want : s.stacks + 1), n = 0;
+    struct mtrace_site *buf = ok == 1 && cap ? enif_alloc(cap * sizeof *buf) : NULL;
+    struct mtrace_site total = {0, 0, 0, 0, 0, 0};
+    if (ok == 1 && cap && !buf)
+        ok = -2;
+    if (ok == 1) {
+        n = mt_api->sites(buf, cap, &q, order, &total);
+        if (n == SIZE_MAX)
+            ok = -2, n = 0;
+    }
+    enif_free(set);
+    uint64_t now = mt_api->now_ms();
+    ERL_NIF_TERM list = enif_make_list(env, 0);
+    for (size_t i = n; i-- > 0;)
+        list = enif_make_list_cell(
+            env, site_map(env, &buf[i], now, stack_frames(env, buf[i].stack_id, demangle)), list);
+    enif_free(buf);
+    mt_api->thread_ignore(was);
+    if (ok == 0)
+        return enif_make_badarg(env);
+    if (ok == -2)
+        return enif_raise_exception(env, mt_atoms.enomem);
+    return enif_make_tuple2(env, site_map(env, &total, now, enif_make_list(env, 0)), list);
+}

@@ -1,0 +1,110 @@
+/*
+ * Leak sites: live allocations grouped by the stack that made them.
+ *
+ * Stack ids are dense (1, 2, 3, ... as stacks are interned), so the groups
+ * are a flat array indexed by id: one pass over the table adds each entry to
+ * its stack's totals, one pass over the array keeps the top n.  The array is
+ * mapped for the query and unmapped after it, so a query never calls malloc
+ * and leaves nothing behind; it costs 32 bytes per interned stack.
+ */
+#include <stdint.h>
+#include <sys/mman.h>
+
+#include "query.h"
+#include "stacks.h"
+#include "topn.h"
+
+struct group {
+    uint64_t count, bytes, oldest, newest;
+};
+
+struct sites_scan {
+    struct group *groups;
+    size_t ids; /* ids below this were interned when the query began */
+    const struct mtrace_query *q;
+};
+
+static void sites_shard(void *ctx, const struct mt_slot *slots, size_t cap) {
+    struct sites_scan *sc = ctx;
+    for (size_t i = 0; i < cap; i++) {
+        const struct mt_slot *s = &slots[i];
+        uint32_t id = mt_slot_stack(s);
+        if (!s->addr || id >= sc->ids || !mt_query_matches(s, sc->q))
+            continue;
+        struct group *g = &sc->groups[id];
+        uint64_t t = mt_slot_time(s);
+        if (!g->count || t < g->oldest)
+            g->oldest = t;
+        if (!g->count || t > g->newest)
+            g->newest = t;
+        g->count++;
+        g->bytes += s->size;
+    }
+}
+
+/* Ties fall to the lower stack id, so equal sites keep a stable order. */
+static int tie(const struct mtrace_site *a, const struct mtrace_site *b) {
+    return a->stack_id > b->stack_id;
+}
+
+static int fewer_bytes(const void *pa, const void *pb) {
+    const struct mtrace_site *a = pa, *b = pb;
+    if (a->bytes != b->bytes)
+        return a->bytes < b->bytes;
+    return a->count != b->count ? a->count < b->count : tie(a, b);
+}
+
+static int fewer_blocks(const void *pa, const void *pb) {
+    const struct mtrace_site *a = pa, *b = pb;
+    if (a->count != b->count)
+        return a->count < b->count;
+    return a->bytes != b->bytes ? a->bytes < b->bytes : tie(a, b);
+}
+
+static int newer(const void *pa, const void *pb) {
+    const struct mtrace_site *a = pa, *b = pb;
+    if (a->oldest_t_ms != b->oldest_t_ms)
+        return a->oldest_t_ms > b->oldest_t_ms;
+    return a->bytes != b->bytes ? a->bytes < b->bytes : tie(a, b);
+}
+
+static void add_to_total(struct mtrace_site *total, const struct mtrace_site *s) {
+    if (!total->count || s->oldest_t_ms < total->oldest_t_ms)
+        total->oldest_t_ms = s->oldest_t_ms;
+    if (!total->count || s->newest_t_ms > total->newest_t_ms)
+        total->newest_t_ms = s->newest_t_ms;
+    total->count += s->count;
+    total->bytes += s->bytes;
+}
+
+size_t mt_sites(struct mtrace_site *out, size_t n, const struct mtrace_query *q, int order,
+                struct mtrace_site *total) {
+    static const mt_worse_fn worse[] = {fewer_bytes, fewer_blocks, newer};
+    if (order < 0 || order > MTRACE_BY_OLDEST || (n && !out))
+        return 0;
+    struct mt_stack_figures f;
+    mt_stack_figures(&f);
+    size_t ids = (size_t)f.stacks + 1; /* id 0 groups the allocations without a stack */
+    size_t len = ids * sizeof(struct group);
+    struct group *groups =
+        mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (groups == MAP_FAILED)
+        return SIZE_MAX;
+    struct sites_scan sc = {groups, ids, q};
+    mt_table_scan(sites_shard, &sc);
+
+    struct mt_topn top = {(char *)out, 0, n, sizeof *out, worse[order]};
+    struct mtrace_site sum = {0, 0, 0, 0, 0, 0};
+    for (size_t id = 0; id < ids; id++) {
+        const struct group *g = &groups[id];
+        if (!g->count)
+            continue;
+        struct mtrace_site s = {(uint32_t)id, 0, g->count, g->bytes, g->oldest, g->newest};
+        add_to_total(&sum, &s);
+        mt_topn_offer(&top, &s);
+    }
+    munmap(groups, len);
+    if (total)
+        *total = sum;
+    return mt_topn_sort(&top);
+}

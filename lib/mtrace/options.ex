@@ -1,0 +1,171 @@
+defmodule Mtrace.Options do
+  @moduledoc """
+  Checks the keyword options of the `Mtrace` queries and turns them into what
+  the NIF takes.
+
+  Every check names the option and the function in its `ArgumentError`, so a
+  caller sees at once what was wrong; nothing reaches C unchecked.
+  """
+
+  import Bitwise
+  alias Mtrace.Mark
+
+  # Limits of the C side: counts and sizes are unsigned 64-bit, lib names
+  # are matched as C strings of at most 511 bytes.
+  @u64_max 0xFFFF_FFFF_FFFF_FFFF
+  @lib_max 511
+
+  @filter_keys [
+    :since,
+    :min_age,
+    :max_age,
+    :min_size,
+    :max_size,
+    :lib,
+    :demangle,
+    :node,
+    :timeout
+  ]
+
+  @doc """
+  The option names every query accepts (filters, `:demangle`, `:node`).
+
+      iex> :min_age in Mtrace.Options.filter_keys()
+      true
+  """
+  @spec filter_keys() :: [atom()]
+  def filter_keys, do: @filter_keys
+
+  @doc """
+  Checks that `opts` is a keyword list of known keys with valid values and
+  returns it as a map, `defaults` filled in. `where` names the function in
+  error messages.
+
+      iex> Mtrace.Options.parse!([min_size: 10], [limit: 10], "sites/1")
+      %{limit: 10, min_size: 10}
+
+      iex> Mtrace.Options.parse!([colour: :red], [], "sites/1")
+      ** (ArgumentError) unknown option :colour for Mtrace.sites/1; known options: :since, :min_age, :max_age, :min_size, :max_size, :lib, :demangle, :node, :timeout
+  """
+  @spec parse!(term(), keyword(), String.t()) :: map()
+  def parse!(opts, defaults, where) do
+    unless is_list(opts) and Enum.all?(opts, &match?({key, _} when is_atom(key), &1)) do
+      raise ArgumentError,
+            "options for Mtrace.#{where} must be a keyword list, got: #{inspect(opts)}"
+    end
+
+    known = @filter_keys ++ Keyword.keys(defaults)
+
+    Enum.reduce(opts, Map.new(defaults), fn {key, value}, acc ->
+      unless key in known do
+        raise ArgumentError,
+              "unknown option #{inspect(key)} for Mtrace.#{where}; known options: " <>
+                Enum.map_join(known, ", ", &inspect/1)
+      end
+
+      Map.put(acc, key, check!(key, value, where))
+    end)
+  end
+
+  @doc """
+  The filter tuple the NIF takes, `{since_ms, min_age_ms, max_age_ms,
+  min_size, max_size}` (`nil` = no bound), after checking that a `:since`
+  mark belongs to `node`.
+
+      iex> Mtrace.Options.filter(%{min_age: 2, min_size: 64}, node())
+      {nil, 2000, nil, 64, nil}
+  """
+  @spec filter(map(), node()) :: tuple()
+  def filter(o, node) do
+    since =
+      case o[:since] do
+        nil ->
+          nil
+
+        %Mark{node: ^node, t_ms: t} ->
+          t
+
+        %Mark{node: other} ->
+          raise ArgumentError,
+                "option :since: the mark was taken on #{inspect(other)}, but the query runs " <>
+                  "on #{inspect(node)}; marks only compare on the node that took them"
+      end
+
+    {since, ms(o[:min_age]), ms(o[:max_age]), o[:min_size], o[:max_size]}
+  end
+
+  @doc """
+  The node a query runs on: option `:node`, else this node.
+
+      iex> Mtrace.Options.target(%{})
+      node()
+  """
+  @spec target(map()) :: node()
+  def target(o), do: o[:node] || node()
+
+  defp ms(nil), do: nil
+  defp ms(seconds), do: min(round(seconds * 1000), @u64_max)
+
+  defp check!(key, value, _where)
+       when key in [:min_age, :max_age] and is_number(value) and value >= 0,
+       do: value
+
+  defp check!(key, value, _where)
+       when key in [:min_size, :max_size] and is_integer(value) and value >= 0 and
+              value <= @u64_max,
+       do: value
+
+  defp check!(:since, %Mark{node: n, t_ms: t} = mark, _where)
+       when is_atom(n) and is_integer(t) and t >= 0,
+       do: mark
+
+  defp check!(:lib, lib, where) when is_binary(lib) do
+    cond do
+      lib == "" -> bad!(:lib, lib, where, "a non-empty string")
+      byte_size(lib) > @lib_max -> bad!(:lib, lib, where, "at most #{@lib_max} bytes")
+      String.contains?(lib, <<0>>) -> bad!(:lib, lib, where, "a string without NUL bytes")
+      true -> lib
+    end
+  end
+
+  defp check!(key, value, _where) when key in [:demangle] and is_boolean(value), do: value
+  defp check!(:node, value, _where) when is_atom(value) and not is_nil(value), do: value
+  defp check!(:sort, value, _where) when value in [:bytes, :count, :oldest], do: value
+  defp check!(:weight, value, _where) when value in [:bytes, :count], do: value
+  defp check!(:format, value, _where) when value in [:folded, :json], do: value
+
+  defp check!(:limit, value, _where)
+       when (is_integer(value) and value > 0 and value <= @u64_max) or value == :all,
+       do: value
+
+  defp check!(:frames, value, _where) when is_integer(value) and value > 0, do: value
+  defp check!(:width, value, _where) when is_integer(value) and value >= 100, do: value
+  defp check!(:title, value, _where) when is_binary(value), do: value
+  defp check!(:timeout, value, _where) when value == :infinity, do: value
+
+  defp check!(:timeout, value, _where) when is_integer(value) and value > 0 and value < 1 <<< 32,
+    do: value
+
+  defp check!(key, value, where), do: bad!(key, value, where, expected(key))
+
+  defp expected(key) when key in [:min_age, :max_age], do: "a non-negative number of seconds"
+  defp expected(key) when key in [:min_size, :max_size], do: "a non-negative integer of bytes"
+  defp expected(:since), do: "a mark from Mtrace.mark/1"
+  defp expected(:lib), do: "a string"
+  defp expected(:demangle), do: "a boolean"
+  defp expected(:node), do: "a node name (atom)"
+  defp expected(:sort), do: "one of :bytes, :count, :oldest"
+  defp expected(:weight), do: "one of :bytes, :count"
+  defp expected(:format), do: "one of :folded, :json"
+  defp expected(:limit), do: "a positive integer or :all"
+  defp expected(:frames), do: "a positive integer"
+  defp expected(:width), do: "an integer of at least 100 (pixels)"
+  defp expected(:title), do: "a string"
+  defp expected(:timeout), do: "a positive integer of milliseconds or :infinity"
+  defp expected(_), do: "a valid value"
+
+  defp bad!(key, value, where, what) do
+    raise ArgumentError,
+          "option #{inspect(key)} of Mtrace.#{where} must be #{what}, got: #{inspect(value)}"
+  end
+end

@@ -1,0 +1,114 @@
+defmodule Mtrace.Query do
+  @moduledoc """
+  The local half of the `Mtrace` queries: calls the NIF with checked
+  arguments and turns its answers and errors into what `Mtrace` returns.
+
+  `Mtrace` checks options and, for `node:`, calls these functions on the other
+  node; so they run where the allocation table is.
+  """
+
+  alias Mtrace.{Native, Options}
+
+  @doc """
+  Runs a NIF call, raising `Mtrace.Error` when the tracer cannot answer.
+
+      iex> is_boolean(Mtrace.Query.native!(&Mtrace.Native.preloaded/0))
+      true
+  """
+  @spec native!((() -> result)) :: result when result: term()
+  def native!(fun) do
+    case fun.() do
+      {:error, :not_preloaded} -> raise Mtrace.Error.not_preloaded()
+      {:error, :preload_too_old} -> raise Mtrace.Error.preload_too_old()
+      result -> result
+    end
+  rescue
+    e in ErlangError ->
+      case e do
+        %ErlangError{original: :nif_not_loaded} ->
+          raise Mtrace.Error.nif_not_loaded(Native.load_error())
+
+        _ ->
+          reraise e, __STACKTRACE__
+      end
+  end
+
+  @doc """
+  The `n` oldest live allocations matching the options map `o` (as checked by
+  `Mtrace.Options.parse!/3`), as maps.
+
+      iex> Mtrace.Query.olds(1, %{min_size: 1}) |> length() <= 1
+      true
+  """
+  @spec olds(non_neg_integer(), map()) :: [Mtrace.old_map()]
+  def olds(n, o) do
+    filter = Options.filter(o, node())
+    native!(fn -> Native.olds_where(n, Map.get(o, :demangle, false), filter, o[:lib]) end)
+  end
+
+  @doc """
+  `{total, sites}`: the top sites matching `o` and the sum over every
+  matching allocation (a site-shaped map with no frames).
+
+      iex> {%{count: c}, sites} = Mtrace.Query.sites(%{limit: 3, sort: :bytes})
+      iex> is_integer(c) and length(sites) <= 3
+      true
+  """
+  @spec sites(map()) :: {Mtrace.site(), [Mtrace.site()]}
+  def sites(o) do
+    limit = if o.limit == :all, do: 0xFFFF_FFFF_FFFF_FFFF, else: o.limit
+    filter = Options.filter(o, node())
+
+    native!(fn ->
+      Native.sites(limit, o.sort, Map.get(o, :demangle, false), filter, o[:lib])
+    end)
+  end
+
+  @doc """
+  Everything an output (report, export, flame graph) needs, taken on this
+  node: `%{node, generated_at, stats, total, sites}`. `opts` are the query
+  options of `Mtrace.sites/1` without `:node`.
+
+      iex> %{total: %{bytes: b}, sites: s} = Mtrace.Query.snapshot(limit: 1)
+      iex> is_integer(b) and length(s) <= 1
+      true
+  """
+  @spec snapshot(keyword()) :: map()
+  def snapshot(opts) do
+    o = Options.parse!(opts, [sort: :bytes, limit: :all], "snapshot/1")
+    {total, sites} = sites(o)
+
+    %{
+      node: node(),
+      generated_at: DateTime.utc_now(),
+      stats: native!(&Native.stats/0),
+      total: total,
+      sites: sites
+    }
+  end
+
+  @doc """
+  The first tick of the table's clock after now, so that every allocation
+  made before the call is older than the mark and every one made after is
+  not (the clock is coarse: a few ms per tick).
+
+      iex> Mtrace.Query.next_tick() > 0
+      true
+  """
+  @spec next_tick() :: non_neg_integer()
+  def next_tick do
+    t0 = native!(&Native.now_ms/0)
+    wait_past(t0)
+  end
+
+  defp wait_past(t0) do
+    case Native.now_ms() do
+      t when t > t0 ->
+        t
+
+      _ ->
+        Process.sleep(1)
+        wait_past(t0)
+    end
+  end
+end

@@ -1,0 +1,91 @@
+defmodule Mtrace.Remote do
+  @moduledoc """
+  Runs an mtrace function on another node over distributed Erlang
+  (`:erpc`), for the `node:` option and `Mtrace.cluster/3`.
+
+  Failures become `Mtrace.Error` with a reason and a message that say which
+  node and what to do: `:not_distributed` (this node has no name),
+  `:nodedown` (cannot connect), `:timeout`, `:not_loaded` (mtrace is not in
+  that node's code path). An `Mtrace.Error` raised there (say, the tracer is
+  not preloaded on that node) is raised here with the node named.
+  """
+
+  @default_timeout 60_000
+
+  @doc """
+  `apply(mod, fun, args)` on `node`: locally when `node` is this node, else
+  over `:erpc` within `timeout` ms.
+
+      iex> Mtrace.Remote.call(node(), Kernel, :+, [1, 2])
+      3
+  """
+  @spec call(node(), module(), atom(), list(), timeout()) :: term()
+  def call(node, mod, fun, args, timeout \\ @default_timeout)
+
+  def call(node, mod, fun, args, _timeout) when node == node(), do: apply(mod, fun, args)
+
+  def call(node, mod, fun, args, timeout) do
+    unless Node.alive?() do
+      raise error(
+              :not_distributed,
+              "cannot reach #{inspect(node)}: this node is not distributed (start it with " <>
+                "--sname or --name, or call Node.start/2)"
+            )
+    end
+
+    :erpc.call(node, mod, fun, args, timeout)
+  rescue
+    e in ErlangError -> raise translate(e.original, node, mod, fun, args, timeout)
+  end
+
+  @doc """
+  `apply(mod, fun, args)` on each node at once; one `{:ok, result}` or
+  `{:error, %Mtrace.Error{}}` per node.
+
+      iex> Mtrace.Remote.multicall([node()], Kernel, :+, [1, 2])
+      %{node() => {:ok, 3}}
+  """
+  @spec multicall([node()], module(), atom(), list(), timeout()) ::
+          %{node() => {:ok, term()} | {:error, Exception.t()}}
+  def multicall(nodes, mod, fun, args, timeout \\ @default_timeout) do
+    nodes
+    |> Enum.map(fn node ->
+      Task.async(fn ->
+        try do
+          {node, {:ok, call(node, mod, fun, args, timeout)}}
+        rescue
+          e -> {node, {:error, e}}
+        end
+      end)
+    end)
+    |> Task.await_many(:infinity)
+    |> Map.new()
+  end
+
+  defp translate({:erpc, :noconnection}, node, _mod, _fun, _args, _timeout),
+    do: error(:nodedown, "cannot connect to node #{inspect(node)}")
+
+  defp translate({:erpc, :timeout}, node, _mod, _fun, _args, timeout),
+    do: error(:timeout, "node #{inspect(node)} did not answer within #{timeout} ms")
+
+  defp translate({:exception, :undef, [{mod, fun, _, _} | _]}, node, mod, fun, args, _) do
+    error(
+      :not_loaded,
+      "mtrace is not loaded on node #{inspect(node)} (#{inspect(mod)}.#{fun}/#{length(args)} " <>
+        "is undefined there): include mtrace in that node's release, or add its ebin " <>
+        "directory there with :code.add_paths/1"
+    )
+  end
+
+  defp translate({:exception, %Mtrace.Error{} = e, _stack}, node, _mod, _fun, _args, _) do
+    %{e | message: "on node #{inspect(node)}: " <> e.message}
+  end
+
+  defp translate({:exception, %_{__exception__: true} = e, _stack}, _node, _mod, _fun, _, _),
+    do: e
+
+  defp translate(other, node, _mod, _fun, _args, _timeout),
+    do: error(:remote, "on node #{inspect(node)}: #{inspect(other)}")
+
+  defp error(reason, message), do: %Mtrace.Error{reason: reason, message: "mtrace: " <> message}
+end

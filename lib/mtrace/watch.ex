@@ -1,0 +1,153 @@
+defmodule Mtrace.Watch do
+  @moduledoc """
+  Watches native memory and warns when it keeps growing.
+
+  Add it to a supervision tree:
+
+      children = [
+        {Mtrace.Watch, interval: :timer.minutes(5), intervals: 6, min_growth: 10 * 1024 * 1024}
+      ]
+
+  Every `interval` it reads `Mtrace.stats/0` (a few counters, no table scan)
+  and takes a `Mtrace.mark/1`. When live native bytes grew by at least
+  `min_growth` in each of `intervals` consecutive intervals, it logs a
+  `Logger.warning/1` naming the growth and the sites that grew most since the
+  growth began (`Mtrace.sites/1` with `since:`, one scan), then starts
+  counting again. Live bytes are `est_live_bytes` when sampling.
+
+  Options:
+
+    * `:interval` — ms between samples (default 60_000);
+    * `:intervals` — consecutive growing intervals before a warning (default 5);
+    * `:min_growth` — bytes an interval must add to count as growth
+      (default 1 MiB), so that allocator noise stays quiet;
+    * `:limit` — sites named in the warning (default 5);
+    * `:name` — registered name (default `Mtrace.Watch`).
+
+  Not started, it costs nothing. Started on a node without the tracer
+  preloaded, it logs one warning with the `LD_PRELOAD` line and returns
+  `:ignore`, so the supervision tree starts as usual.
+  """
+  use GenServer
+  require Logger
+
+  alias Mtrace.VM.Format
+
+  @defaults [interval: 60_000, intervals: 5, min_growth: 1_048_576, limit: 5, name: __MODULE__]
+
+  @doc """
+  Starts the watcher (see the module doc for the options).
+
+      {:ok, _pid} = Mtrace.Watch.start_link(interval: 10_000)
+  """
+  @spec start_link(keyword()) :: GenServer.on_start()
+  def start_link(opts \\ []) do
+    o = Mtrace.VM.Args.opts!(opts, @defaults, "Mtrace.Watch.start_link/1")
+    check!(o)
+    GenServer.start_link(__MODULE__, o, name: o.name)
+  end
+
+  @doc """
+  The watcher's state: `%{streak, last_bytes, warnings}` (intervals grown in
+  a row, live bytes at the last sample, warnings logged so far).
+
+      Mtrace.Watch.info()
+      #=> %{streak: 2, last_bytes: 48_213_004, warnings: 0}
+  """
+  @spec info(GenServer.server()) :: %{atom() => non_neg_integer()}
+  def info(server \\ __MODULE__), do: GenServer.call(server, :info)
+
+  @impl true
+  def init(o) do
+    if Mtrace.preloaded?() do
+      schedule(o)
+
+      {:ok,
+       %{
+         o: o,
+         last_bytes: live_bytes(),
+         last_mark: Mtrace.mark(),
+         streak: 0,
+         since: nil,
+         warnings: 0
+       }}
+    else
+      Logger.warning(
+        "Mtrace.Watch not started: the tracer library is not preloaded. " <>
+          "In a release, add to rel/env.sh.eex: #{Mtrace.VM.Native.enable_hint()}"
+      )
+
+      :ignore
+    end
+  end
+
+  @impl true
+  def handle_call(:info, _from, s) do
+    {:reply, Map.take(s, [:streak, :last_bytes, :warnings]), s}
+  end
+
+  @impl true
+  def handle_info(:tick, s) do
+    schedule(s.o)
+    bytes = live_bytes()
+    mark = Mtrace.mark()
+    {:noreply, s |> step(bytes) |> Map.merge(%{last_bytes: bytes, last_mark: mark})}
+  end
+
+  # One sample: extend or end the streak, warn when it is long enough.
+  defp step(s, bytes) do
+    cond do
+      bytes - s.last_bytes < s.o.min_growth ->
+        %{s | streak: 0, since: nil}
+
+      s.streak + 1 < s.o.intervals ->
+        %{s | streak: s.streak + 1, since: s.since || {s.last_mark, s.last_bytes}}
+
+      true ->
+        {mark, start_bytes} = s.since || {s.last_mark, s.last_bytes}
+        warn(s.o, mark, start_bytes, bytes)
+        %{s | streak: 0, since: nil, warnings: s.warnings + 1}
+    end
+  end
+
+  defp warn(o, mark, from, to) do
+    sites = Mtrace.sites(since: mark, limit: o.limit)
+
+    Logger.warning([
+      "mtrace: native live memory grew in #{o.intervals} consecutive intervals of ",
+      "#{o.interval} ms: #{Format.bytes(from)} -> #{Format.bytes(to)} ",
+      "(+#{Format.bytes(to - from)}). Sites that grew most since then:",
+      Enum.map(Enum.with_index(sites, 1), &site_line/1)
+    ])
+  end
+
+  defp site_line({site, i}) do
+    stack =
+      site.frames
+      |> Enum.take(4)
+      |> Enum.map_join(" <- ", fn f ->
+        name = f.symbol || "??"
+        if f.file, do: "#{name} (#{Path.basename(f.file)}:#{f.line})", else: name
+      end)
+
+    "\n  ##{i} +#{Format.bytes(site.bytes)} in #{Format.int(site.count)} blocks: #{stack}"
+  end
+
+  defp live_bytes do
+    stats = Mtrace.stats()
+    if stats[:sampled], do: stats.est_live_bytes, else: stats.live_bytes
+  end
+
+  defp schedule(o), do: Process.send_after(self(), :tick, o.interval)
+
+  defp check!(o) do
+    for key <- [:interval, :intervals, :limit],
+        not (is_integer(o[key]) and o[key] > 0) do
+      raise ArgumentError, "option #{inspect(key)} of Mtrace.Watch must be a positive integer"
+    end
+
+    unless is_integer(o.min_growth) and o.min_growth >= 0 do
+      raise ArgumentError, "option :min_growth of Mtrace.Watch must be a non-negative integer"
+    end
+  end
+end

@@ -1,0 +1,182 @@
+defmodule Mtrace.SitesTest do
+  # Not async: every test resets and reads the one allocation table of this VM.
+  use ExUnit.Case, async: false
+  doctest Mtrace.Options
+  doctest Mtrace.Query
+  doctest Mtrace.Remote
+
+  import Bitwise
+  alias Mtrace.Test.LeakyNif
+
+  @lib "leaky_nif"
+
+  setup do
+    LeakyNif.free_kept()
+    Mtrace.enable()
+    Mtrace.reset()
+    on_exit(fn -> LeakyNif.free_kept() end)
+  end
+
+  defp leak_three_sites do
+    LeakyNif.leak(:malloc, 7, 3001)
+    LeakyNif.leak(:calloc, 50, 100)
+    LeakyNif.leak(:strdup, 3, 99)
+  end
+
+  defp summary(sites), do: Enum.map(sites, &{hd(&1.frames).symbol, &1.count, &1.bytes})
+
+  # The line of the source that carries `marker`, 1-based.
+  defp source_line(marker) do
+    "test/fixtures/leaky_nif.c"
+    |> File.read!()
+    |> String.split("\n")
+    |> Enum.find_index(&String.contains?(&1, marker))
+    |> Kernel.+(1)
+  end
+
+  test "sites groups live allocations by stack, exact counts and bytes, in each order" do
+    leak_three_sites()
+    LeakyNif.churn(10_000, 4096)
+
+    assert summary(Mtrace.sites(lib: @lib)) == [
+             {"fixture_leak_malloc", 7, 21_007},
+             {"fixture_leak_calloc", 50, 15_000},
+             {"fixture_leak_strdup", 3, 300}
+           ]
+
+    assert summary(Mtrace.sites(lib: @lib, sort: :count)) == [
+             {"fixture_leak_calloc", 50, 15_000},
+             {"fixture_leak_malloc", 7, 21_007},
+             {"fixture_leak_strdup", 3, 300}
+           ]
+
+    assert [{"fixture_leak_malloc", 7, 21_007}] = summary(Mtrace.sites(lib: @lib, limit: 1))
+    assert length(Mtrace.sites(lib: @lib, limit: :all)) == 3
+  end
+
+  test "sort: :oldest puts the site with the oldest allocation first" do
+    LeakyNif.leak(:strdup, 1, 10)
+    Process.sleep(1_100)
+    LeakyNif.leak(:malloc, 100, 1000)
+
+    assert [%{oldest: old, frames: [%{symbol: "fixture_leak_strdup"} | _]}, %{oldest: young}] =
+             Mtrace.sites(lib: @lib, sort: :oldest)
+
+    assert old >= 1 and young <= old
+  end
+
+  test "a site's frames name the source file and line of the call" do
+    LeakyNif.leak(:malloc, 1, 64)
+    [%{frames: [frame | callers]}] = Mtrace.sites(lib: @lib)
+
+    assert %{symbol: "fixture_leak_malloc", inlined: false} = frame
+    assert frame.file =~ ~r/leaky_nif\.c$/
+    assert frame.line == source_line("site: fixture_leak_malloc")
+    assert frame.lib =~ "leaky_nif.so"
+    assert frame.offset > 0 and frame.offset < frame.addr
+    # the NIF entry point called it, from the same object
+    assert Enum.any?(callers, &(&1.symbol == "leak" and &1.lib == frame.lib))
+  end
+
+  test "mark/0 and since: show only what was allocated after the mark" do
+    LeakyNif.leak(:malloc, 7, 3001)
+    mark = Mtrace.mark()
+    assert %Mtrace.Mark{node: node} = mark
+    assert node == node()
+    assert Mtrace.sites(lib: @lib, since: mark) == []
+
+    LeakyNif.leak(:strdup, 3, 99)
+    LeakyNif.leak(:malloc, 2, 3001)
+
+    assert summary(Mtrace.sites(lib: @lib, since: mark)) == [
+             {"fixture_leak_malloc", 2, 6002},
+             {"fixture_leak_strdup", 3, 300}
+           ]
+
+    assert length(Mtrace.olds(100, lib: @lib, since: mark)) == 5
+    # without the mark, the older ones are still there: nothing was forgotten
+    assert [{_, 9, 27_009} | _] = summary(Mtrace.sites(lib: @lib))
+  end
+
+  test "size and age filters" do
+    leak_three_sites()
+    # calloc(100, 3): 300-byte blocks; strdup of 99 chars: 100 bytes
+    assert summary(Mtrace.sites(lib: @lib, min_size: 301)) == [{"fixture_leak_malloc", 7, 21_007}]
+    assert summary(Mtrace.sites(lib: @lib, max_size: 300)) |> length() == 2
+    assert summary(Mtrace.sites(lib: @lib, max_size: 100)) == [{"fixture_leak_strdup", 3, 300}]
+    assert Mtrace.sites(lib: @lib, min_size: 101, max_size: 299) == []
+    assert Mtrace.sites(lib: @lib, min_age: 3600) == []
+    assert length(Mtrace.sites(lib: @lib, max_age: 3600)) == 3
+    assert Mtrace.sites(lib: @lib, min_size: 500, max_size: 10) == []
+
+    Process.sleep(1_100)
+    LeakyNif.leak(:aligned, 4, 4321)
+    assert [%{count: 4, bytes: 17_284}] = Mtrace.sites(lib: @lib, max_age: 0.5)
+    assert length(Mtrace.sites(lib: @lib, min_age: 1)) == 3
+  end
+
+  test "lib: keeps only stacks through a matching object" do
+    leak_three_sites()
+    assert Mtrace.sites(lib: "no-such-object-anywhere") == []
+    assert Mtrace.olds(10, lib: "no-such-object-anywhere") == []
+
+    for site <- Mtrace.sites(lib: @lib, limit: :all) do
+      assert Enum.any?(site.frames, &(&1.lib && &1.lib =~ @lib))
+    end
+  end
+
+  test "olds/2 keyword form returns maps with frames, oldest first" do
+    LeakyNif.leak(:malloc, 3, 3001)
+    Process.sleep(1_100)
+    LeakyNif.leak(:strdup, 2, 99)
+
+    olds = Mtrace.olds(10, lib: @lib)
+    assert [%{size: 3001, age: a1, frames: [%{symbol: "fixture_leak_malloc"} | _]} | _] = olds
+    assert length(olds) == 5
+    assert %{size: 100, age: a2} = List.last(olds)
+    assert a1 >= a2 and a1 >= 1
+    assert Enum.all?(olds, &(is_integer(&1.addr) and &1.ns >= 0))
+    assert [%{size: 100}, %{size: 100}] = Mtrace.olds(10, lib: @lib, max_size: 100)
+  end
+
+  test "the frames of a site sum to what stats counts when nothing else allocates" do
+    leak_three_sites()
+    total = Mtrace.sites(lib: @lib, limit: :all) |> Enum.map(& &1.bytes) |> Enum.sum()
+    assert total == 21_007 + 15_000 + 300
+    all = Mtrace.sites(limit: :all) |> Enum.map(& &1.bytes) |> Enum.sum()
+    assert all >= total
+  end
+
+  test "bad options raise ArgumentError naming the option" do
+    for {opts, name} <- [
+          {[sort: :size], ":sort"},
+          {[limit: 0], ":limit"},
+          {[limit: -1], ":limit"},
+          {[limit: 1 <<< 70], ":limit"},
+          {[min_size: -1], ":min_size"},
+          {[max_size: "1"], ":max_size"},
+          {[min_age: :old], ":min_age"},
+          {[lib: ""], ":lib"},
+          {[lib: "a\0b"], ":lib"},
+          {[lib: :leaky], ":lib"},
+          {[since: 5], ":since"},
+          {[demangle: 1], ":demangle"},
+          {[node: "x@y"], ":node"},
+          {[colour: :red], ":colour"}
+        ] do
+      error = assert_raise ArgumentError, fn -> Mtrace.sites(opts) end
+      assert error.message =~ name, "#{inspect(opts)}: #{error.message}"
+    end
+
+    assert_raise ArgumentError, ~r/keyword list/, fn -> Mtrace.sites(:all) end
+    assert_raise ArgumentError, ~r/:min_age/, fn -> Mtrace.olds(5, min_age: -1) end
+    assert_raise ArgumentError, ~r/n must/, fn -> Mtrace.olds(-1, []) end
+    assert_raise ArgumentError, ~r/at most/, fn -> Mtrace.olds(1 <<< 64, []) end
+
+    foreign = %Mtrace.Mark{node: :elsewhere@nowhere, t_ms: 1}
+
+    assert_raise ArgumentError, ~r/taken on :elsewhere@nowhere/, fn ->
+      Mtrace.sites(since: foreign)
+    end
+  end
+end
