@@ -22,7 +22,7 @@ defmodule Mtrace.Watch do
     * `:min_growth` — bytes an interval must add to count as growth
       (default 1 MiB), so that allocator noise stays quiet;
     * `:limit` — sites named in the warning (default 5);
-    * `:name` — registered name (default `Mtrace.Watch`).
+    * `:name` — registered name (default `Mtrace.Watch`; `nil` for none).
 
   Not started, it costs nothing. Started on a node without the tracer
   preloaded, it logs one warning with the `LD_PRELOAD` line and returns

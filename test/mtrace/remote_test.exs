@@ -1,0 +1,102 @@
+defmodule Mtrace.RemoteTest do
+  # Queries other nodes (peers started here) with node: and cluster/3.
+  use ExUnit.Case, async: false
+
+  alias Mtrace.Test.LeakyNif
+
+  @moduletag :peer
+
+  setup_all do
+    unless Node.alive?() do
+      # net_kernel needs epmd and does not start it itself.
+      System.cmd("epmd", ["-daemon"])
+      name = :"mtrace_remote_test_#{System.unique_integer([:positive])}"
+      {:ok, _} = :net_kernel.start([name, :shortnames])
+    end
+
+    :ok
+  end
+
+  # A peer; with `code: true` it gets this node's code paths (mtrace and the
+  # test fixtures), with `preload: false` it runs without the tracer.
+  defp start_peer(code: code, preload: preload) do
+    env = if preload, do: [], else: [{~c"LD_PRELOAD", false}]
+    {:ok, peer, node} = :peer.start_link(%{name: :peer.random_name(), env: env})
+
+    on_exit(fn ->
+      try do
+        :peer.stop(peer)
+      catch
+        :exit, _ -> :ok
+      end
+    end)
+
+    if code, do: :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+    node
+  end
+
+  test "node: runs sites, olds, mark, stats and export on the other node" do
+    peer = start_peer(code: true, preload: true)
+    :ok = :erpc.call(peer, Mtrace, :enable, [])
+    :erpc.call(peer, Mtrace, :reset, [])
+    :ok = :erpc.call(peer, LeakyNif, :leak, [:malloc, 11, 2000])
+    mark = Mtrace.mark(node: peer)
+    assert mark.node == peer
+    :ok = :erpc.call(peer, LeakyNif, :leak, [:strdup, 2, 49])
+
+    assert [%{count: 11, bytes: 22_000}, %{count: 2, bytes: 100}] =
+             Mtrace.sites(node: peer, lib: "leaky_nif")
+
+    # nothing leaked here
+    assert Mtrace.sites(lib: "leaky_nif") == []
+    assert [%{count: 2}] = Mtrace.sites(node: peer, lib: "leaky_nif", since: mark)
+    assert length(Mtrace.olds(20, node: peer, lib: "leaky_nif")) == 13
+    assert %{active: true, live_count: n} = Mtrace.stats(node: peer)
+    assert n >= 13
+
+    # a mark of the peer means nothing here
+    assert_raise ArgumentError, ~r/mark was taken on/, fn -> Mtrace.sites(since: mark) end
+
+    path = Path.join(System.tmp_dir!(), "mtrace_remote_#{System.unique_integer([:positive])}")
+    on_exit(fn -> File.rm(path) end)
+    assert :ok = Mtrace.export(path, node: peer, lib: "leaky_nif", format: :folded)
+
+    weights =
+      for line <- String.split(File.read!(path), "\n", trim: true),
+          do: line |> String.split(" ") |> List.last() |> String.to_integer()
+
+    assert Enum.sum(weights) == 22_100
+  end
+
+  test "node: fails clearly where mtrace is not loaded or not preloaded" do
+    bare = start_peer(code: false, preload: true)
+    error = assert_raise Mtrace.Error, fn -> Mtrace.sites(node: bare) end
+    assert error.reason == :not_loaded
+    assert error.message =~ "not loaded on node #{inspect(bare)}"
+
+    unpreloaded = start_peer(code: true, preload: false)
+    error = assert_raise Mtrace.Error, fn -> Mtrace.sites(node: unpreloaded) end
+    assert error.reason == :not_preloaded
+    assert error.message =~ "on node #{inspect(unpreloaded)}"
+    assert error.message =~ "LD_PRELOAD"
+    # a watcher in a supervision tree there starts as :ignore, not a crash loop
+    assert :ignore = :erpc.call(unpreloaded, Mtrace.Watch, :start_link, [[]])
+
+    error = assert_raise Mtrace.Error, fn -> Mtrace.stats(node: :nobody@nowhere) end
+    assert error.reason == :nodedown
+  end
+
+  test "cluster/3 answers per node, errors included" do
+    good = start_peer(code: true, preload: true)
+    bare = start_peer(code: false, preload: true)
+
+    result = Mtrace.cluster(:stats)
+    assert {:ok, %{active: true}} = result[node()]
+    assert {:ok, %{active: true}} = result[good]
+    assert {:error, %Mtrace.Error{reason: :not_loaded}} = result[bare]
+
+    assert %{^good => {:ok, sites}} = Mtrace.cluster(:sites, [[limit: 2]])
+    assert length(sites) <= 2
+    assert_raise ArgumentError, ~r/fun must be one of/, fn -> Mtrace.cluster(:halt) end
+  end
+end

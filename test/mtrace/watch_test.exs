@@ -1,0 +1,51 @@
+defmodule Mtrace.WatchTest do
+  use ExUnit.Case, async: false
+
+  import ExUnit.CaptureLog
+  alias Mtrace.Test.LeakyNif
+
+  @interval 150
+
+  setup do
+    LeakyNif.free_kept()
+    Mtrace.reset()
+    on_exit(fn -> LeakyNif.free_kept() end)
+  end
+
+  # Runs a watcher while `work` runs once per interval, for `n` intervals;
+  # returns what it logged and its final state.
+  defp watch_while(n, work) do
+    opts = [interval: @interval, intervals: 3, min_growth: 512 * 1024, limit: 3, name: nil]
+
+    capture_log(fn ->
+      {:ok, pid} = Mtrace.Watch.start_link(opts)
+
+      for _ <- 1..n do
+        work.()
+        Process.sleep(@interval)
+      end
+
+      send(self(), {:info, Mtrace.Watch.info(pid)})
+      GenServer.stop(pid)
+    end)
+  end
+
+  test "warns with the growing site after steady growth" do
+    log = watch_while(8, fn -> LeakyNif.leak(:malloc, 64, 32 * 1024) end)
+    assert_received {:info, %{warnings: warnings}}
+    assert warnings >= 1
+    assert log =~ "native live memory grew in 3 consecutive intervals"
+    assert log =~ "fixture_leak_malloc (leaky_nif.c:"
+  end
+
+  test "stays silent on churn" do
+    log = watch_while(8, fn -> LeakyNif.churn(5_000, 32 * 1024) end)
+    assert_received {:info, %{warnings: 0}}
+    refute log =~ "grew"
+  end
+
+  test "bad options raise" do
+    assert_raise ArgumentError, ~r/:interval/, fn -> Mtrace.Watch.start_link(interval: 0) end
+    assert_raise ArgumentError, ~r/:colour/, fn -> Mtrace.Watch.start_link(colour: 1) end
+  end
+end
