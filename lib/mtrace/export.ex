@@ -1,0 +1,170 @@
+defmodule Mtrace.Export do
+  @moduledoc """
+  Live allocation sites in formats other tools read.
+
+  * `folded/2`: collapsed stacks, the input of `flamegraph.pl`, inferno and
+    speedscope, to draw where live native memory was allocated.
+  * `json/3`: the sites, totals and tracer statistics as one JSON object, to
+    keep a snapshot or compare two of them.
+
+  A site is a map `%{count:, bytes:, oldest:, newest:, frames:}` as
+  `Mtrace.sites/1` returns it; its frames go from the function that called
+  malloc outwards, each `%{lib:, symbol:, file:, line:, addr:, inlined:, offset:}`.
+  """
+
+  alias Mtrace.JSON
+
+  @typedoc "One frame of a site's stack (fields are nil when unknown)."
+  @type frame :: %{
+          lib: binary() | nil,
+          symbol: binary() | nil,
+          file: binary() | nil,
+          line: integer() | nil,
+          addr: integer(),
+          inlined: boolean(),
+          offset: integer()
+        }
+
+  @typedoc "Live allocations sharing one stack; ages in seconds."
+  @type site :: %{
+          count: non_neg_integer(),
+          bytes: non_neg_integer(),
+          oldest: non_neg_integer(),
+          newest: non_neg_integer(),
+          frames: [frame()]
+        }
+
+  @frame_fields [:lib, :symbol, :file, :line, :addr, :inlined, :offset]
+  @site_fields [:count, :bytes, :oldest, :newest]
+
+  @doc """
+  The name a frame is shown by: its symbol, else the basename of its object
+  file and the offset in it (`libfoo.so+0x1a2b`), else `"??"`. An empty
+  symbol or lib counts as unknown.
+
+  ## Examples
+
+      iex> Mtrace.Export.frame_name(%{symbol: "leak", lib: "/opt/leaky_nif.so", offset: 4660})
+      "leak"
+      iex> Mtrace.Export.frame_name(%{symbol: nil, lib: "/opt/leaky_nif.so", offset: 4660})
+      "leaky_nif.so+0x1234"
+      iex> Mtrace.Export.frame_name(%{symbol: nil, lib: nil, offset: 0})
+      "??"
+  """
+  @spec frame_name(map()) :: String.t()
+  def frame_name(%{symbol: symbol}) when is_binary(symbol) and symbol != "", do: symbol
+
+  def frame_name(%{lib: lib, offset: offset}) when is_binary(lib) and lib != "" do
+    Path.basename(lib) <> "+0x" <> String.downcase(Integer.to_string(offset, 16))
+  end
+
+  def frame_name(_frame), do: "??"
+
+  @doc """
+  Collapsed stacks: a line `outermost;...;innermost weight` per distinct stack.
+
+  `weight` is `:bytes` (default) or `:count` (blocks). Sites whose stacks read
+  the same are merged and their weights summed; lines come heaviest first
+  (ties by stack), and stacks of weight 0 are left out since they draw
+  nothing. Frame names are `frame_name/1`, with `;` (the frame separator)
+  replaced by `:` and line breaks by spaces, so every line parses; spaces are
+  kept, as readers split the weight off at the last one. A site without a
+  stack is drawn as the single frame `[no stack]`.
+
+  ## Example
+
+      iex> frames = [%{symbol: "malloc_wrapper", lib: "a.so", offset: 1}, %{symbol: "main", lib: "a.so", offset: 2}]
+      iex> sites = [%{count: 2, bytes: 64, oldest: 9, newest: 1, frames: frames}]
+      iex> Mtrace.Export.folded(sites) |> IO.iodata_to_binary()
+      "main;malloc_wrapper 64\\n"
+      iex> Mtrace.Export.folded(sites, :count) |> IO.iodata_to_binary()
+      "main;malloc_wrapper 2\\n"
+  """
+  @spec folded([site()], :bytes | :count) :: iodata()
+  def folded(sites, weight \\ :bytes)
+
+  def folded(sites, weight) when weight in [:bytes, :count] do
+    sites
+    |> Enum.reduce(%{}, fn site, acc ->
+      Map.update(acc, stack_line(site.frames), site[weight], &(&1 + site[weight]))
+    end)
+    |> Enum.reject(fn {_stack, total} -> total == 0 end)
+    |> Enum.sort_by(fn {stack, total} -> {-total, stack} end)
+    |> Enum.map(fn {stack, total} -> [stack, ?\s, Integer.to_string(total), ?\n] end)
+  end
+
+  def folded(_sites, weight) do
+    raise ArgumentError, "folded/2: weight must be :bytes or :count, got: #{inspect(weight)}"
+  end
+
+  defp stack_line([]), do: "[no stack]"
+
+  defp stack_line(frames) do
+    frames
+    |> Enum.reverse()
+    |> Enum.map_join(";", &folded_name/1)
+  end
+
+  defp folded_name(frame) do
+    frame
+    |> frame_name()
+    |> String.replace(";", ":")
+    |> String.replace(["\r\n", "\n", "\r"], " ")
+  end
+
+  @doc """
+  The sites as one JSON object (iodata):
+
+      {"generated_at": "2024-05-01T12:00:00Z", "node": "app@host",
+       "total": {"count": ..., "bytes": ...}, "stats": {...},
+       "sites": [{"count":, "bytes":, "oldest":, "newest":,
+                  "frames": [{"name":, "symbol":, "lib":, "file":, "line":,
+                              "addr":, "offset":, "inlined":}]}]}
+
+  `stats` is `Mtrace.stats/0`; `meta` gives `:node` and `:generated_at` (a
+  `DateTime`, written in ISO 8601). `total` sums the sites given. Each frame
+  also carries its display `name` (`frame_name/1`), so readers need not
+  repeat the rule. Keys are written sorted. Raises `ArgumentError` if
+  something cannot be encoded (see `Mtrace.JSON`).
+
+  ## Example
+
+      iex> site = %{count: 1, bytes: 16, oldest: 3, newest: 3, frames: []}
+      iex> meta = %{node: :"app@host", generated_at: ~U[2024-05-01 12:00:00Z]}
+      iex> Mtrace.Export.json([site], %{dropped: 0}, meta) |> IO.iodata_to_binary()
+      ~s|{"generated_at":"2024-05-01T12:00:00Z","node":"app@host",| <>
+        ~s|"sites":[{"bytes":16,"count":1,"frames":[],"newest":3,"oldest":3}],| <>
+        ~s|"stats":{"dropped":0},"total":{"bytes":16,"count":1}}|
+  """
+  @spec json([site()], map(), %{node: node(), generated_at: DateTime.t()}) :: iodata()
+  def json(sites, stats, %{node: node, generated_at: %DateTime{} = generated_at}) do
+    JSON.encode(%{
+      generated_at: DateTime.to_iso8601(generated_at),
+      node: node,
+      total: %{count: sum(sites, :count), bytes: sum(sites, :bytes)},
+      stats: stats,
+      sites: Enum.map(sites, &site_object/1)
+    })
+  end
+
+  def json(_sites, _stats, meta) do
+    raise ArgumentError,
+          "json/3: meta must hold :node and :generated_at (a DateTime), got: #{inspect(meta)}"
+  end
+
+  defp sum(sites, field), do: sites |> Enum.map(& &1[field]) |> Enum.sum()
+
+  # Only the documented fields, so the file's shape does not change when
+  # sites gain internal fields.
+  defp site_object(site) do
+    site
+    |> Map.take(@site_fields)
+    |> Map.put(:frames, Enum.map(site.frames, &frame_object/1))
+  end
+
+  defp frame_object(frame) do
+    frame
+    |> Map.take(@frame_fields)
+    |> Map.put(:name, frame_name(frame))
+  end
+end

@@ -1,0 +1,162 @@
+defmodule Mtrace.Report do
+  @moduledoc """
+  Live allocation sites as a table to read in IEx.
+
+  A header gives the node's live native memory and, when it is not the whole
+  picture, why: sampling, allocations that could not be recorded. Then each
+  site, in the order given (top first), with its size, number of blocks and
+  the ages of its oldest and newest block, and its stack from the function
+  that called malloc outwards:
+
+      #1  12.0 MiB in 3_072 blocks  oldest 2h 03m  newest 5s
+          cache_put (cache.c:88) libcache.so
+          lookup (cache.c:120) libcache.so [inlined]
+          nif_lookup (nif.c:41) cache_nif.so
+          ... 9 more
+
+  Sites and frames are maps as `Mtrace.sites/1` returns them (see
+  `Mtrace.Export`).
+  """
+
+  alias Mtrace.Export
+  alias Mtrace.VM.Format
+
+  @default_frames 8
+
+  @doc """
+  The report for `sites` (as `Mtrace.sites/1` returns them) and `stats` (as
+  `Mtrace.stats/0` returns them), as iodata for `IO.puts/1`.
+
+  Options:
+
+    * `:frames` - frames shown per site (default #{@default_frames}); the rest
+      are counted in a `... N more` line.
+    * `:node` - the node named in the header (default `node()`).
+
+  The header uses `est_live_bytes`/`est_live_count` when `stats` says
+  `sampled: true`, and reports `dropped`, `stacks_dropped` and `replaced`
+  whenever they are not zero: the table is then incomplete.
+
+  ## Example
+
+      iex> frame = %{symbol: "leak", lib: "/opt/leaky_nif.so", file: "leaky_nif.c", line: 12,
+      ...>           addr: 0x7F00, inlined: false, offset: 0x1234}
+      iex> site = %{count: 3, bytes: 12288, oldest: 7380, newest: 5, frames: [frame]}
+      iex> stats = %{live_count: 3, live_bytes: 12288, sampled: false, dropped: 0}
+      iex> text = Mtrace.Report.format([site], stats, node: :"app@host") |> IO.iodata_to_binary()
+      iex> String.split(text, "\\n", trim: true)
+      [
+        "Native memory live on app@host: 12.0 KiB in 3 blocks",
+        "#1  12.0 KiB in 3 blocks  oldest 2h 03m  newest 5s",
+        "    leak (leaky_nif.c:12) leaky_nif.so"
+      ]
+  """
+  @spec format([Export.site()], map(), keyword()) :: iodata()
+  def format(sites, stats, opts \\ []) do
+    max_frames = Keyword.get(opts, :frames, @default_frames)
+
+    unless is_integer(max_frames) and max_frames >= 0 do
+      raise ArgumentError,
+            "format/3: :frames must be a non-negative integer, got: #{inspect(max_frames)}"
+    end
+
+    node = Keyword.get(opts, :node, node())
+    [header(stats, node), incomplete(stats), body(sites, max_frames)]
+  end
+
+  defp header(stats, node) do
+    if stats[:sampled] do
+      "Native memory live on #{node}: about #{Format.bytes(stats[:est_live_bytes])} in " <>
+        "about #{blocks(stats[:est_live_count])} (estimated from a sample of " <>
+        "#{blocks(stats[:live_count])}, #{Format.bytes(stats[:live_bytes])})\n"
+    else
+      "Native memory live on #{node}: #{Format.bytes(stats[:live_bytes])} in #{blocks(stats[:live_count])}\n"
+    end
+  end
+
+  # Losses make every figure below an underestimate, so they are always shown.
+  defp incomplete(stats) do
+    losses =
+      [
+        {stats[:dropped], "allocations not recorded (no memory for the table)"},
+        {stats[:stacks_dropped], "recorded without a stack"},
+        {stats[:replaced], "entries replaced after a missed free"}
+      ]
+      |> Enum.filter(fn {n, _what} -> is_integer(n) and n > 0 end)
+      |> Enum.map(fn {n, what} -> "#{Format.int(n)} #{what}" end)
+
+    if losses == [], do: [], else: ["Incomplete: ", Enum.join(losses, ", "), "\n"]
+  end
+
+  defp body([], _max_frames), do: "No live allocations match.\n"
+
+  defp body(sites, max_frames) do
+    sites
+    |> Enum.with_index(1)
+    |> Enum.map(fn {site, rank} ->
+      [site_line(site, rank), frame_lines(site.frames, max_frames)]
+    end)
+  end
+
+  defp site_line(site, rank) do
+    "##{rank}  #{Format.bytes(site.bytes)} in #{blocks(site.count)}  " <>
+      "oldest #{age(site.oldest)}  newest #{age(site.newest)}\n"
+  end
+
+  defp blocks(1), do: "1 block"
+  defp blocks(n), do: "#{Format.int(n)} blocks"
+
+  defp frame_lines(frames, max_frames) do
+    {shown, cut} = Enum.split(frames, max_frames)
+    more = if cut == [], do: [], else: ["    ... #{length(cut)} more\n"]
+    Enum.map(shown, &frame_line/1) ++ more
+  end
+
+  # The lib is named only next to a symbol: without one, the frame's name
+  # already is the lib and an offset.
+  defp frame_line(frame) do
+    parts = [
+      Export.frame_name(frame),
+      location(frame[:file], frame[:line]),
+      if(known?(frame[:symbol]) and known?(frame[:lib]), do: Path.basename(frame[:lib])),
+      if(frame[:inlined], do: "[inlined]")
+    ]
+
+    ["    ", parts |> Enum.reject(&is_nil/1) |> Enum.join(" "), "\n"]
+  end
+
+  defp known?(field), do: field not in [nil, ""]
+
+  defp location(file, _line) when file in [nil, ""], do: nil
+  defp location(file, nil), do: "(#{file})"
+  defp location(file, line), do: "(#{file}:#{line})"
+
+  @doc """
+  An age in seconds, to the two largest units.
+
+  ## Examples
+
+      iex> Mtrace.Report.age(5)
+      "5s"
+      iex> Mtrace.Report.age(187)
+      "3m 07s"
+      iex> Mtrace.Report.age(7380)
+      "2h 03m"
+      iex> Mtrace.Report.age(190_800)
+      "2d 05h"
+  """
+  @spec age(non_neg_integer()) :: String.t()
+  def age(seconds) when seconds < 60, do: "#{seconds}s"
+
+  def age(seconds) when seconds < 3600,
+    do: two_units(div(seconds, 60), "m", rem(seconds, 60), "s")
+
+  def age(seconds) when seconds < 86_400,
+    do: two_units(div(seconds, 3600), "h", div(rem(seconds, 3600), 60), "m")
+
+  def age(seconds), do: two_units(div(seconds, 86_400), "d", div(rem(seconds, 86_400), 3600), "h")
+
+  defp two_units(major, major_unit, minor, minor_unit) do
+    "#{major}#{major_unit} #{String.pad_leading(Integer.to_string(minor), 2, "0")}#{minor_unit}"
+  end
+end

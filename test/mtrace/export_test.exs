@@ -1,0 +1,321 @@
+defmodule Mtrace.ExportTest do
+  use ExUnit.Case, async: true
+
+  alias Mtrace.Export
+  alias Mtrace.JSON
+  alias Mtrace.Test.JSONParser
+
+  doctest Mtrace.JSON
+  doctest Mtrace.Export
+  doctest Mtrace.Test.JSONParser
+
+  # OTP 27 and later have a JSON parser of their own: check exports against
+  # it there, as an independent reader. Called through apply/3 so that this
+  # file compiles without warnings where :json does not exist.
+  defp decode!(iodata) do
+    text = IO.iodata_to_binary(iodata)
+
+    if Code.ensure_loaded?(:json) do
+      {value, :ok, rest} = apply(:json, :decode, [text, :ok, %{null: nil}])
+      assert String.trim(rest) == ""
+      value
+    else
+      JSONParser.decode!(text)
+    end
+  end
+
+  defp frame(symbol, opts \\ []) do
+    %{
+      symbol: symbol,
+      lib: Keyword.get(opts, :lib, "/usr/lib/libleak.so"),
+      file: Keyword.get(opts, :file),
+      line: Keyword.get(opts, :line),
+      addr: Keyword.get(opts, :addr, 0x7F00_0000_1000),
+      inlined: Keyword.get(opts, :inlined, false),
+      offset: Keyword.get(opts, :offset, 0x1000)
+    }
+  end
+
+  defp site(count, bytes, frames),
+    do: %{count: count, bytes: bytes, oldest: 60, newest: 1, frames: frames}
+
+  defp parse_folded(iodata) do
+    iodata
+    |> IO.iodata_to_binary()
+    |> String.split("\n", trim: true)
+    |> Enum.map(fn line ->
+      assert [_, stack, weight] = Regex.run(~r/\A(.+) (\d+)\z/, line)
+      {stack, String.to_integer(weight)}
+    end)
+  end
+
+  defp sites do
+    [
+      site(3, 300, [frame("cache_put"), frame("nif_call"), frame("main")]),
+      site(1, 4096, [frame(nil, offset: 0xABC), frame("main")]),
+      site(5, 50, [frame("cache_put"), frame("nif_call"), frame("main")]),
+      site(2, 20, [frame("strdup", lib: nil), frame("main")])
+    ]
+  end
+
+  describe "frame_name/1" do
+    test "symbol, else lib basename and lowercase hex offset, else ??" do
+      assert Export.frame_name(frame("f", lib: nil)) == "f"
+
+      assert Export.frame_name(frame(nil, lib: "/a/b/libz.so.1", offset: 0xBEEF)) ==
+               "libz.so.1+0xbeef"
+
+      assert Export.frame_name(frame(nil, lib: nil)) == "??"
+      assert Export.frame_name(frame("", lib: "", offset: 1)) == "??"
+    end
+  end
+
+  describe "folded/2" do
+    test "one line per stack, outermost first, weights summing to the sites' bytes" do
+      lines = parse_folded(Export.folded(sites()))
+
+      assert lines == [
+               {"main;libleak.so+0xabc", 4096},
+               {"main;nif_call;cache_put", 350},
+               {"main;strdup", 20}
+             ]
+
+      assert lines |> Enum.map(&elem(&1, 1)) |> Enum.sum() ==
+               sites() |> Enum.map(& &1.bytes) |> Enum.sum()
+    end
+
+    test "counts as weight, merged and sorted heaviest first" do
+      assert parse_folded(Export.folded(sites(), :count)) == [
+               {"main;nif_call;cache_put", 8},
+               {"main;strdup", 2},
+               {"main;libleak.so+0xabc", 1}
+             ]
+    end
+
+    test "stacks whose names differ only in an inlined frame's flag still merge" do
+      sites = [
+        site(1, 8, [frame("f", inlined: true), frame("g")]),
+        site(1, 8, [frame("f"), frame("g")])
+      ]
+
+      assert parse_folded(Export.folded(sites)) == [{"g;f", 16}]
+    end
+
+    test "separators and line breaks in names cannot break the format" do
+      nasty = frame("operator;(std::string)\nsecond line")
+      sites = [site(1, 10, [nasty, frame("main")]), site(1, 5, [frame("main; x")])]
+      text = IO.iodata_to_binary(Export.folded(sites))
+
+      assert text == "main;operator:(std::string) second line 10\nmain: x 5\n"
+      assert [{_, 10}, {_, 5}] = parse_folded(text)
+    end
+
+    test "a site without a stack, and weight 0 lines left out" do
+      sites = [site(2, 0, [frame("zero")]), site(1, 7, [])]
+      assert parse_folded(Export.folded(sites)) == [{"[no stack]", 7}]
+      assert parse_folded(Export.folded(sites, :count)) == [{"zero", 2}, {"[no stack]", 1}]
+    end
+
+    test "no sites, no lines; an unknown weight raises" do
+      assert IO.iodata_to_binary(Export.folded([])) == ""
+      assert_raise ArgumentError, fn -> Export.folded(sites(), :age) end
+    end
+  end
+
+  describe "json/3" do
+    @meta %{node: :app@host, generated_at: ~U[2024-05-01 12:34:56.789Z]}
+    @stats %{
+      live_count: 11,
+      live_bytes: 4466,
+      sampled: false,
+      dropped: 0,
+      config_errors: ["MTRACE_X"]
+    }
+
+    test "round-trips: totals, stats, sites and frames" do
+      frames = [
+        frame("leak", file: "src/leak.c", line: 42, inlined: true),
+        frame(nil, lib: nil, offset: 16)
+      ]
+
+      sites = [site(3, 300, frames) | sites()]
+      decoded = decode!(Export.json(sites, @stats, @meta))
+
+      assert decoded["generated_at"] == "2024-05-01T12:34:56.789Z"
+      assert decoded["node"] == "app@host"
+      assert decoded["total"] == %{"count" => 14, "bytes" => 4766}
+
+      assert decoded["stats"] == %{
+               "live_count" => 11,
+               "live_bytes" => 4466,
+               "sampled" => false,
+               "dropped" => 0,
+               "config_errors" => ["MTRACE_X"]
+             }
+
+      assert [first | _] = decoded["sites"]
+      assert length(decoded["sites"]) == 5
+
+      assert Map.delete(first, "frames") == %{
+               "count" => 3,
+               "bytes" => 300,
+               "oldest" => 60,
+               "newest" => 1
+             }
+
+      assert first["frames"] == [
+               %{
+                 "name" => "leak",
+                 "symbol" => "leak",
+                 "lib" => "/usr/lib/libleak.so",
+                 "file" => "src/leak.c",
+                 "line" => 42,
+                 "addr" => 0x7F00_0000_1000,
+                 "offset" => 0x1000,
+                 "inlined" => true
+               },
+               %{
+                 "name" => "??",
+                 "symbol" => nil,
+                 "lib" => nil,
+                 "file" => nil,
+                 "line" => nil,
+                 "addr" => 0x7F00_0000_1000,
+                 "offset" => 16,
+                 "inlined" => false
+               }
+             ]
+    end
+
+    test "fields sites may gain later are not exported" do
+      site = Map.put(site(1, 1, [Map.put(frame("f"), :cache_slot, {1, 2})]), :internal, self())
+      [decoded] = decode!(Export.json([site], %{}, @meta))["sites"]
+      refute Map.has_key?(decoded, "internal")
+      refute Map.has_key?(hd(decoded["frames"]), "cache_slot")
+    end
+
+    test "nasty names survive the round trip" do
+      names = [
+        "quote\" backslash\\ slash/",
+        "controls \u0000\u0001\b\f\n\r\t\u001f end",
+        "unicode é ∑ 𝄞 \u2028\u2029",
+        "operator<<(std::ostream&, char const*)"
+      ]
+
+      sites = Enum.map(names, &site(1, 1, [frame(&1)]))
+      decoded = decode!(Export.json(sites, %{}, @meta))
+
+      assert Enum.map(decoded["sites"], &hd(&1["frames"])["symbol"]) == names
+    end
+
+    test "bad meta and unencodable values raise" do
+      assert_raise ArgumentError, fn -> Export.json(sites(), %{}, %{node: node()}) end
+      assert_raise ArgumentError, fn -> Export.json(sites(), %{odd: {1, 2}}, @meta) end
+
+      assert_raise ArgumentError, fn ->
+        Export.json([site(1, 1, [frame(<<0xFF>>)])], %{}, @meta)
+      end
+    end
+  end
+
+  describe "Mtrace.JSON" do
+    defp encode(term), do: IO.iodata_to_binary(JSON.encode(term))
+
+    test "scalars" do
+      assert encode(nil) == "null"
+      assert encode(true) == "true"
+      assert encode(:some_atom) == ~s|"some_atom"|
+      assert encode(-12) == "-12"
+      assert encode(123_456_789_012_345_678_901_234_567_890) == "123456789012345678901234567890"
+      assert encode(0.1) == "0.1"
+      assert decode!(encode(1.0e300)) == 1.0e300
+      assert decode!(encode(-2.5e-300)) == -2.5e-300
+    end
+
+    test "escapes exactly what JSON requires (and the JavaScript line separators)" do
+      assert encode("a\"b\\c/d") == ~S|"a\"b\\c/d"|
+      assert encode("\n\u0000\u001f\u007f") == ~s|"\\u000a\\u0000\\u001f\u007f"|
+      assert encode("é∑𝄞") == ~s|"é∑𝄞"|
+      assert encode("x\u2028y\u2029") == ~S|"x\u2028y\u2029"|
+      assert encode("") == ~s|""|
+    end
+
+    test "every control character round-trips" do
+      all = for c <- 0..0x7F, into: "", do: <<c>>
+      assert decode!(encode(all)) == all
+    end
+
+    test "maps and lists nest; keys are sorted" do
+      term = %{"b" => [1, [2, %{}], []], :a => %{"x" => nil}}
+      assert encode(term) == ~s|{"a":{"x":null},"b":[1,[2,{}],[]]}|
+      assert decode!(encode(term)) == %{"a" => %{"x" => nil}, "b" => [1, [2, %{}], []]}
+    end
+
+    test "anything else raises" do
+      for bad <- [
+            {1, 2},
+            self(),
+            make_ref(),
+            <<0xFF, 0xFE>>,
+            <<0xED, 0xA0, 0x80>>,
+            [1 | 2],
+            %{{:tuple} => 1},
+            %{1 => 2},
+            %{:a => 1, "a" => 2},
+            ~U[2024-01-01 00:00:00Z],
+            [ok: 1],
+            &Enum.map/2
+          ] do
+        assert_raise ArgumentError, fn -> JSON.encode(bad) end
+      end
+    end
+  end
+
+  describe "the test parser" do
+    test "reads what it should" do
+      assert JSONParser.decode!(~s| {"a" : [ true , false , null , -0 , 1.5e2 , 2E-1, 1e2 ] } |) ==
+               %{"a" => [true, false, nil, 0, 150.0, 0.2, 100.0]}
+
+      assert JSONParser.decode!(~S|"\ud834\udd1e \u00E9 \/ \b\f\n\r\t"|) == "𝄞 é / \b\f\n\r\t"
+      assert JSONParser.decode!("[]") == []
+      assert JSONParser.decode!("{}") == %{}
+    end
+
+    test "refuses malformed input" do
+      for bad <- [
+            "",
+            " ",
+            "[1,]",
+            "{\"a\":1,}",
+            "[1 2]",
+            "{'a':1}",
+            "{a:1}",
+            "{\"a\" 1}",
+            "{\"a\":1,\"a\":2}",
+            "\"unterminated",
+            "\"tab\there\"",
+            "\"bad \\x escape\"",
+            "\"\\u12\"",
+            "\"\\ud834\"",
+            "\"\\udd1e\"",
+            "\"\\ud834\\u0041\"",
+            <<?", 0xFF, ?">>,
+            "01",
+            "1.",
+            ".5",
+            "-",
+            "+1",
+            "1e",
+            "1e400",
+            "tru",
+            "nul",
+            "True",
+            "[1] [2]",
+            "[1]x",
+            "NaN"
+          ] do
+        assert_raise ArgumentError, fn -> JSONParser.decode!(bad) end
+      end
+    end
+  end
+end

@@ -1,0 +1,116 @@
+defmodule Mtrace.ReportTest do
+  use ExUnit.Case, async: true
+
+  alias Mtrace.Report
+
+  doctest Mtrace.Report
+
+  @exact %{
+    live_count: 3072,
+    live_bytes: 12 * 1024 * 1024,
+    sampled: false,
+    dropped: 0,
+    stacks_dropped: 0,
+    replaced: 0
+  }
+
+  defp frame(symbol, opts \\ []) do
+    %{
+      symbol: symbol,
+      lib: Keyword.get(opts, :lib, "/usr/lib/x86_64-linux-gnu/libcache.so.2"),
+      file: Keyword.get(opts, :file),
+      line: Keyword.get(opts, :line),
+      addr: 0x7F00_0000_2000,
+      inlined: Keyword.get(opts, :inlined, false),
+      offset: Keyword.get(opts, :offset, 0x2000)
+    }
+  end
+
+  defp site(bytes, count, oldest, newest, frames),
+    do: %{count: count, bytes: bytes, oldest: oldest, newest: newest, frames: frames}
+
+  defp lines(sites, stats, opts \\ []) do
+    sites
+    |> Report.format(stats, [node: :app@host] ++ opts)
+    |> IO.iodata_to_binary()
+    |> String.split("\n", trim: true)
+  end
+
+  test "a site: humanized size and ages, frames with file:line, lib basename, inlined marked" do
+    frames = [
+      frame("cache_put", file: "src/cache.c", line: 88),
+      frame("lookup", file: "src/cache.c", line: 120, inlined: true),
+      frame("nif_lookup", file: "nif.c", lib: "/srv/app/priv/cache_nif.so"),
+      frame(nil, offset: 0x1F2E),
+      frame(nil, lib: nil)
+    ]
+
+    assert lines([site(12 * 1024 * 1024, 3072, 7380, 5, frames)], @exact) == [
+             "Native memory live on app@host: 12.0 MiB in 3_072 blocks",
+             "#1  12.0 MiB in 3_072 blocks  oldest 2h 03m  newest 5s",
+             "    cache_put (src/cache.c:88) libcache.so.2",
+             "    lookup (src/cache.c:120) libcache.so.2 [inlined]",
+             "    nif_lookup (nif.c) cache_nif.so",
+             "    libcache.so.2+0x1f2e",
+             "    ??"
+           ]
+  end
+
+  test "sites are numbered in the order given, one block is singular" do
+    sites = [site(2048, 2, 90_000, 61, [frame("a")]), site(100, 1, 59, 0, [frame("b")])]
+
+    assert [
+             _header,
+             "#1  2.0 KiB in 2 blocks  oldest 1d 01h  newest 1m 01s",
+             _,
+             "#2  100 B in 1 block  oldest 59s  newest 0s",
+             _
+           ] = lines(sites, @exact)
+  end
+
+  test "frames are cut at :frames (default 8) with the number left out" do
+    frames = for i <- 1..11, do: frame("f#{i}")
+    [_header, _site | default] = lines([site(1, 1, 1, 1, frames)], @exact)
+    assert length(default) == 9
+    assert List.last(default) == "    ... 3 more"
+
+    assert [_, _, "    f1 libcache.so.2", "    f2 libcache.so.2", "    ... 9 more"] =
+             lines([site(1, 1, 1, 1, frames)], @exact, frames: 2)
+
+    assert [_, _, "    ... 11 more"] = lines([site(1, 1, 1, 1, frames)], @exact, frames: 0)
+    assert length(lines([site(1, 1, 1, 1, frames)], @exact, frames: 11)) == 13
+    assert_raise ArgumentError, fn -> Report.format([], @exact, frames: -1) end
+  end
+
+  test "sampled: the header gives the estimates and the sample" do
+    stats =
+      %{@exact | sampled: true}
+      |> Map.merge(%{est_live_count: 1_500_000, est_live_bytes: 3 * 1024 ** 3})
+
+    assert hd(lines([], stats)) ==
+             "Native memory live on app@host: about 3.0 GiB in about 1_500_000 blocks " <>
+               "(estimated from a sample of 3_072 blocks, 12.0 MiB)"
+  end
+
+  test "losses are never hidden" do
+    stats = %{@exact | dropped: 1234, stacks_dropped: 5, replaced: 0}
+
+    assert Enum.at(lines([], stats), 1) ==
+             "Incomplete: 1_234 allocations not recorded (no memory for the table), 5 recorded without a stack"
+
+    refute Enum.any?(lines([], @exact), &String.starts_with?(&1, "Incomplete"))
+    assert Enum.at(lines([], %{@exact | replaced: 2}), 1) =~ "2 entries replaced"
+  end
+
+  test "no sites" do
+    assert lines([], @exact) == [
+             "Native memory live on app@host: 12.0 MiB in 3_072 blocks",
+             "No live allocations match."
+           ]
+  end
+
+  test "ages" do
+    assert Enum.map([0, 59, 60, 3599, 3600, 86_399, 86_400, 400 * 86_400], &Report.age/1) ==
+             ["0s", "59s", "1m 00s", "59m 59s", "1h 00m", "23h 59m", "1d 00h", "400d 00h"]
+  end
+end
