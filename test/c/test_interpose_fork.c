@@ -1,0 +1,369 @@
+/* A fork storm (run with the preload): four threads allocate and free while
+ * the main thread forks 1,000 children, up to 16 at a time.  Each child
+ * checks that it inherited a consistent table and that its own mallocs and
+ * frees are recorded and forgotten, then exits 0; every tenth child instead
+ * starts this program again as one the preload does not track (another
+ * MTRACE_PROGRAMS), where it allocates and finds nothing counted, recorded
+ * or mapped.  What "inert" costs is then counted exactly: a traced child
+ * single-steps through one malloc and one free and the instructions executed
+ * inside mtrace.so are counted (ptrace; skipped where not permitted).
+ * MTRACE_STRESS=1 forks ten times as many children. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ptrace.h>
+#include <sys/user.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "mtrace_api.h"
+
+#define THREADS 4
+#define WINDOW 512
+#define IN_FLIGHT 16
+#define ANCHOR_SIZE 6666
+#define CHURN_SIZE 6001
+
+static const struct mtrace_api *api;
+static char **self_argv;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Is p recorded with this size? */
+static int recorded(const void *p, uint64_t size) {
+    static struct mtrace_alloc buf[4 * THREADS * WINDOW];
+    struct mtrace_filter f = {0, 0, size, size};
+    size_t n = api->olds(buf, sizeof buf / sizeof *buf, &f);
+    for (size_t i = 0; i < n; i++)
+        if (buf[i].addr == (uintptr_t)p)
+            return 1;
+    return 0;
+}
+
+/* Starts this program again untracked (or without the preload), with argument mode. */
+static void exec_self(const char *mode, int keep_programs, int keep_preload) {
+    if (!keep_programs)
+        setenv("MTRACE_PROGRAMS", "some-other-program", 1);
+    if (!keep_preload)
+        unsetenv("LD_PRELOAD");
+    char *args[] = {self_argv[0], (char *)mode, NULL};
+    execv("/proc/self/exe", args);
+    _exit(126);
+}
+
+/* --- the untracked child -------------------------------------------------- */
+
+static int inert_child(void) {
+    if (!api)
+        return 10;
+    void *keep[64];
+    for (int i = 0; i < 1000; i++) {
+        void *p = malloc((size_t)i + 1);
+        if (!p)
+            return 11;
+        free(p);
+    }
+    for (int i = 0; i < 64; i++)
+        keep[i] = calloc(1, 100 + (size_t)i);
+    for (int i = 0; i < 64; i++) {
+        keep[i] = realloc(keep[i], 1000);
+        if (!keep[i])
+            return 12;
+    }
+    struct mtrace_stats s;
+    api->stats(&s);
+    for (int i = 0; i < 64; i++)
+        free(keep[i]);
+    if (s.active != 0)
+        return 13;
+    for (int f = 0; f < MT_FN_COUNT; f++)
+        if (s.calls[f] != 0)
+            return 14;
+    if (s.live_count || s.table_bytes || s.stacks || s.stack_bytes)
+        return 15;
+    return 0;
+}
+
+/* --- the storm ------------------------------------------------------------ */
+
+struct churner {
+    pthread_t tid;
+    unsigned seed;
+    void *live[WINDOW];
+};
+static struct churner churners[THREADS];
+static _Atomic int stop;
+
+static void *churn(void *arg) {
+    struct churner *c = arg;
+    while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
+        unsigned k = (unsigned)rand_r(&c->seed) % WINDOW;
+        free(c->live[k]);
+        c->live[k] = rand_r(&c->seed) % 2 ? malloc(CHURN_SIZE) : calloc(1, CHURN_SIZE);
+    }
+    return NULL;
+}
+
+/* A forked child of the tracking process: exit code 0 when all is well. */
+static int tracked_child(const void *anchor) {
+    if (!recorded(anchor, ANCHOR_SIZE))
+        return 20; /* the parent's table came along */
+    char *p = malloc(ANCHOR_SIZE + 1);
+    if (!p || !recorded(p, ANCHOR_SIZE + 1))
+        return 21;
+    p = realloc(p, ANCHOR_SIZE + 2);
+    if (!p || !recorded(p, ANCHOR_SIZE + 2))
+        return 22;
+    free(p);
+    if (recorded(p, ANCHOR_SIZE + 2))
+        return 23;
+    char *s = strdup("child");
+    void *c = calloc(3, 5);
+    if (!s || !c || strcmp(s, "child"))
+        return 24;
+    free(s);
+    free(c);
+    return 0;
+}
+
+static void test_storm(int forks) {
+    void *anchor = malloc(ANCHOR_SIZE);
+    CHECK(recorded(anchor, ANCHOR_SIZE));
+    for (int i = 0; i < THREADS; i++) {
+        churners[i].seed = (unsigned)i + 3;
+        pthread_create(&churners[i].tid, NULL, churn, &churners[i]);
+    }
+    int ok = 0, in_flight = 0, inert = 0, codes[128] = {0};
+    double t0 = now_s();
+    for (int i = 0; i < forks || in_flight; i++) {
+        if (i < forks) {
+            pid_t pid = fork();
+            if (pid == 0) {
+                if (i % 10 == 9)
+                    exec_self("--inert-child", 0, 1);
+                _exit(tracked_child(anchor));
+            }
+            if (pid < 0) {
+                fprintf(stderr, "fork: %s\n", strerror(errno));
+                break;
+            }
+            inert += i % 10 == 9;
+            in_flight++;
+            if (in_flight < IN_FLIGHT)
+                continue;
+        }
+        int status = -1;
+        if (waitpid(-1, &status, 0) < 0)
+            break;
+        in_flight--;
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+            ok++;
+        else
+            codes[WIFEXITED(status) ? WEXITSTATUS(status) % 128 : 127]++;
+    }
+    double t1 = now_s();
+    atomic_store(&stop, 1);
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(churners[i].tid, NULL);
+    printf("%d forks (%d of them starting an untracked program) from %d allocating threads: "
+           "%.2f s, %.0f us per child\n",
+           forks, inert, THREADS, t1 - t0, (t1 - t0) * 1e6 / forks);
+    for (int c = 1; c < 128; c++)
+        if (codes[c])
+            fprintf(stderr, "%d children exited with %d\n", codes[c], c);
+    CHECK_EQ(ok, forks);
+
+    /* The parent's table survived the storm exactly. */
+    static struct mtrace_alloc buf[THREADS * WINDOW + 64];
+    struct mtrace_filter f = {0, 0, CHURN_SIZE, CHURN_SIZE};
+    size_t n = api->olds(buf, sizeof buf / sizeof *buf, &f), expected = 0, found = 0;
+    for (int t = 0; t < THREADS; t++)
+        for (int k = 0; k < WINDOW; k++) {
+            if (!churners[t].live[k])
+                continue;
+            expected++;
+            for (size_t j = 0; j < n; j++)
+                found += buf[j].addr == (uintptr_t)churners[t].live[k];
+        }
+    CHECK_EQ(found, expected);
+    CHECK_EQ(n, expected);
+    for (int t = 0; t < THREADS; t++)
+        for (int k = 0; k < WINDOW; k++)
+            free(churners[t].live[k]);
+    CHECK_EQ(api->olds(buf, 16, &f), 0);
+    free(anchor);
+    struct mtrace_stats s;
+    api->stats(&s);
+    CHECK_EQ(s.dropped, 0);
+}
+
+/* --- instructions executed inside mtrace.so -------------------------------- */
+
+static volatile size_t probe_size = 64;
+
+static __attribute__((noinline)) void stop_if(int stops) {
+    if (stops)
+        raise(SIGSTOP);
+}
+
+/* One malloc and one free, from the same place whether stopped around or not. */
+static __attribute__((noinline)) int pair(int stops) {
+    stop_if(stops);
+    void *p = malloc(probe_size);
+    stop_if(stops);
+    free(p);
+    stop_if(stops);
+    return p != NULL;
+}
+
+/* In the traced child: the pair warmed up, then measured between stops. */
+static int probe_child(void) {
+    int ok = 1;
+    for (int i = 0; i <= 100; i++) /* one call site: the last call walks a known stack */
+        ok &= pair(i == 100);
+    return ok ? 0 : 1;
+}
+
+struct range {
+    uintptr_t lo, hi;
+};
+
+/* Executable mappings of mtrace.so in process pid. */
+static int mtrace_text(pid_t pid, struct range *r, int max) {
+    char path[64], line[512];
+    snprintf(path, sizeof path, "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    if (!f)
+        return 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && perms[2] == 'x' &&
+            strstr(line, "/mtrace.so")) {
+            r[n].lo = lo;
+            r[n].hi = hi;
+            n++;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+/* Single-steps pid to its next SIGSTOP; counts all instructions and those in r. */
+static int step_to_stop(pid_t pid, const struct range *r, int nr, long *all, long *ours) {
+    *all = *ours = 0;
+    for (;;) {
+        if (ptrace(PTRACE_SINGLESTEP, pid, NULL, NULL) != 0)
+            return -1;
+        int status;
+        if (waitpid(pid, &status, 0) != pid || !WIFSTOPPED(status))
+            return -1;
+        if (WSTOPSIG(status) == SIGSTOP)
+            return 0;
+        if (WSTOPSIG(status) != SIGTRAP)
+            return -1;
+        struct user_regs_struct regs;
+        if (ptrace(PTRACE_GETREGS, pid, NULL, &regs) != 0)
+            return -1;
+        (*all)++;
+        for (int i = 0; i < nr; i++)
+            *ours += regs.rip >= r[i].lo && regs.rip < r[i].hi;
+        if (*all > 10000000)
+            return -1;
+    }
+}
+
+struct probe {
+    long malloc_all, malloc_ours, free_all, free_ours;
+};
+
+/* Runs this program as a traced child in the given mode; 0 when counted. */
+static int probe(int tracked, int preload, struct probe *out) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (ptrace(PTRACE_TRACEME, 0, NULL, NULL) != 0)
+            _exit(125);
+        exec_self("--probe", tracked, preload);
+    }
+    int status;
+    /* exec stops the child with SIGTRAP; then it runs to its first SIGSTOP */
+    if (waitpid(pid, &status, 0) != pid || !WIFSTOPPED(status) ||
+        ptrace(PTRACE_CONT, pid, NULL, NULL) != 0 || waitpid(pid, &status, 0) != pid ||
+        !WIFSTOPPED(status) || WSTOPSIG(status) != SIGSTOP) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        return -1;
+    }
+    struct range r[8];
+    int nr = mtrace_text(pid, r, 8);
+    int bad = (preload && nr == 0) ||
+              step_to_stop(pid, r, nr, &out->malloc_all, &out->malloc_ours) != 0 ||
+              step_to_stop(pid, r, nr, &out->free_all, &out->free_ours) != 0;
+    if (bad) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        return -1;
+    }
+    ptrace(PTRACE_CONT, pid, NULL, NULL);
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static void test_inert_cost(void) {
+    struct probe inert, tracked, glibc;
+    if (probe(0, 1, &inert) != 0) {
+        printf("skipped: instruction counts (ptrace single-stepping not permitted here)\n");
+        return;
+    }
+    CHECK_EQ(probe(1, 1, &tracked), 0);
+    CHECK_EQ(probe(0, 0, &glibc), 0);
+    printf("instructions in mtrace.so (all instructions between the stops, raise included):\n"
+           "  untracked program: malloc %ld (%ld), free %ld (%ld)\n"
+           "  tracked program:   malloc %ld (%ld), free %ld (%ld)\n"
+           "  without preload:   malloc %ld (%ld), free %ld (%ld)\n",
+           inert.malloc_ours, inert.malloc_all, inert.free_ours, inert.free_all,
+           tracked.malloc_ours, tracked.malloc_all, tracked.free_ours, tracked.free_all,
+           glibc.malloc_ours, glibc.malloc_all, glibc.free_ours, glibc.free_all);
+    /* malloc: load the gate word, test it, branch, jump to libc.  free: the
+     * same, plus the lock-free filter probe that lets a block recorded before
+     * tracking was switched off still be forgotten (a hash and one byte load). */
+    CHECK(inert.malloc_ours >= 1 && inert.malloc_ours <= 8);
+    CHECK(inert.free_ours >= 1 && inert.free_ours <= 24);
+    CHECK(tracked.malloc_ours > inert.malloc_ours); /* the counter can see the difference */
+    CHECK_EQ(glibc.malloc_ours + glibc.free_ours, 0);
+}
+
+int main(int argc, char **argv) {
+    self_argv = argv;
+    api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
+    if (argc > 1 && !strcmp(argv[1], "--inert-child"))
+        return inert_child();
+    if (argc > 1 && !strcmp(argv[1], "--probe"))
+        return probe_child();
+    CHECK(api != NULL);
+    if (!api)
+        return check_summary();
+    int forks = 1000;
+    const char *stress = getenv("MTRACE_STRESS");
+    if (stress && !strcmp(stress, "1"))
+        forks *= 10;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    test_storm(forks);
+    test_inert_cost();
+    return check_summary();
+}
