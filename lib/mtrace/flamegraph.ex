@@ -1,0 +1,401 @@
+defmodule Mtrace.Flamegraph do
+  @moduledoc """
+  Renders live native memory by call stack as a standalone SVG flame graph.
+
+  The graph is drawn icicle style: the root box ("all") is on top, under the
+  title and the total, and each function's callees hang below it, down to the
+  functions that called malloc. A box's width is proportional to the bytes (or
+  the number of allocations) still held by the stacks that pass through it.
+  Stacks are merged from the outermost frame inwards by frame name and
+  library, so one box stands for every call site of a function below the same
+  callers; its hover text lists the source lines merged into it. Children are
+  ordered heaviest first. Boxes narrower than 0.1 px are left out of the
+  drawing but still count in their parent's width.
+
+  The SVG needs no script: hovering a box shows its `<title>` (name, source
+  location, library, bytes, allocations, share of the total). Colors are hashed
+  from the name, so a function keeps its color from one graph to the next.
+
+  Input is a list of sites as `Mtrace.sites/1` returns them:
+
+      %{count: 3, bytes: 4096, oldest: 60, newest: 2,
+        frames: [%{lib: "/usr/lib/libfoo.so", symbol: "foo_alloc", file: "foo.c", line: 12,
+                   addr: 0x7F00_0000_1234, inlined: false, offset: 0x1234}, ...]}
+
+  `frames` is innermost first (frame 0 called malloc).
+  """
+
+  alias Mtrace.VM.Format
+
+  @typedoc "One frame of a site's stack, innermost first."
+  @type frame :: %{
+          lib: binary() | nil,
+          symbol: binary() | nil,
+          file: binary() | nil,
+          line: integer() | nil,
+          addr: integer(),
+          inlined: boolean(),
+          offset: integer()
+        }
+
+  @typedoc "Live allocations sharing one call stack."
+  @type site :: %{
+          count: non_neg_integer(),
+          bytes: non_neg_integer(),
+          oldest: non_neg_integer(),
+          newest: non_neg_integer(),
+          frames: [frame()]
+        }
+
+  @type option :: {:weight, :bytes | :count} | {:title, String.t()} | {:width, pos_integer()}
+
+  @defaults [weight: :bytes, title: "mtrace: live native memory by call stack", width: 1200]
+
+  # Layout, in pixels. Labels use a monospace font so that how many characters
+  # fit in a box can be computed here, without measuring text.
+  @header 60
+  @row 17
+  @box_height 16
+  @footer 10
+  @font_size 12
+  @char_width 0.62 * @font_size
+  @min_drawn_width 0.1
+  @background "#f8f8f8"
+  @max_locations 3
+
+  @doc """
+  The name a frame is shown under: its symbol if known, else the basename of
+  its library and the frame's offset in it, in lowercase hex, else `"??"`.
+
+  ## Examples
+
+      iex> Mtrace.Flamegraph.frame_name(%{symbol: "malloc_wrapper", lib: "/lib/libx.so", offset: 16})
+      "malloc_wrapper"
+      iex> Mtrace.Flamegraph.frame_name(%{symbol: nil, lib: "/usr/lib/libx.so.1", offset: 0x1A2B})
+      "libx.so.1+0x1a2b"
+      iex> Mtrace.Flamegraph.frame_name(%{symbol: nil, lib: nil, offset: 0})
+      "??"
+  """
+  @spec frame_name(%{
+          :symbol => binary() | nil,
+          :lib => binary() | nil,
+          :offset => integer(),
+          optional(atom()) => term()
+        }) :: String.t()
+  def frame_name(%{symbol: symbol}) when is_binary(symbol) and symbol != "", do: symbol
+
+  def frame_name(%{lib: lib, offset: offset}) when is_binary(lib) and lib != "",
+    do: Path.basename(lib) <> "+0x" <> String.downcase(Integer.to_string(offset, 16))
+
+  def frame_name(_frame), do: "??"
+
+  @doc """
+  A standalone SVG flame graph of `sites`, as iodata.
+
+  Options:
+
+    * `:weight` - `:bytes` (default) or `:count`: what a box's width measures.
+    * `:title` - the heading (default `"mtrace: live native memory by call stack"`).
+    * `:width` - the image width in pixels (default 1200).
+
+  Raises `ArgumentError` on an unknown option or a bad value.
+
+  ## Example
+
+      iex> site = %{count: 2, bytes: 2048, oldest: 9, newest: 1,
+      ...>          frames: [%{lib: "/lib/libleak.so", symbol: "leak", file: nil, line: nil,
+      ...>                     addr: 0x1000, inlined: false, offset: 0x10}]}
+      iex> svg = IO.iodata_to_binary(Mtrace.Flamegraph.svg([site], width: 600))
+      iex> svg =~ "<title>leak\\n"
+      true
+      iex> IO.iodata_to_binary(Mtrace.Flamegraph.svg([])) =~ "no live allocations"
+      true
+  """
+  @spec svg([site()], [option()]) :: iodata()
+  def svg(sites, opts \\ []) when is_list(sites) do
+    opts = validate_options!(opts)
+    tree = build_tree(sites, opts[:weight])
+
+    if weight(tree, opts[:weight]) == 0 do
+      empty_svg(opts)
+    else
+      graph_svg(tree, opts)
+    end
+  end
+
+  ## Options
+
+  defp validate_options!(opts) do
+    unless Keyword.keyword?(opts) do
+      raise ArgumentError, "options must be a keyword list, got: #{inspect(opts)}"
+    end
+
+    Enum.each(opts, &validate_option!/1)
+    Keyword.merge(@defaults, opts)
+  end
+
+  defp validate_option!({:weight, w}) when w in [:bytes, :count], do: :ok
+  defp validate_option!({:title, t}) when is_binary(t), do: :ok
+  defp validate_option!({:width, w}) when is_integer(w) and w > 0, do: :ok
+
+  defp validate_option!({key, value}) when key in [:weight, :title, :width] do
+    expected = %{weight: ":bytes or :count", title: "a string", width: "a positive integer"}
+
+    raise ArgumentError,
+          "option #{inspect(key)} must be #{expected[key]}, got: #{inspect(value)}"
+  end
+
+  defp validate_option!({key, _value}) do
+    raise ArgumentError,
+          "unknown option #{inspect(key)}; known options: :weight, :title, :width"
+  end
+
+  ## The tree of merged stacks
+
+  # Each node is built from the sites whose stacks pass through it, paired
+  # with the frames left below it; grouping those by their next frame gives
+  # the children. Every frame of every site is handled once. Sites of zero
+  # weight would only add invisible boxes.
+  defp build_tree(sites, weight) do
+    paths = for site <- sites, Map.fetch!(site, weight) > 0, do: {Enum.reverse(site.frames), site}
+    build_node({"all", nil, false}, [], paths, weight)
+  end
+
+  defp build_node({name, lib, inlined}, frames, paths, weight) do
+    sites = Enum.map(paths, fn {_below, site} -> site end)
+
+    children =
+      paths
+      |> Enum.filter(fn {below, _site} -> below != [] end)
+      |> Enum.group_by(fn {[frame | _], _site} -> node_key(frame) end)
+      |> Enum.map(fn {key, group} ->
+        {frames, paths} =
+          Enum.unzip(for {[frame | below], site} <- group, do: {frame, {below, site}})
+
+        build_node(key, frames, paths, weight)
+      end)
+      # Heaviest first, so the biggest holder of memory is at the left; then
+      # by name, so equal weights still give the same picture every time.
+      |> Enum.sort_by(&{-weight(&1, weight), &1.name, &1.lib || ""})
+
+    %{
+      name: name,
+      lib: lib,
+      inlined: inlined,
+      locations: locations(frames),
+      bytes: sites |> Enum.map(& &1.bytes) |> Enum.sum(),
+      count: sites |> Enum.map(& &1.count) |> Enum.sum(),
+      oldest: sites |> Enum.map(& &1.oldest) |> Enum.max(fn -> 0 end),
+      depth: 1 + (children |> Enum.map(& &1.depth) |> Enum.max(fn -> 0 end)),
+      children: children
+    }
+  end
+
+  # Frames merge into one box when they show the same name from the same
+  # library, inlined or not alike.
+  defp node_key(frame), do: {frame_name(frame), frame.lib, frame.inlined}
+
+  # Kept as {file, line} and written out only for the few a hover text shows.
+  defp locations(frames) do
+    for %{file: file, line: line} <- frames, is_binary(file), into: MapSet.new() do
+      {file, if(is_integer(line) and line > 0, do: line)}
+    end
+  end
+
+  defp weight(node, :bytes), do: node.bytes
+  defp weight(node, :count), do: node.count
+
+  ## Drawing
+
+  defp graph_svg(tree, opts) do
+    width = opts[:width]
+    pad = min(10, div(width, 20))
+    height = @header + tree.depth * @row + @footer
+    total = weight(tree, opts[:weight])
+    scale = (width - 2 * pad) / total
+    ctx = %{weight: opts[:weight], total: total, scale: scale}
+
+    [
+      svg_open(width, height),
+      heading(opts[:title], width),
+      text(width / 2, 44, "middle", total_line(tree, opts[:weight])),
+      ~s(<g font-family="monospace" font-size="#{@font_size}">\n),
+      boxes(tree, pad, 0, ctx),
+      "</g>\n</svg>\n"
+    ]
+  end
+
+  defp empty_svg(opts) do
+    width = opts[:width]
+
+    [
+      svg_open(width, 80),
+      heading(opts[:title], width),
+      text(width / 2, 50, "middle", "no live allocations"),
+      "</svg>\n"
+    ]
+  end
+
+  defp svg_open(width, height) do
+    [
+      ~s(<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n),
+      ~s(<svg xmlns="http://www.w3.org/2000/svg" version="1.1" ),
+      ~s(width="#{width}" height="#{height}" viewBox="0 0 #{width} #{height}">\n),
+      ~s(<rect x="0" y="0" width="#{width}" height="#{height}" fill="#{@background}"/>\n)
+    ]
+  end
+
+  defp heading(title, width) do
+    [
+      ~s(<g font-family="sans-serif" font-size="17">),
+      text(width / 2, 22, "middle", title),
+      "</g>\n"
+    ]
+  end
+
+  defp text(x, y, anchor, content) do
+    ~s(<text x="#{num(x)}" y="#{y}" text-anchor="#{anchor}">#{escape(content)}</text>\n)
+  end
+
+  defp total_line(tree, weight) do
+    "Total: #{Format.bytes(tree.bytes)} in #{Format.int(tree.count)} live allocations " <>
+      "(width by #{if weight == :bytes, do: "bytes", else: "allocation count"})"
+  end
+
+  # A node and, left to right below it, its children. A node too narrow to see
+  # is not drawn, nor are its descendants (they are narrower still), but it
+  # still counts in its parent's width.
+  defp boxes(node, x, depth, ctx) do
+    width = weight(node, ctx.weight) * ctx.scale
+
+    if width < @min_drawn_width do
+      []
+    else
+      {children, _x} =
+        node.children
+        |> Enum.map_reduce(x, fn child, child_x ->
+          {boxes(child, child_x, depth + 1, ctx), child_x + weight(child, ctx.weight) * ctx.scale}
+        end)
+
+      [box(node, x, @header + depth * @row, width, ctx) | children]
+    end
+  end
+
+  defp box(node, x, y, width, ctx) do
+    [
+      "<g><title>",
+      escape(hover_text(node, ctx)),
+      "</title>",
+      ~s(<rect x="#{num(x)}" y="#{y}" width="#{num(width)}" height="#{@box_height}" ),
+      ~s(fill="#{color(node.name)}"/>),
+      label(node.name, x, y, width),
+      "</g>\n"
+    ]
+  end
+
+  defp label(name, x, y, width) do
+    case fit(name, trunc((width - 6) / @char_width)) do
+      "" -> []
+      fitted -> ~s(<text x="#{num(x + 3)}" y="#{y + 12}">#{escape(fitted)}</text>)
+    end
+  end
+
+  # The name, or as much of it as fits followed by "..", or nothing when not
+  # even one character and the dots fit.
+  defp fit(name, chars) do
+    cond do
+      String.length(name) <= chars -> name
+      chars < 3 -> ""
+      true -> String.slice(name, 0, chars - 2) <> ".."
+    end
+  end
+
+  defp hover_text(node, ctx) do
+    share = weight(node, ctx.weight) * 100 / ctx.total
+    unit = if ctx.weight == :bytes, do: "bytes", else: "allocations"
+
+    [
+      node.name,
+      if(node.inlined, do: "(inlined into its caller)"),
+      locations_line(node.locations),
+      if(node.lib, do: "in #{node.lib}"),
+      "#{Format.bytes(node.bytes)} (#{Format.int(node.bytes)} bytes) " <>
+        "in #{Format.int(node.count)} allocations",
+      "#{:erlang.float_to_binary(share, decimals: 2)}% of live #{unit}",
+      "oldest #{node.oldest} s"
+    ]
+    |> Enum.reject(&is_nil/1)
+    |> Enum.join("\n")
+  end
+
+  defp locations_line(locations) do
+    shown =
+      locations |> Enum.sort() |> Enum.take(@max_locations) |> Enum.map_join(", ", &location/1)
+
+    case MapSet.size(locations) do
+      0 -> nil
+      n when n <= @max_locations -> "at " <> shown
+      n -> "at #{shown} and #{n - @max_locations} more"
+    end
+  end
+
+  defp location({file, nil}), do: file
+  defp location({file, line}), do: "#{file}:#{line}"
+
+  # flamegraph.pl's "hot" palette: red high, green anywhere, blue low. Hashing
+  # the name keeps a function's color across graphs.
+  defp color(name) do
+    <<r, g, b, _::binary>> = :erlang.md5(name)
+    rgb = <<205 + rem(r, 51), rem(g, 231), rem(b, 56)>>
+    "#" <> Base.encode16(rgb, case: :lower)
+  end
+
+  defp num(x) when is_integer(x), do: Integer.to_string(x)
+  defp num(x), do: :erlang.float_to_binary(x * 1.0, [:compact, decimals: 2])
+
+  ## XML text
+
+  # Names come from symbol tables and debug info: besides XML's special
+  # characters they may hold bytes that are not UTF-8, or control characters
+  # that XML 1.0 forbids; either would make the document unreadable. A graph
+  # holds thousands of boxes and most of their text is plain ASCII, which a
+  # byte scan recognizes cheaply and which is kept as is.
+  defp escape(text) do
+    if plain_ascii?(text), do: text, else: escape_chars(text)
+  end
+
+  defp plain_ascii?(<<c, rest::binary>>)
+       when (c in 0x20..0x7E or c == ?\n) and c not in [?&, ?<, ?>, ?", ?'],
+       do: plain_ascii?(rest)
+
+  defp plain_ascii?(<<>>), do: true
+  defp plain_ascii?(_other), do: false
+
+  defp escape_chars(text) do
+    for <<char::utf8 <- valid_utf8(text)>>, into: "" do
+      case char do
+        ?& -> "&amp;"
+        ?< -> "&lt;"
+        ?> -> "&gt;"
+        ?" -> "&quot;"
+        ?' -> "&apos;"
+        c when c in [?\n, ?\t] -> <<c::utf8>>
+        c when c < 0x20 or c in [0xFFFE, 0xFFFF] -> "?"
+        c -> <<c::utf8>>
+      end
+    end
+  end
+
+  defp valid_utf8(text) do
+    case :unicode.characters_to_binary(text) do
+      valid when is_binary(valid) ->
+        valid
+
+      {_error, valid, <<_bad, rest::binary>>} ->
+        valid <> "\uFFFD" <> valid_utf8(rest)
+
+      {:incomplete, valid, _rest} ->
+        valid <> "\uFFFD"
+    end
+  end
+end
