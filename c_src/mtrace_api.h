@@ -110,6 +110,11 @@ struct mtrace_site {
     uint64_t bytes;       /* their sizes, summed */
     uint64_t oldest_t_ms; /* time of the oldest of them */
     uint64_t newest_t_ms; /* time of the newest */
+    /* All live allocations of this stack, estimated from the samples when
+     * sampling (MTRACE_SAMPLE_BYTES); equal to count and bytes otherwise.
+     * Sites are ranked by these. */
+    uint64_t est_count;
+    uint64_t est_bytes;
 };
 
 /* How sites are ranked: most bytes, most blocks, or oldest allocation first. */

@@ -48,6 +48,8 @@ static void make_atoms(ErlNifEnv *env) {
         {&mt_atoms.age, "age"},
         {&mt_atoms.size, "size"},
         {&mt_atoms.ns, "ns"},
+        {&mt_atoms.est_count, "est_count"},
+        {&mt_atoms.est_bytes, "est_bytes"},
     };
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         *all[i].term = enif_make_atom(env, all[i].name);

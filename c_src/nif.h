@@ -26,7 +26,7 @@ struct mt_atoms {
     ERL_NIF_TERM bytes, count, oldest;
     /* keys of frame, site and old maps */
     ERL_NIF_TERM lib, symbol, file, line, addr, inlined, offset;
-    ERL_NIF_TERM newest, frames, age, size, ns;
+    ERL_NIF_TERM newest, frames, age, size, ns, est_count, est_bytes;
 };
 extern struct mt_atoms mt_atoms;
 

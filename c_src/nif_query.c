@@ -267,13 +267,17 @@ ERL_NIF_TERM mt_nif_olds_where(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
 
 static ERL_NIF_TERM site_map(ErlNifEnv *env, const struct mtrace_site *s, uint64_t now,
                              ERL_NIF_TERM frames) {
-    ERL_NIF_TERM keys[] = {mt_atoms.count, mt_atoms.bytes, mt_atoms.oldest, mt_atoms.newest,
-                           mt_atoms.frames};
-    ERL_NIF_TERM values[] = {enif_make_uint64(env, s->count), enif_make_uint64(env, s->bytes),
+    ERL_NIF_TERM keys[] = {mt_atoms.count,  mt_atoms.bytes,     mt_atoms.oldest,   mt_atoms.newest,
+                           mt_atoms.frames, mt_atoms.est_count, mt_atoms.est_bytes};
+    ERL_NIF_TERM values[] = {enif_make_uint64(env, s->count),
+                             enif_make_uint64(env, s->bytes),
                              enif_make_uint64(env, age_s(now, s->oldest_t_ms)),
-                             enif_make_uint64(env, age_s(now, s->newest_t_ms)), frames};
+                             enif_make_uint64(env, age_s(now, s->newest_t_ms)),
+                             frames,
+                             enif_make_uint64(env, s->est_count),
+                             enif_make_uint64(env, s->est_bytes)};
     ERL_NIF_TERM map;
-    enif_make_map_from_arrays(env, keys, values, 5, &map);
+    enif_make_map_from_arrays(env, keys, values, sizeof keys / sizeof *keys, &map);
     return map;
 }
 
@@ -311,7 +315,7 @@ ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     mt_api->stats(&s);
     size_t cap = (size_t)(want < s.stacks + 1 ? want : s.stacks + 1), n = 0;
     struct mtrace_site *buf = ok == 1 && cap ? enif_alloc(cap * sizeof *buf) : NULL;
-    struct mtrace_site total = {0, 0, 0, 0, 0, 0};
+    struct mtrace_site total = {0, 0, 0, 0, 0, 0, 0, 0};
     if (ok == 1 && cap && !buf)
         ok = -2;
     if (ok == 1) {

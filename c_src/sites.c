@@ -11,11 +11,13 @@
 #include <sys/mman.h>
 
 #include "query.h"
+#include "sampling.h"
 #include "stacks.h"
 #include "topn.h"
 
 struct group {
     uint64_t count, bytes, oldest, newest;
+    uint64_t est_count, est_bytes; /* est_count in MT_WEIGHT_ONE units; sampling only */
 };
 
 struct sites_scan {
@@ -39,6 +41,10 @@ static void sites_shard(void *ctx, const struct mt_slot *slots, size_t cap) {
             g->newest = t;
         g->count++;
         g->bytes += s->size;
+        if (mt_sample_mean) {
+            g->est_count += mt_sample_weight(s->size);
+            g->est_bytes += mt_sample_weighted_bytes(s->size);
+        }
     }
 }
 
@@ -49,23 +55,23 @@ static int tie(const struct mtrace_site *a, const struct mtrace_site *b) {
 
 static int fewer_bytes(const void *pa, const void *pb) {
     const struct mtrace_site *a = pa, *b = pb;
-    if (a->bytes != b->bytes)
-        return a->bytes < b->bytes;
-    return a->count != b->count ? a->count < b->count : tie(a, b);
+    if (a->est_bytes != b->est_bytes)
+        return a->est_bytes < b->est_bytes;
+    return a->est_count != b->est_count ? a->est_count < b->est_count : tie(a, b);
 }
 
 static int fewer_blocks(const void *pa, const void *pb) {
     const struct mtrace_site *a = pa, *b = pb;
-    if (a->count != b->count)
-        return a->count < b->count;
-    return a->bytes != b->bytes ? a->bytes < b->bytes : tie(a, b);
+    if (a->est_count != b->est_count)
+        return a->est_count < b->est_count;
+    return a->est_bytes != b->est_bytes ? a->est_bytes < b->est_bytes : tie(a, b);
 }
 
 static int newer(const void *pa, const void *pb) {
     const struct mtrace_site *a = pa, *b = pb;
     if (a->oldest_t_ms != b->oldest_t_ms)
         return a->oldest_t_ms > b->oldest_t_ms;
-    return a->bytes != b->bytes ? a->bytes < b->bytes : tie(a, b);
+    return a->est_bytes != b->est_bytes ? a->est_bytes < b->est_bytes : tie(a, b);
 }
 
 static void add_to_total(struct mtrace_site *total, const struct mtrace_site *s) {
@@ -75,6 +81,8 @@ static void add_to_total(struct mtrace_site *total, const struct mtrace_site *s)
         total->newest_t_ms = s->newest_t_ms;
     total->count += s->count;
     total->bytes += s->bytes;
+    total->est_count += s->est_count;
+    total->est_bytes += s->est_bytes;
 }
 
 size_t mt_sites(struct mtrace_site *out, size_t n, const struct mtrace_query *q, int order,
@@ -94,12 +102,17 @@ size_t mt_sites(struct mtrace_site *out, size_t n, const struct mtrace_query *q,
     mt_table_scan(sites_shard, &sc);
 
     struct mt_topn top = {(char *)out, 0, n, sizeof *out, worse[order]};
-    struct mtrace_site sum = {0, 0, 0, 0, 0, 0};
+    struct mtrace_site sum = {0, 0, 0, 0, 0, 0, 0, 0};
     for (size_t id = 0; id < ids; id++) {
         const struct group *g = &groups[id];
         if (!g->count)
             continue;
-        struct mtrace_site s = {(uint32_t)id, 0, g->count, g->bytes, g->oldest, g->newest};
+        struct mtrace_site s = {(uint32_t)id, 0,         g->count, g->bytes,
+                                g->oldest,    g->newest, g->count, g->bytes};
+        if (mt_sample_mean) {
+            s.est_count = (g->est_count + MT_WEIGHT_ONE / 2) / MT_WEIGHT_ONE;
+            s.est_bytes = g->est_bytes;
+        }
         add_to_total(&sum, &s);
         mt_topn_offer(&top, &s);
     }

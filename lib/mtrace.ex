@@ -54,10 +54,17 @@ defmodule Mtrace do
   @typedoc """
   A leak site: the live allocations made by one call stack, how many, how
   many bytes, and the ages in seconds of the oldest and newest of them.
+
+  With sampling (`MTRACE_SAMPLE_BYTES`), `count` and `bytes` are of the
+  recorded samples and `est_count`/`est_bytes` estimate all live
+  allocations of the site (sites are ranked by the estimates); without
+  sampling they are equal.
   """
   @type site :: %{
           count: non_neg_integer(),
           bytes: non_neg_integer(),
+          est_count: non_neg_integer(),
+          est_bytes: non_neg_integer(),
           oldest: non_neg_integer(),
           newest: non_neg_integer(),
           frames: [frame_map()]
@@ -239,6 +246,8 @@ defmodule Mtrace do
   """
   @spec export(Path.t(), keyword()) :: :ok
   def export(path, opts \\ []) do
+    path!(path)
+
     o =
       Options.parse!(
         opts,
@@ -269,6 +278,7 @@ defmodule Mtrace do
   """
   @spec flamegraph(Path.t(), keyword()) :: :ok
   def flamegraph(path, opts \\ []) do
+    path!(path)
     defaults = [sort: :bytes, limit: :all, weight: :bytes, title: nil, width: 1200]
     o = Options.parse!(opts, defaults, "flamegraph/2")
     snap = snapshot(o, opts, [:weight, :title, :width])
@@ -409,11 +419,11 @@ defmodule Mtrace do
     raise ArgumentError, "#{where}: n must be at most 2^64 - 1, got: #{inspect(n)}"
   end
 
-  defp write!(path, data) do
-    unless is_binary(path) or is_list(path) do
-      raise ArgumentError, "path must be a string, got: #{inspect(path)}"
-    end
+  defp path!(path) when is_binary(path) and path != "", do: path
 
-    File.write!(path, data)
-  end
+  defp path!(path),
+    do: raise(ArgumentError, "path must be a non-empty string, got: #{inspect(path)}")
+
+  # The only place mtrace writes a file: where the caller said.
+  defp write!(path, data), do: File.write!(path, data)
 end

@@ -14,51 +14,11 @@ defmodule Mtrace.Export do
 
   alias Mtrace.JSON
 
-  @typedoc "One frame of a site's stack (fields are nil when unknown)."
-  @type frame :: %{
-          lib: binary() | nil,
-          symbol: binary() | nil,
-          file: binary() | nil,
-          line: integer() | nil,
-          addr: integer(),
-          inlined: boolean(),
-          offset: integer()
-        }
-
-  @typedoc "Live allocations sharing one stack; ages in seconds."
-  @type site :: %{
-          count: non_neg_integer(),
-          bytes: non_neg_integer(),
-          oldest: non_neg_integer(),
-          newest: non_neg_integer(),
-          frames: [frame()]
-        }
+  @typedoc "A site as `Mtrace.sites/1` returns it."
+  @type site :: Mtrace.site()
 
   @frame_fields [:lib, :symbol, :file, :line, :addr, :inlined, :offset]
   @site_fields [:count, :bytes, :oldest, :newest]
-
-  @doc """
-  The name a frame is shown by: its symbol, else the basename of its object
-  file and the offset in it (`libfoo.so+0x1a2b`), else `"??"`. An empty
-  symbol or lib counts as unknown.
-
-  ## Examples
-
-      iex> Mtrace.Export.frame_name(%{symbol: "leak", lib: "/opt/leaky_nif.so", offset: 4660})
-      "leak"
-      iex> Mtrace.Export.frame_name(%{symbol: nil, lib: "/opt/leaky_nif.so", offset: 4660})
-      "leaky_nif.so+0x1234"
-      iex> Mtrace.Export.frame_name(%{symbol: nil, lib: nil, offset: 0})
-      "??"
-  """
-  @spec frame_name(map()) :: String.t()
-  def frame_name(%{symbol: symbol}) when is_binary(symbol) and symbol != "", do: symbol
-
-  def frame_name(%{lib: lib, offset: offset}) when is_binary(lib) and lib != "" do
-    Path.basename(lib) <> "+0x" <> String.downcase(Integer.to_string(offset, 16))
-  end
-
-  def frame_name(_frame), do: "??"
 
   @doc """
   Collapsed stacks: a line `outermost;...;innermost weight` per distinct stack.
@@ -66,7 +26,7 @@ defmodule Mtrace.Export do
   `weight` is `:bytes` (default) or `:count` (blocks). Sites whose stacks read
   the same are merged and their weights summed; lines come heaviest first
   (ties by stack), and stacks of weight 0 are left out since they draw
-  nothing. Frame names are `frame_name/1`, with `;` (the frame separator)
+  nothing. Frame names are `Mtrace.Frame.name/1`, with `;` (the frame separator)
   replaced by `:` and line breaks by spaces, so every line parses; spaces are
   kept, as readers split the weight off at the last one. A site without a
   stack is drawn as the single frame `[no stack]`.
@@ -107,7 +67,7 @@ defmodule Mtrace.Export do
 
   defp folded_name(frame) do
     frame
-    |> frame_name()
+    |> Mtrace.Frame.name()
     |> String.replace(";", ":")
     |> String.replace(["\r\n", "\n", "\r"], " ")
   end
@@ -123,7 +83,7 @@ defmodule Mtrace.Export do
 
   `stats` is `Mtrace.stats/0`; `meta` gives `:node` and `:generated_at` (a
   `DateTime`, written in ISO 8601). `total` sums the sites given. Each frame
-  also carries its display `name` (`frame_name/1`), so readers need not
+  also carries its display `name` (`Mtrace.Frame.name/1`), so readers need not
   repeat the rule. Keys are written sorted. Raises `ArgumentError` if
   something cannot be encoded (see `Mtrace.JSON`).
 
@@ -165,6 +125,6 @@ defmodule Mtrace.Export do
   defp frame_object(frame) do
     frame
     |> Map.take(@frame_fields)
-    |> Map.put(:name, frame_name(frame))
+    |> Map.put(:name, Mtrace.Frame.name(frame))
   end
 end

@@ -27,25 +27,8 @@ defmodule Mtrace.Flamegraph do
 
   alias Mtrace.VM.Format
 
-  @typedoc "One frame of a site's stack, innermost first."
-  @type frame :: %{
-          lib: binary() | nil,
-          symbol: binary() | nil,
-          file: binary() | nil,
-          line: integer() | nil,
-          addr: integer(),
-          inlined: boolean(),
-          offset: integer()
-        }
-
-  @typedoc "Live allocations sharing one call stack."
-  @type site :: %{
-          count: non_neg_integer(),
-          bytes: non_neg_integer(),
-          oldest: non_neg_integer(),
-          newest: non_neg_integer(),
-          frames: [frame()]
-        }
+  @typedoc "A site as `Mtrace.sites/1` returns it."
+  @type site :: Mtrace.site()
 
   @type option :: {:weight, :bytes | :count} | {:title, String.t()} | {:width, pos_integer()}
 
@@ -62,32 +45,6 @@ defmodule Mtrace.Flamegraph do
   @min_drawn_width 0.1
   @background "#f8f8f8"
   @max_locations 3
-
-  @doc """
-  The name a frame is shown under: its symbol if known, else the basename of
-  its library and the frame's offset in it, in lowercase hex, else `"??"`.
-
-  ## Examples
-
-      iex> Mtrace.Flamegraph.frame_name(%{symbol: "malloc_wrapper", lib: "/lib/libx.so", offset: 16})
-      "malloc_wrapper"
-      iex> Mtrace.Flamegraph.frame_name(%{symbol: nil, lib: "/usr/lib/libx.so.1", offset: 0x1A2B})
-      "libx.so.1+0x1a2b"
-      iex> Mtrace.Flamegraph.frame_name(%{symbol: nil, lib: nil, offset: 0})
-      "??"
-  """
-  @spec frame_name(%{
-          :symbol => binary() | nil,
-          :lib => binary() | nil,
-          :offset => integer(),
-          optional(atom()) => term()
-        }) :: String.t()
-  def frame_name(%{symbol: symbol}) when is_binary(symbol) and symbol != "", do: symbol
-
-  def frame_name(%{lib: lib, offset: offset}) when is_binary(lib) and lib != "",
-    do: Path.basename(lib) <> "+0x" <> String.downcase(Integer.to_string(offset, 16))
-
-  def frame_name(_frame), do: "??"
 
   @doc """
   A standalone SVG flame graph of `sites`, as iodata.
@@ -193,7 +150,7 @@ defmodule Mtrace.Flamegraph do
 
   # Frames merge into one box when they show the same name from the same
   # library, inlined or not alike.
-  defp node_key(frame), do: {frame_name(frame), frame.lib, frame.inlined}
+  defp node_key(frame), do: {Mtrace.Frame.name(frame), frame.lib, frame.inlined}
 
   # Kept as {file, line} and written out only for the few a hover text shows.
   defp locations(frames) do

@@ -14,11 +14,9 @@ defmodule Mtrace.Report do
           nif_lookup (nif.c:41) cache_nif.so
           ... 9 more
 
-  Sites and frames are maps as `Mtrace.sites/1` returns them (see
-  `Mtrace.Export`).
+  Sites and frames are maps as `Mtrace.sites/1` returns them.
   """
 
-  alias Mtrace.Export
   alias Mtrace.VM.Format
 
   @default_frames 8
@@ -51,7 +49,7 @@ defmodule Mtrace.Report do
         "    leak (leaky_nif.c:12) leaky_nif.so"
       ]
   """
-  @spec format([Export.site()], map(), keyword()) :: iodata()
+  @spec format([Mtrace.site()], map(), keyword()) :: iodata()
   def format(sites, stats, opts \\ []) do
     max_frames = Keyword.get(opts, :frames, @default_frames)
 
@@ -99,9 +97,16 @@ defmodule Mtrace.Report do
   end
 
   defp site_line(site, rank) do
-    "##{rank}  #{Format.bytes(site.bytes)} in #{blocks(site.count)}  " <>
-      "oldest #{age(site.oldest)}  newest #{age(site.newest)}\n"
+    "##{rank}  #{size(site)}  oldest #{age(site.oldest)}  newest #{age(site.newest)}\n"
   end
+
+  # With sampling a site's estimates differ from its recorded samples.
+  defp size(%{est_bytes: est_bytes, est_count: est_count, count: count} = site)
+       when est_count != count or est_bytes != site.bytes do
+    "about #{Format.bytes(est_bytes)} in about #{blocks(est_count)} (#{Format.int(count)} sampled)"
+  end
+
+  defp size(site), do: "#{Format.bytes(site.bytes)} in #{blocks(site.count)}"
 
   defp blocks(1), do: "1 block"
   defp blocks(n), do: "#{Format.int(n)} blocks"
@@ -116,7 +121,7 @@ defmodule Mtrace.Report do
   # already is the lib and an offset.
   defp frame_line(frame) do
     parts = [
-      Export.frame_name(frame),
+      Mtrace.Frame.name(frame),
       location(frame[:file], frame[:line]),
       if(known?(frame[:symbol]) and known?(frame[:lib]), do: Path.basename(frame[:lib])),
       if(frame[:inlined], do: "[inlined]")

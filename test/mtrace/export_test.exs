@@ -58,15 +58,15 @@ defmodule Mtrace.ExportTest do
     ]
   end
 
-  describe "frame_name/1" do
+  describe "Mtrace.Frame.name/1" do
     test "symbol, else lib basename and lowercase hex offset, else ??" do
-      assert Export.frame_name(frame("f", lib: nil)) == "f"
+      assert Mtrace.Frame.name(frame("f", lib: nil)) == "f"
 
-      assert Export.frame_name(frame(nil, lib: "/a/b/libz.so.1", offset: 0xBEEF)) ==
+      assert Mtrace.Frame.name(frame(nil, lib: "/a/b/libz.so.1", offset: 0xBEEF)) ==
                "libz.so.1+0xbeef"
 
-      assert Export.frame_name(frame(nil, lib: nil)) == "??"
-      assert Export.frame_name(frame("", lib: "", offset: 1)) == "??"
+      assert Mtrace.Frame.name(frame(nil, lib: nil)) == "??"
+      assert Mtrace.Frame.name(frame("", lib: "", offset: 1)) == "??"
     end
   end
 

@@ -19,8 +19,12 @@ defmodule Mtrace.RemoteTest do
 
   # A peer; with `code: true` it gets this node's code paths (mtrace and the
   # test fixtures), with `preload: false` it runs without the tracer.
-  defp start_peer(code: code, preload: preload) do
-    env = if preload, do: [], else: [{~c"LD_PRELOAD", false}]
+  defp start_peer(opts) do
+    code = Keyword.get(opts, :code, true)
+    preload = Keyword.get(opts, :preload, true)
+    extra = Keyword.get(opts, :env, [])
+
+    env = if preload, do: extra, else: [{~c"LD_PRELOAD", false} | extra]
     {:ok, peer, node} = :peer.start_link(%{name: :peer.random_name(), env: env})
 
     on_exit(fn ->
@@ -84,6 +88,21 @@ defmodule Mtrace.RemoteTest do
 
     error = assert_raise Mtrace.Error, fn -> Mtrace.stats(node: :nobody@nowhere) end
     assert error.reason == :nodedown
+  end
+
+  test "with sampling, sites estimate every live allocation of the site" do
+    peer = start_peer(code: true, preload: true, env: [{~c"MTRACE_SAMPLE_BYTES", ~c"16384"}])
+    :ok = :erpc.call(peer, LeakyNif, :leak, [:malloc, 4000, 4096])
+    assert %{sampled: true} = Mtrace.stats(node: peer)
+
+    assert [%{count: sampled, est_count: est, est_bytes: est_bytes}] =
+             Mtrace.sites(node: peer, lib: "leaky_nif")
+
+    # p(4096 bytes recorded) = 1 - e^(-1/4): about 885 of 4000; the estimate
+    # is within 20% (over 5 standard deviations) of the truth
+    assert sampled < 4000
+    assert_in_delta est, 4000, 800
+    assert_in_delta est_bytes, 4000 * 4096, 800 * 4096
   end
 
   test "cluster/3 answers per node, errors included" do

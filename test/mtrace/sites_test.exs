@@ -4,6 +4,7 @@ defmodule Mtrace.SitesTest do
   doctest Mtrace.Options
   doctest Mtrace.Query
   doctest Mtrace.Remote
+  doctest Mtrace.Frame
 
   import Bitwise
   alias Mtrace.Test.LeakyNif

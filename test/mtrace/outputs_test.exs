@@ -1,0 +1,110 @@
+defmodule Mtrace.OutputsTest do
+  # report/1, export/2 and flamegraph/2 on the live table of this VM.
+  use ExUnit.Case, async: false
+
+  import ExUnit.CaptureIO
+  require Record
+  alias Mtrace.Test.{JSONParser, LeakyNif}
+
+  Record.defrecordp(
+    :xml_element,
+    :xmlElement,
+    Record.extract(:xmlElement, from_lib: "xmerl/include/xmerl.hrl")
+  )
+
+  @lib "leaky_nif"
+
+  setup do
+    LeakyNif.free_kept()
+    Mtrace.enable()
+    Mtrace.reset()
+    LeakyNif.leak(:malloc, 7, 3001)
+    LeakyNif.leak(:calloc, 50, 100)
+    LeakyNif.leak(:strdup, 3, 99)
+    dir = Path.join(System.tmp_dir!(), "mtrace_outputs_#{System.unique_integer([:positive])}")
+    File.mkdir_p!(dir)
+
+    on_exit(fn ->
+      LeakyNif.free_kept()
+      File.rm_rf(dir)
+    end)
+
+    %{dir: dir}
+  end
+
+  test "report/1 prints the top sites with sizes, ages and file:line frames" do
+    out = capture_io(fn -> assert :ok = Mtrace.report(lib: @lib, limit: 2, frames: 2) end)
+    lines = String.split(out, "\n", trim: true)
+    assert hd(lines) =~ "Native memory live on #{node()}"
+    assert Enum.at(lines, 1) =~ ~r/^#1  20\.5 KiB in 7 blocks  oldest \d+s  newest \d+s$/
+
+    assert Enum.at(lines, 2) =~
+             ~r/^    fixture_leak_malloc \(test\/fixtures\/leaky_nif\.c:\d+\) leaky_nif\.so$/
+
+    assert Enum.at(lines, 4) =~ "... "
+    assert Enum.at(lines, 5) =~ ~r/^#2  14\.6 KiB in 50 blocks/
+    refute out =~ "#3"
+  end
+
+  test "export/2 :folded lines sum to the live bytes (or counts) of the sites", %{dir: dir} do
+    path = Path.join(dir, "native.folded")
+    assert :ok = Mtrace.export(path, lib: @lib)
+    weights = folded_weights(path)
+    assert Enum.sum(Map.values(weights)) == 21_007 + 15_000 + 300
+
+    assert Enum.any?(weights, fn {stack, w} ->
+             w == 21_007 and String.ends_with?(stack, ";fixture_leak_malloc")
+           end)
+
+    assert :ok = Mtrace.export(path, lib: @lib, weight: :count)
+    assert path |> folded_weights() |> Map.values() |> Enum.sum() == 60
+
+    # without a filter: every live site, summing to what the sites hold
+    assert :ok = Mtrace.export(path, format: :folded)
+    assert path |> folded_weights() |> Map.values() |> Enum.sum() > 36_307
+  end
+
+  test "export/2 :json decodes to sites, totals and stats", %{dir: dir} do
+    path = Path.join(dir, "native.json")
+    assert :ok = Mtrace.export(path, format: :json, lib: @lib)
+    doc = path |> File.read!() |> JSONParser.decode!()
+    assert doc["node"] == Atom.to_string(node())
+    assert {:ok, _, 0} = DateTime.from_iso8601(doc["generated_at"])
+    assert %{"count" => 60, "bytes" => 36_307} = doc["total"]
+    assert [%{"count" => 7, "bytes" => 21_007, "frames" => [frame | _]} | _] = doc["sites"]
+    assert frame["symbol"] == "fixture_leak_malloc"
+    assert frame["file"] =~ "leaky_nif.c"
+    assert is_integer(frame["line"])
+    assert is_map(doc["stats"]) and is_integer(doc["stats"]["live_count"])
+  end
+
+  test "flamegraph/2 writes a well-formed SVG with the leaking functions", %{dir: dir} do
+    path = Path.join(dir, "native.svg")
+    assert :ok = Mtrace.flamegraph(path, lib: @lib, title: "leaks & more")
+    svg = File.read!(path)
+    {doc, _rest} = :xmerl_scan.string(String.to_charlist(svg), quiet: true)
+    assert xml_element(doc, :name) == :svg
+    assert svg =~ "leaks &amp; more"
+
+    for name <- ["fixture_leak_malloc", "fixture_leak_calloc", "fixture_leak_strdup"] do
+      assert svg =~ "<title>#{name}"
+    end
+  end
+
+  test "outputs refuse bad options and write nothing", %{dir: dir} do
+    path = Path.join(dir, "never")
+    assert_raise ArgumentError, ~r/:format/, fn -> Mtrace.export(path, format: :csv) end
+    assert_raise ArgumentError, ~r/:weight/, fn -> Mtrace.flamegraph(path, weight: :age) end
+    assert_raise ArgumentError, ~r/:width/, fn -> Mtrace.flamegraph(path, width: 0) end
+    assert_raise ArgumentError, ~r/:frames/, fn -> Mtrace.report(frames: -1) end
+    assert_raise ArgumentError, ~r/path/, fn -> Mtrace.export(:nowhere, []) end
+    refute File.exists?(path)
+  end
+
+  defp folded_weights(path) do
+    for line <- path |> File.read!() |> String.split("\n", trim: true), into: %{} do
+      [_, stack, weight] = Regex.run(~r/^(.*) (\d+)$/, line)
+      {stack, String.to_integer(weight)}
+    end
+  end
+end
