@@ -35,17 +35,33 @@ for {age, size, addr, ns, stack} <- Mtrace.olds(3, true) do
   end
 end
 
-# Group what is still held by the function that called malloc.
-{symbol, blocks} =
-  Mtrace.olds(1_000_000)
-  |> Enum.group_by(fn {_, _, _, _, stack} -> stack |> List.first({nil, nil}) |> elem(1) end)
-  |> Enum.max_by(fn {_, olds} -> olds |> Enum.map(&elem(&1, 1)) |> Enum.sum() end)
+IO.puts("\nThe sites holding the most native memory (Mtrace.report(limit: 3, frames: 3)):\n")
+Mtrace.report(limit: 3, frames: 3)
 
-bytes = blocks |> Enum.map(&elem(&1, 1)) |> Enum.sum()
-{_, _, _, _, [{lib, _} | _]} = hd(blocks)
+mark = Mtrace.mark()
+LeakyNif.leak(:strdup, 5, 99)
 
 IO.puts("""
 
-Leaking function: #{symbol} in #{Path.basename(lib)}
-  #{length(blocks)} blocks, #{bytes} bytes allocated and never freed; the churn left nothing.
+After mark = Mtrace.mark(), the NIF leaked 5 more strings. What grew since the
+mark (Mtrace.sites(since: mark)):
+""")
+
+for site <- Mtrace.sites(since: mark) do
+  frame = hd(site.frames)
+
+  IO.puts(
+    "  #{site.count} blocks, #{site.bytes} bytes from #{frame.symbol} (#{Path.basename(frame.file || "?")}:#{frame.line})"
+  )
+end
+
+svg = Path.expand("_build/demo/native.svg")
+File.mkdir_p!(Path.dirname(svg))
+:ok = Mtrace.flamegraph(svg)
+:ok = Mtrace.export(Path.rootname(svg) <> ".folded")
+
+IO.puts("""
+
+Flame graph of all live native memory: #{svg}
+Collapsed stacks (flamegraph.pl, inferno, speedscope): #{Path.rootname(svg)}.folded
 """)

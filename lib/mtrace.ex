@@ -212,8 +212,8 @@ defmodule Mtrace do
   @doc """
   Prints the top sites as a readable table: live bytes and blocks with
   humanized sizes and ages, then one line per frame, `symbol (file:line)
-  lib`. Takes the options of `sites/1` plus `frames:` (frames shown per site,
-  default 8). Returns `:ok`.
+  lib`. Takes the options of `sites/1` (with `demangle: true` by default) plus
+  `frames:` (frames shown per site, default 8). Returns `:ok`.
 
       Mtrace.report(limit: 3)
       # prints:
@@ -237,8 +237,8 @@ defmodule Mtrace do
       speedscope; `weight: :bytes` (default) or `:count`;
     * `format: :json` — `%{generated_at, node, total, stats, sites}`.
 
-  Takes the options of `sites/1`, with `limit: :all` by default. Returns
-  `:ok`; the file is written only at `path`.
+  Takes the options of `sites/1`, with `limit: :all` and `demangle: true` by
+  default. Returns `:ok`; the file is written only at `path`.
 
       path = Path.join(System.tmp_dir!(), "native.folded")
       Mtrace.export(path, format: :folded, weight: :bytes)
@@ -259,7 +259,7 @@ defmodule Mtrace do
 
     data =
       case o.format do
-        :folded -> Export.folded(snap.sites, o.weight)
+        :folded -> Export.folded(estimated(snap), o.weight)
         :json -> Export.json(snap.sites, snap.stats, Map.take(snap, [:node, :generated_at]))
       end
 
@@ -269,7 +269,8 @@ defmodule Mtrace do
   @doc """
   Writes a standalone SVG flame graph of live native memory by call stack to
   `path` (open it in a browser; hover a box for its name, source line, bytes
-  and share). Takes the options of `sites/1` (`limit: :all` by default) plus
+  and share). Takes the options of `sites/1` (`limit: :all` and
+  `demangle: true` by default) plus
   `weight:` (`:bytes` or `:count`), `title:` and `width:` (pixels). Returns
   `:ok`.
 
@@ -283,7 +284,7 @@ defmodule Mtrace do
     o = Options.parse!(opts, defaults, "flamegraph/2")
     snap = snapshot(o, opts, [:weight, :title, :width])
     render = [weight: o.weight, width: o.width] ++ if(o.title, do: [title: o.title], else: [])
-    write!(path, Flamegraph.svg(snap.sites, render))
+    write!(path, Flamegraph.svg(estimated(snap), render))
   end
 
   @doc """
@@ -402,7 +403,8 @@ defmodule Mtrace do
   # The data of an output, taken where the table is; render-only options
   # stay here.
   defp snapshot(o, opts, render_keys) do
-    query = opts |> drop_node() |> Keyword.drop(render_keys)
+    # Outputs are read by people: C++ names demangled unless asked otherwise.
+    query = opts |> drop_node() |> Keyword.drop(render_keys) |> Keyword.put_new(:demangle, true)
 
     Remote.call(
       Options.target(o),
@@ -412,6 +414,14 @@ defmodule Mtrace do
       Map.get(o, :timeout, @remote_timeout)
     )
   end
+
+  # Under sampling, drawings weigh each site by its estimates, not by the
+  # samples (which over-represent large blocks).
+  defp estimated(%{stats: %{sampled: true}, sites: sites}) do
+    Enum.map(sites, &%{&1 | bytes: &1.est_bytes, count: &1.est_count})
+  end
+
+  defp estimated(snap), do: snap.sites
 
   defp count!(n, _where) when n <= 0xFFFF_FFFF_FFFF_FFFF, do: n
 

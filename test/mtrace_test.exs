@@ -125,8 +125,8 @@ defmodule MtraceTest do
     assert_raise ArgumentError, ~r/n must be/, fn -> Mtrace.olds(-1) end
     assert_raise ArgumentError, ~r/n must be/, fn -> Mtrace.olds(1.5) end
     assert_raise ArgumentError, ~r/n must be/, fn -> Mtrace.olds(:ten) end
-    assert_raise ArgumentError, ~r/demangle must be/, fn -> Mtrace.olds(1, :yes) end
-    assert_raise ArgumentError, ~r/demangle must be/, fn -> Mtrace.olds(1, nil) end
+    assert_raise ArgumentError, ~r/must be a boolean \(demangle\)/, fn -> Mtrace.olds(1, :yes) end
+    assert_raise ArgumentError, ~r/must be a boolean \(demangle\)/, fn -> Mtrace.olds(1, nil) end
   end
 
   test "os:cmd and ports work under the preload" do

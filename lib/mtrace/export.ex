@@ -18,7 +18,7 @@ defmodule Mtrace.Export do
   @type site :: Mtrace.site()
 
   @frame_fields [:lib, :symbol, :file, :line, :addr, :inlined, :offset]
-  @site_fields [:count, :bytes, :oldest, :newest]
+  @site_fields [:count, :bytes, :est_count, :est_bytes, :oldest, :newest]
 
   @doc """
   Collapsed stacks: a line `outermost;...;innermost weight` per distinct stack.

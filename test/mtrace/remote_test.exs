@@ -84,6 +84,7 @@ defmodule Mtrace.RemoteTest do
     assert error.message =~ "on node #{inspect(unpreloaded)}"
     assert error.message =~ "LD_PRELOAD"
     # a watcher in a supervision tree there starts as :ignore, not a crash loop
+    # (its one warning is logged there)
     assert :ignore = :erpc.call(unpreloaded, Mtrace.Watch, :start_link, [[]])
 
     error = assert_raise Mtrace.Error, fn -> Mtrace.stats(node: :nobody@nowhere) end
@@ -103,6 +104,13 @@ defmodule Mtrace.RemoteTest do
     assert sampled < 4000
     assert_in_delta est, 4000, 800
     assert_in_delta est_bytes, 4000 * 4096, 800 * 4096
+
+    # drawings weigh sites by the estimates
+    path = Path.join(System.tmp_dir!(), "mtrace_sampled_#{System.unique_integer([:positive])}")
+    on_exit(fn -> File.rm(path) end)
+    :ok = Mtrace.export(path, node: peer, lib: "leaky_nif")
+    assert [line] = String.split(File.read!(path), "\n", trim: true)
+    assert line |> String.split(" ") |> List.last() |> String.to_integer() == est_bytes
   end
 
   test "cluster/3 answers per node, errors included" do
