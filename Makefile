@@ -5,9 +5,9 @@ BUILD ?= _build/c
 MAKEVARS = $(BUILD)/makevars.mk
 SUBMAKE = $(MAKE) --no-print-directory -f c_src/build.mk PRIV=$(PRIV) BUILD=$(BUILD) MAKEVARS=$(MAKEVARS)
 
-.PHONY: all fixtures ctest ctest-asan test bench clean
+.PHONY: all fixtures ctest ctest-asan ctest-valgrind test bench clean
 
-all fixtures ctest ctest-asan: $(MAKEVARS)
+all fixtures ctest ctest-asan ctest-valgrind: $(MAKEVARS)
 	$(SUBMAKE) $@
 
 $(MAKEVARS): c_src/makevars.sh

@@ -17,11 +17,23 @@ SYM_SRC = c_src/symbols.c c_src/dwarf_lines.c
 SYM_HDR = c_src/symbols.h c_src/dwarf_lines.h
 NIF_HDR = c_src/mtrace_api.h c_src/nif.h $(SYM_HDR)
 
-CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_interpose $(BUILD)/test_symbols \
-	$(BUILD)/test_unwind $(BUILD)/test_interpose_sampling
-ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_symbols \
-	$(BUILD)/asan_test_unwind
+# test_interpose* run with the preload (test/c/run.sh); MTRACE_STRESS=1 in the
+# environment makes some of them run longer.
+INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
+	$(BUILD)/test_interpose_libc $(BUILD)/test_interpose_stress $(BUILD)/test_interpose_concurrent \
+	$(BUILD)/test_interpose_fork $(BUILD)/test_interpose_dlopen $(BUILD)/test_interpose_growth
+CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
+	$(BUILD)/test_unwind $(INTERPOSE_TESTS)
+ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_query \
+	$(BUILD)/asan_test_symbols $(BUILD)/asan_test_unwind
+VALGRIND_TESTS = $(BUILD)/test_table $(BUILD)/test_query $(BUILD)/test_config $(BUILD)/test_symbols
+DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so
+# The read side without the interposer, for test_query.
+QUERY_SRC = c_src/query.c c_src/sites.c c_src/table.c c_src/stacks.c c_src/unwind.c \
+	c_src/eh_frame.c c_src/sampling.c
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+# The preload cannot run under ASan (both replace malloc), but it can under UBSan.
+UBSAN_FLAGS = -fsanitize=undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 FIXTURE_FLAGS = -O1 -g -fno-inline -fno-optimize-sibling-calls
 
 all: $(PRIV)/mtrace.so $(PRIV)/mtrace_nif.so
@@ -42,11 +54,23 @@ $(BUILD)/leaky_nif.so: test/fixtures/leaky_nif.c $(MAKEVARS)
 	$(CC) $(CFLAGS_ALL) $(FIXTURE_FLAGS) -I$(ERTS_INCLUDE) $(NIF_LDFLAGS) -o $@ test/fixtures/leaky_nif.c -lpthread
 
 # C tests without the VM.
-ctest: all $(CTESTS) $(BUILD)/symbols_fixture.so
+ctest: all $(CTESTS) $(BUILD)/symbols_fixture.so $(DL_FIXTURES)
 	sh test/c/run.sh $(BUILD) $(PRIV) $(CTESTS)
 
-ctest-asan: $(ASAN_TESTS) $(BUILD)/symbols_fixture.so
+# The same under the sanitizers: the tests without the preload built with ASan
+# and UBSan, the test_interpose* programs with a preload built with UBSan.
+ctest-asan: $(ASAN_TESTS) $(BUILD)/symbols_fixture.so $(BUILD)/ubsan/mtrace.so $(INTERPOSE_TESTS) \
+		$(DL_FIXTURES)
 	sh test/c/run.sh $(BUILD) $(PRIV) $(ASAN_TESTS)
+	sh test/c/run.sh $(BUILD) $(BUILD)/ubsan $(INTERPOSE_TESTS)
+
+# Table, query, configuration and symbol code under valgrind memcheck.
+ctest-valgrind: $(VALGRIND_TESTS) $(BUILD)/symbols_fixture.so
+	sh test/c/run.sh --valgrind $(BUILD) $(PRIV) $(VALGRIND_TESTS)
+
+$(BUILD)/ubsan/mtrace.so: $(PRELOAD_SRC) $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)/ubsan
+	$(CC) $(CFLAGS_ALL) $(UBSAN_FLAGS) $(PRELOAD_CFLAGS) $(SO_LDFLAGS) -o $@ $(PRELOAD_SRC) $(PRELOAD_LIBS)
 
 $(BUILD)/test_table: test/c/test_table.c test/c/check.h c_src/table.c c_src/table.h \
 		c_src/sampling.c c_src/sampling.h $(MAKEVARS)
@@ -73,6 +97,51 @@ $(BUILD)/test_interpose: test/c/test_interpose.c test/c/check.h c_src/mtrace_api
 $(BUILD)/test_interpose_sampling: test/c/test_interpose_sampling.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_interpose_sampling.c $(DL_LIBS)
+
+$(BUILD)/test_query: test/c/test_query.c test/c/check.h $(QUERY_SRC) $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_query.c $(QUERY_SRC) $(PRELOAD_LIBS)
+
+$(BUILD)/asan_test_query: test/c/test_query.c test/c/check.h $(QUERY_SRC) $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_query.c $(QUERY_SRC) $(PRELOAD_LIBS)
+
+$(BUILD)/test_interpose_libc: test/c/test_interpose_libc.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_libc.c $(DL_LIBS)
+
+$(BUILD)/test_interpose_stress: test/c/test_interpose_stress.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_stress.c $(DL_LIBS) -lpthread
+
+$(BUILD)/test_interpose_concurrent: test/c/test_interpose_concurrent.c test/c/check.h c_src/mtrace_api.h \
+		$(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_concurrent.c $(DL_LIBS) -lpthread
+
+$(BUILD)/test_interpose_fork: test/c/test_interpose_fork.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_fork.c $(DL_LIBS) -lpthread
+
+$(BUILD)/test_interpose_dlopen: test/c/test_interpose_dlopen.c test/c/check.h c_src/mtrace_api.h \
+		$(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -fno-optimize-sibling-calls -Ic_src -o $@ \
+		test/c/test_interpose_dlopen.c $(SYM_SRC) $(DW_LIBS)
+
+# Defines its own mmap, which the preload then uses: exported with -rdynamic.
+$(BUILD)/test_interpose_growth: test/c/test_interpose_growth.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_growth.c $(DL_LIBS) -rdynamic
+
+# One source, two frame sizes, the same code layout (see dl_fixture.c).
+$(BUILD)/dl_fixture_a.so: test/c/dl_fixture.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -DFIXTURE_FRAME=200 $(SO_LDFLAGS) -o $@ test/c/dl_fixture.c
+
+$(BUILD)/dl_fixture_b.so: test/c/dl_fixture.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -DFIXTURE_FRAME=65536 $(SO_LDFLAGS) -o $@ test/c/dl_fixture.c
 
 $(BUILD)/test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)

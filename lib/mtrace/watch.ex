@@ -111,7 +111,7 @@ defmodule Mtrace.Watch do
   end
 
   defp warn(o, mark, from, to) do
-    sites = Mtrace.sites(since: mark, limit: o.limit)
+    sites = Mtrace.sites(since: mark, limit: o.limit, demangle: true)
 
     Logger.warning([
       "mtrace: native live memory grew in #{o.intervals} consecutive intervals of ",
