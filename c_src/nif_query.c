@@ -220,6 +220,18 @@ static int get_query(ErlNifEnv *env, const ERL_NIF_TERM argv[], struct mtrace_qu
     return ok < 0 ? -2 : ok;
 }
 
+/* Why a keyword query cannot run: no preload, or one without the query. */
+static ERL_NIF_TERM unavailable(ErlNifEnv *env) {
+    return mt_nif_error(env, mt_api ? mt_atoms.preload_too_old : mt_atoms.not_preloaded);
+}
+
+/* The answer, or the error met while parsing (0) or running (-2) the query. */
+static ERL_NIF_TERM query_result(ErlNifEnv *env, int ok, ERL_NIF_TERM answer) {
+    if (ok == 0)
+        return enif_make_badarg(env);
+    return ok == -2 ? enif_raise_exception(env, mt_atoms.enomem) : answer;
+}
+
 /* olds_where(N, Demangle, Filter, Lib) -> [#{age, size, addr, ns, frames}] */
 ERL_NIF_TERM mt_nif_olds_where(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc;
@@ -228,10 +240,8 @@ ERL_NIF_TERM mt_nif_olds_where(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
     memset(&q, 0, sizeof q);
     if (!enif_get_uint64(env, argv[0], &want))
         return enif_make_badarg(env);
-    if (!mt_api)
-        return mt_nif_error(env, mt_atoms.not_preloaded);
-    if (!MT_API_HAS(olds_where))
-        return mt_nif_error(env, mt_atoms.preload_too_old);
+    if (!mt_api || !MT_API_HAS(olds_where))
+        return unavailable(env);
     int was = mt_api->thread_ignore(1), demangle = 0;
     uint64_t *set;
     int ok = get_query(env, argv + 1, &q, &demangle, &set);
@@ -258,9 +268,7 @@ ERL_NIF_TERM mt_nif_olds_where(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
     }
     enif_free(buf);
     mt_api->thread_ignore(was);
-    if (ok == 0)
-        return enif_make_badarg(env);
-    return ok == -2 ? enif_raise_exception(env, mt_atoms.enomem) : list;
+    return query_result(env, ok, list);
 }
 
 /* ---- sites -------------------------------------------------------------------------------- */
@@ -304,10 +312,8 @@ ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     memset(&q, 0, sizeof q);
     if (!enif_get_uint64(env, argv[0], &want) || !get_order(env, argv[1], &order))
         return enif_make_badarg(env);
-    if (!mt_api)
-        return mt_nif_error(env, mt_atoms.not_preloaded);
-    if (!MT_API_HAS(sites))
-        return mt_nif_error(env, mt_atoms.preload_too_old);
+    if (!mt_api || !MT_API_HAS(sites))
+        return unavailable(env);
     int was = mt_api->thread_ignore(1), demangle = 0;
     uint64_t *set;
     int ok = get_query(env, argv + 2, &q, &demangle, &set);
@@ -331,9 +337,6 @@ ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
             env, site_map(env, &buf[i], now, stack_frames(env, buf[i].stack_id, demangle)), list);
     enif_free(buf);
     mt_api->thread_ignore(was);
-    if (ok == 0)
-        return enif_make_badarg(env);
-    if (ok == -2)
-        return enif_raise_exception(env, mt_atoms.enomem);
-    return enif_make_tuple2(env, site_map(env, &total, now, enif_make_list(env, 0)), list);
+    return query_result(
+        env, ok, enif_make_tuple2(env, site_map(env, &total, now, enif_make_list(env, 0)), list));
 }

@@ -15,6 +15,26 @@ defmodule Mtrace.Options do
   @u64_max 0xFFFF_FFFF_FFFF_FFFF
   @lib_max 511
 
+  # What each option must be, for error messages.
+  @expected %{
+    min_age: "a non-negative number of seconds",
+    max_age: "a non-negative number of seconds",
+    min_size: "a non-negative integer of bytes",
+    max_size: "a non-negative integer of bytes",
+    since: "a mark from Mtrace.mark/1",
+    lib: "a string",
+    demangle: "a boolean",
+    node: "a node name (atom)",
+    sort: "one of :bytes, :count, :oldest",
+    weight: "one of :bytes, :count",
+    format: "one of :folded, :json",
+    limit: "a positive integer or :all",
+    frames: "a positive integer",
+    width: "an integer of at least 100 (pixels)",
+    title: "a string",
+    timeout: "a positive integer of milliseconds or :infinity"
+  }
+
   @filter_keys [
     :since,
     :min_age,
@@ -148,21 +168,7 @@ defmodule Mtrace.Options do
 
   defp check!(key, value, where), do: bad!(key, value, where, expected(key))
 
-  defp expected(key) when key in [:min_age, :max_age], do: "a non-negative number of seconds"
-  defp expected(key) when key in [:min_size, :max_size], do: "a non-negative integer of bytes"
-  defp expected(:since), do: "a mark from Mtrace.mark/1"
-  defp expected(:lib), do: "a string"
-  defp expected(:demangle), do: "a boolean"
-  defp expected(:node), do: "a node name (atom)"
-  defp expected(:sort), do: "one of :bytes, :count, :oldest"
-  defp expected(:weight), do: "one of :bytes, :count"
-  defp expected(:format), do: "one of :folded, :json"
-  defp expected(:limit), do: "a positive integer or :all"
-  defp expected(:frames), do: "a positive integer"
-  defp expected(:width), do: "an integer of at least 100 (pixels)"
-  defp expected(:title), do: "a string"
-  defp expected(:timeout), do: "a positive integer of milliseconds or :infinity"
-  defp expected(_), do: "a valid value"
+  defp expected(key), do: Map.get(@expected, key, "a valid value")
 
   defp bad!(key, value, where, what) do
     raise ArgumentError,
