@@ -7,10 +7,7 @@ defmodule MtraceTest do
   alias Mtrace.Test.LeakyNif
 
   setup do
-    LeakyNif.free_kept()
-    Mtrace.enable()
-    Mtrace.reset()
-    on_exit(fn -> LeakyNif.free_kept() end)
+    LeakyNif.fresh_table(&on_exit/1)
   end
 
   # Live allocations of exactly `size` bytes whose frame 0 is `symbol`.

@@ -12,10 +12,7 @@ defmodule Mtrace.SitesTest do
   @lib "leaky_nif"
 
   setup do
-    LeakyNif.free_kept()
-    Mtrace.enable()
-    Mtrace.reset()
-    on_exit(fn -> LeakyNif.free_kept() end)
+    LeakyNif.fresh_table(&on_exit/1)
   end
 
   defp leak_three_sites do

@@ -7,9 +7,7 @@ defmodule Mtrace.WatchTest do
   @interval 150
 
   setup do
-    LeakyNif.free_kept()
-    Mtrace.reset()
-    on_exit(fn -> LeakyNif.free_kept() end)
+    LeakyNif.fresh_table(&on_exit/1)
   end
 
   # Runs a watcher while `work` runs once per interval, for `n` intervals;

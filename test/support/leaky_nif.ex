@@ -9,6 +9,16 @@ defmodule Mtrace.Test.LeakyNif do
     :erlang.load_nif(String.to_charlist(Path.join(dir, "leaky_nif")), 0)
   end
 
+  # Each test that reads the table starts from an empty one, tracking on,
+  # and frees what it leaked when it ends.
+  def fresh_table(on_exit) do
+    free_kept()
+    Mtrace.enable()
+    Mtrace.reset()
+    on_exit.(fn -> free_kept() end)
+    :ok
+  end
+
   def leak(_kind, _count, _size), do: :erlang.nif_error(:nif_not_loaded)
   def churn(_count, _size), do: :erlang.nif_error(:nif_not_loaded)
   def free_kept, do: :erlang.nif_error(:nif_not_loaded)
