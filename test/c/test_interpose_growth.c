@@ -173,11 +173,12 @@ static void test_no_memory(void) {
         return;
     struct mtrace_stats s0, s1, s2;
     api->stats(&s0);
-    uint64_t failed = 0;
+    uint64_t failed = 0, errno_changed = 0;
     atomic_store(&fail_maps, 1);
     for (size_t i = 0; i < FAIL_N; i++) {
         size_t n = FAIL_MIN + i % 8;
         void *p = NULL;
+        errno = EDOM; /* a success leaves errno alone, whatever the table went through */
         switch (i % 6) {
         case 0:
         case 1:
@@ -197,14 +198,17 @@ static void test_no_memory(void) {
             p = aligned_alloc(32, n);
         }
         failed += p == NULL;
+        errno_changed += p && errno != EDOM;
         if (p)
             memset(p, 0x5a, n);
         blocks[i] = p;
     }
     /* Growth of an existing block, too. */
     for (size_t i = 0; i < FAIL_N; i += 1000) {
+        errno = EDOM;
         void *q = realloc(blocks[i], FAIL_MIN + 7);
         failed += q == NULL;
+        errno_changed += q && errno != EDOM;
         if (q)
             blocks[i] = q;
     }
@@ -217,6 +221,7 @@ static void test_no_memory(void) {
            FAIL_N, (unsigned long long)recorded, (unsigned long long)dropped,
            (unsigned long long)refused);
     CHECK_EQ(failed, 0);
+    CHECK_EQ(errno_changed, 0);
     CHECK(dropped > 0);
     CHECK(refused > 0);
     /* Each insertion is recorded or dropped; the 300 reallocs insert again

@@ -489,7 +489,7 @@ static void cases_strings(void) {
 /* --- before any constructor ----------------------------------------------- */
 
 struct early {
-    int pm_ok, pm_odd, pm_zero, pm_huge;
+    int pm_ok, pm_odd, pm_zero, pm_huge, pm_small;
     void *pm_block, *aa_block, *aa_odd_block;
     int aa_errno, aa_huge_errno, aa_odd_errno;
     int malloc_max_errno;
@@ -505,6 +505,7 @@ static void preinit(int argc, char **argv, char **envp) {
     early.pm_odd = posix_memalign(&early.pm_odd_ptr, 24, 100);
     void *unused = sentinel;
     early.pm_zero = posix_memalign(&unused, 0, 100);
+    early.pm_small = posix_memalign(&unused, 4, 100); /* a power of two below sizeof(void *) */
     early.pm_huge = posix_memalign(&unused, 64, SMAX);
     errno = KEPT;
     early.aa_block = aligned_alloc(64, 100);
@@ -528,6 +529,7 @@ static void cases_early(void) {
     note("%-44s returns %s memptr %s\n", "preinit posix_memalign(&p, 24, 100)",
          errno_name(early.pm_odd), early.pm_odd_ptr == (void *)0x5eed ? "untouched" : "CHANGED");
     note("%-44s returns %s\n", "preinit posix_memalign(&p, 0, 100)", errno_name(early.pm_zero));
+    note("%-44s returns %s\n", "preinit posix_memalign(&p, 4, 100)", errno_name(early.pm_small));
     note("%-44s returns %s\n", "preinit posix_memalign(&p, 64, SIZE_MAX)",
          errno_name(early.pm_huge));
     outcome("preinit aligned_alloc(64, 100)", early.aa_block, early.aa_errno, 100, 64);
