@@ -267,13 +267,16 @@ static int sites_agree(const struct mtrace_query *q, int order, size_t n) {
     size_t have = api->sites(out, n, q, order, &sum);
     if (have != (m < n ? m : n) || sum.count != total.count || sum.bytes != total.bytes)
         return 0;
+    if (sum.est_count != sum.count || sum.est_bytes != sum.bytes) /* lossless: exact */
+        return 0;
     if (total.count && (sum.oldest_t_ms != total.oldest || sum.newest_t_ms != total.newest))
         return 0;
     for (size_t i = 0; i < have; i++) {
         const struct group *g = &groups[group_of(out[i].stack_id)];
         if (group_of(out[i].stack_id) > STACKS || out[i].count != g->count ||
             out[i].bytes != g->bytes || out[i].oldest_t_ms != g->oldest ||
-            out[i].newest_t_ms != g->newest || key(&out[i], order) != keys[i])
+            out[i].newest_t_ms != g->newest || key(&out[i], order) != keys[i] ||
+            out[i].est_count != out[i].count || out[i].est_bytes != out[i].bytes)
             return 0;
     }
     return 1;
