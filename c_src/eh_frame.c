@@ -324,12 +324,14 @@ static int run(struct cursor *c, const struct cie *cie, struct state *s, const s
 struct find {
     uintptr_t ip;
     const uint8_t *hdr;
-    int in_object;
+    int in_object, counted;
+    uint64_t loads;
 };
 
 static int find_object(struct dl_phdr_info *info, size_t size, void *arg) {
     struct find *f = arg;
-    (void)size;
+    if (!f->counted++ && size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs)
+        f->loads = (uint64_t)info->dlpi_adds + (uint64_t)info->dlpi_subs; /* same in every entry */
     const uint8_t *hdr = NULL;
     int hit = 0;
     for (int i = 0; i < info->dlpi_phnum; i++) {
@@ -347,10 +349,11 @@ static int find_object(struct dl_phdr_info *info, size_t size, void *arg) {
     return 1;
 }
 
-void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out) {
+void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loads) {
     memset(out, 0, sizeof *out);
-    struct find f = {target, NULL, 0};
+    struct find f = {target, NULL, 0, 0, 0};
     dl_iterate_phdr(find_object, &f);
+    *loads = f.loads;
     if (!f.in_object || !f.hdr) {
         out->kind = MT_RULE_NO_INFO; /* JIT code or an object without unwind tables */
         return;

@@ -5,7 +5,16 @@
  * store the rule word, then claim the key with a compare-and-swap; a key
  * never changes once set, so readers need no lock.  Each rule word carries
  * the generation it was computed in; dlclose bumps the generation, which
- * turns every cached rule into a miss without touching the table.
+ * turns every cached rule into a miss without touching the table.  So does
+ * any cache miss that finds the loader's load/unload count changed: libc
+ * unloads some modules itself (iconv's gconv, NSS) without going through the
+ * interposed dlclose.  (dlopen is not interposed: glibc searches the RUNPATH
+ * of dlopen's caller, which a wrapper would change.)
+ *
+ * A rule applied to the wrong code (a library unloaded and another mapped at
+ * its address before any miss noticed) must give a wrong stack, never a
+ * crash: every stack word the walker reads lies between the stack pointer
+ * and the top of this thread's stack.
  */
 #define _GNU_SOURCE
 #include "unwind.h"
@@ -26,6 +35,8 @@ void mt_unwind_count_fallback(void) {
 #include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "eh_frame.h"
 
@@ -42,6 +53,7 @@ struct entry {
 
 static struct entry *_Atomic cache;
 static _Atomic uint64_t generation = 1;
+static _Atomic uint64_t seen_loads; /* dlpi_adds + dlpi_subs at the last miss */
 
 void mt_unwind_forget(void) { atomic_fetch_add(&generation, 1); }
 
@@ -99,7 +111,13 @@ static void rule_for(uintptr_t ra, struct mt_frame_rule *r) {
                 break;
         }
     }
-    mt_eh_frame_rule(ra - 1, r);
+    uint64_t loads;
+    mt_eh_frame_rule(ra - 1, r, &loads);
+    uint64_t was = atomic_exchange_explicit(&seen_loads, loads, memory_order_relaxed);
+    if (was && was != loads) { /* objects came or went since: drop every cached rule */
+        mt_unwind_forget();
+        gen = atomic_load_explicit(&generation, memory_order_relaxed) & ((1ull << 20) - 1);
+    }
     if (!t)
         return;
     uint64_t v = pack(r, gen);
@@ -160,6 +178,37 @@ static __thread struct frames last __attribute__((tls_model("initial-exec")));
 static __thread int last_n __attribute__((tls_model("initial-exec"))); /* 0 = none */
 static __thread uint64_t last_gen __attribute__((tls_model("initial-exec")));
 static __thread int last_max __attribute__((tls_model("initial-exec")));
+
+/* ---- the bounds of this thread's stack ---------------------------------- */
+
+extern void *__libc_stack_end; /* ld.so: where the main thread's stack begins */
+
+#define MAX_STACK ((uintptr_t)1 << 30)
+
+static __thread uintptr_t stack_top __attribute__((tls_model("initial-exec")));
+
+/* Above every frame of this thread, and below it all is mapped; 0 when it
+ * cannot be known (a thread on a stack glibc did not set up, such as a
+ * coroutine's), and then the walk is left to libunwind.  glibc puts a
+ * thread's control block (the thread pointer) at the top of its stack; the
+ * main thread's stack ends at __libc_stack_end, with argv, the environment
+ * and the auxiliary vector (hundreds of bytes at least) above it. */
+static uintptr_t top_of_stack(uintptr_t sp) {
+    uintptr_t top = stack_top;
+    if (top > sp && top - sp < MAX_STACK)
+        return top;
+    uintptr_t tp;
+    __asm__("mov %%fs:0, %0" : "=r"(tp));
+    uintptr_t end = (uintptr_t)__libc_stack_end;
+    if (tp > sp && tp - sp < MAX_STACK)
+        top = tp;
+    else if (end > sp && end - sp < MAX_STACK && syscall(SYS_gettid) == getpid())
+        top = end + 256;
+    else
+        return 0;
+    stack_top = top;
+    return top;
+}
 
 /* The walker reads other frames' stack words on purpose. */
 #define READS_STACK __attribute__((no_sanitize_address))
@@ -251,6 +300,9 @@ READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int
     if (max > WALK_MAX)
         max = WALK_MAX;
     *same = 0;
+    uintptr_t top = top_of_stack(sp);
+    if (!top)
+        goto give_up;
     last_max = max;
     int n = 0, natural = 0, valid = -1; /* valid: frames from here on checked */
     while (n < max) {
@@ -289,8 +341,9 @@ READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int
         if (r.kind != MT_RULE_FRAME)
             goto give_up;
         uintptr_t cfa = (r.cfa_bp ? bp : sp) + (intptr_t)r.cfa_off;
-        if (cfa <= sp || cfa - sp > ((uintptr_t)1 << 30))
-            goto give_up; /* stacks grow down: a rule that says otherwise is not trusted */
+        if (cfa <= sp || cfa > top || (r.bp_saved && r.bp_off >= 0))
+            goto give_up; /* stacks grow down, and end at top: a rule that says otherwise is wrong
+                           */
         f->flags[n - 1] = (r.cfa_bp ? F_CFA_BP : 0) | (r.bp_saved ? F_BP_SAVED : 0);
         f->bp_off[n - 1] = r.bp_off;
         if (r.bp_saved)
