@@ -55,12 +55,14 @@ enum { MODE_UNINIT, MODE_INIT, MODE_INERT, MODE_ACTIVE };
 
 static _Atomic int mode = MODE_UNINIT;
 static _Atomic int enabled;
-/* The one word every call reads first: GATE_LIBC means straight to libc
- * (this process is not traced, or tracking is switched off; frees then only
- * ask the table's lock-free filters), GATE_SETUP that the first call must
- * configure, GATE_TRACK that calls are counted and blocks recorded,
- * GATE_SAMPLE the same with MTRACE_SAMPLE_BYTES choosing the blocks. */
-enum { GATE_LIBC, GATE_SETUP, GATE_TRACK, GATE_SAMPLE };
+/* The one word every call reads first: GATE_INERT means straight to libc,
+ * frees included (this process is not traced and its table never held a
+ * block); GATE_LIBC straight to libc too, but frees ask the table's
+ * lock-free filters (tracking is switched off, and blocks recorded before
+ * must still be forgotten); GATE_SETUP that the first call must configure,
+ * GATE_TRACK that calls are counted and blocks recorded, GATE_SAMPLE the
+ * same with MTRACE_SAMPLE_BYTES choosing the blocks. */
+enum { GATE_INERT, GATE_LIBC, GATE_SETUP, GATE_TRACK, GATE_SAMPLE };
 static _Atomic int gate = GATE_SETUP;
 static int provisional; /* configured before libc had set up the environment */
 static struct mt_config cfg;
@@ -95,10 +97,13 @@ static void *(*real_aligned_alloc)(size_t, size_t);
 static void update_gate(void) {
     int m = atomic_load(&mode);
     int on = m == MODE_ACTIVE && atomic_load(&enabled);
-    atomic_store(&gate, m == MODE_UNINIT || m == MODE_INIT ? GATE_SETUP
-                        : !on                              ? GATE_LIBC
-                        : mt_sample_mean                   ? GATE_SAMPLE
-                                                           : GATE_TRACK);
+    struct mt_table_figures t;
+    mt_table_figures(&t); /* a provisional configuration may have recorded blocks */
+    atomic_store(&gate, m == MODE_UNINIT || m == MODE_INIT  ? GATE_SETUP
+                        : m == MODE_INERT && !t.table_bytes ? GATE_INERT
+                        : !on                               ? GATE_LIBC
+                        : mt_sample_mean                    ? GATE_SAMPLE
+                                                            : GATE_TRACK);
 }
 
 static void configure(void) {
@@ -140,7 +145,7 @@ static inline int ready(void) {
 /* Is this call to be counted, and its block considered for the table? */
 static inline int tracking(void) {
     int g = atomic_load_explicit(&gate, memory_order_relaxed);
-    if (likely(g == GATE_LIBC))
+    if (likely(g <= GATE_LIBC))
         return 0;
     if (unlikely(g == GATE_SETUP) &&
         !(ready() && atomic_load_explicit(&enabled, memory_order_relaxed)))
@@ -234,7 +239,7 @@ static void restore(const struct mt_slot *old) {
  * common cases (switched off; tracking a block that sampling skips) ending
  * in a tail call to libc, everything else sits in a noinline slow path. */
 static inline int gate_open(void) {
-    return atomic_load_explicit(&gate, memory_order_relaxed) != GATE_LIBC;
+    return atomic_load_explicit(&gate, memory_order_relaxed) > GATE_LIBC;
 }
 
 /* Tracking on (gate g), this thread neither inside the tracer nor ignored,
@@ -264,7 +269,7 @@ static __attribute__((noinline)) void *malloc_sampled(size_t n) {
 
 EXPORT void *malloc(size_t n) {
     int g = atomic_load_explicit(&gate, memory_order_relaxed);
-    if (likely(g == GATE_LIBC))
+    if (likely(g <= GATE_LIBC))
         return __libc_malloc(n);
     if (likely(g == GATE_SAMPLE && me.f.any == FAST_OK.any)) {
         mt_counts_bump(&me.counts, MT_FN_MALLOC);
@@ -300,7 +305,7 @@ static __attribute__((noinline)) void free_slow(void *p, int counted) {
         __libc_free(p);
         return;
     }
-    if (!counted && g != GATE_LIBC && tracking())
+    if (!counted && g > GATE_LIBC && tracking())
         count(MT_FN_FREE);
     forget(p, NULL);
     __libc_free(p);
@@ -308,6 +313,8 @@ static __attribute__((noinline)) void free_slow(void *p, int counted) {
 
 EXPORT void free(void *p) {
     int counted = 0, g = atomic_load_explicit(&gate, memory_order_relaxed);
+    if (likely(g == GATE_INERT))
+        return __libc_free(p);
     if (unlikely(g != GATE_LIBC)) {
         if (!tracking_fast(g))
             return free_slow(p, 0);
