@@ -2,7 +2,7 @@
  * Query cost at scale, run with the preload active:
  *   LD_PRELOAD=priv/mtrace.so MTRACE_PROGRAMS=query_bench _build/c/query_bench [N]
  * Makes N live allocations (default 1,000,000) from 100 call sites, then times
- * olds(10) and stats() (median of 7 runs) and reset() (once: it empties the table),
+ * olds(10), sites(10) and stats() (median of 7 runs) and reset() (once: it empties the table),
  * and reports table bytes per live entry.
  * Prints markdown table rows; nothing here is asserted.
  */
@@ -62,11 +62,15 @@ int main(int argc, char **argv) {
     struct mtrace_stats s;
     api->stats(&s);
     struct mtrace_alloc out[10];
-    double olds_s[REPS], stats_s[REPS];
+    struct mtrace_site top[10];
+    double olds_s[REPS], sites_s[REPS], stats_s[REPS];
     for (int r = 0; r < REPS; r++) {
         t0 = now_s();
         api->olds(out, 10, NULL);
         olds_s[r] = now_s() - t0;
+        t0 = now_s();
+        api->sites(top, 10, NULL, MTRACE_BY_BYTES, NULL);
+        sites_s[r] = now_s() - t0;
         t0 = now_s();
         api->stats(&s);
         stats_s[r] = now_s() - t0;
@@ -78,6 +82,7 @@ int main(int argc, char **argv) {
            (double)(s.table_bytes + s.stack_bytes) / (double)s.live_count);
     printf("| fill: ns per tracked malloc | %.0f |\n", fill * 1e9 / (double)n);
     printf("| olds(10), median of %d | %.1f ms |\n", REPS, median(olds_s) * 1e3);
+    printf("| sites(10), median of %d | %.1f ms |\n", REPS, median(sites_s) * 1e3);
     printf("| stats(), median of %d | %.3f ms |\n", REPS, median(stats_s) * 1e3);
     t0 = now_s();
     uint64_t forgotten = api->reset();
