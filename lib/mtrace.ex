@@ -12,6 +12,7 @@ defmodule Mtrace do
   (processes, binaries, ETS), see `Mtrace.VM`.
   """
 
+  import Bitwise
   alias Mtrace.{Export, Flamegraph, Mark, Native, Options, Query, Remote, Report}
 
   @typedoc "One frame of a stack: the object file and the function name (nil if unknown)."
@@ -305,6 +306,19 @@ defmodule Mtrace do
   def cluster(fun, args, timeout)
       when fun in [:stats, :sites, :olds, :mark, :reset, :enable, :disable, :preloaded?] and
              is_list(args) do
+    arity = proper_length(args)
+
+    unless arity && function_exported?(__MODULE__, fun, arity) do
+      raise ArgumentError,
+            "cluster/3: args must be a list of arguments of Mtrace.#{fun}, got: #{inspect(args)}"
+    end
+
+    unless timeout == :infinity or (is_integer(timeout) and timeout > 0 and timeout < 1 <<< 32) do
+      raise ArgumentError,
+            "cluster/3: timeout must be a positive integer of ms or :infinity, got: " <>
+              inspect(timeout)
+    end
+
     Remote.multicall([node() | Node.list()], __MODULE__, fun, args, timeout)
   end
 
@@ -390,6 +404,12 @@ defmodule Mtrace do
 
   defp call(fun), do: Query.native!(fun)
 
+  # The length of a proper list, nil for an improper one.
+  defp proper_length(list, n \\ 0)
+  defp proper_length([], n), do: n
+  defp proper_length([_ | rest], n), do: proper_length(rest, n + 1)
+  defp proper_length(_, _n), do: nil
+
   # Runs locally, or the same public function on option :node's node.
   defp remote(o, fun, args, local) do
     case Options.target(o) do
@@ -429,7 +449,12 @@ defmodule Mtrace do
     raise ArgumentError, "#{where}: n must be at most 2^64 - 1, got: #{inspect(n)}"
   end
 
-  defp path!(path) when is_binary(path) and path != "", do: path
+  defp path!(path) when is_binary(path) and path != "" do
+    if String.contains?(path, <<0>>),
+      do: raise(ArgumentError, "path must not contain NUL bytes, got: #{inspect(path)}")
+
+    path
+  end
 
   defp path!(path),
     do: raise(ArgumentError, "path must be a non-empty string, got: #{inspect(path)}")

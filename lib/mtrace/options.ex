@@ -30,7 +30,7 @@ defmodule Mtrace.Options do
     format: "one of :folded, :json",
     limit: "a positive integer or :all",
     frames: "a positive integer",
-    width: "an integer of at least 100 (pixels)",
+    width: "an integer of pixels from 100 to 100000",
     title: "a string",
     timeout: "a positive integer of milliseconds or :infinity"
   }
@@ -69,7 +69,7 @@ defmodule Mtrace.Options do
   """
   @spec parse!(term(), keyword(), String.t()) :: map()
   def parse!(opts, defaults, where) do
-    unless is_list(opts) and Enum.all?(opts, &match?({key, _} when is_atom(key), &1)) do
+    unless Keyword.keyword?(opts) do
       raise ArgumentError,
             "options for Mtrace.#{where} must be a keyword list, got: #{inspect(opts)}"
     end
@@ -124,6 +124,7 @@ defmodule Mtrace.Options do
   def target(o), do: o[:node] || node()
 
   defp ms(nil), do: nil
+  defp ms(seconds) when seconds >= @u64_max / 1000, do: @u64_max
   defp ms(seconds), do: min(round(seconds * 1000), @u64_max)
 
   defp check!(key, value, _where)
@@ -136,7 +137,7 @@ defmodule Mtrace.Options do
        do: value
 
   defp check!(:since, %Mark{node: n, t_ms: t} = mark, _where)
-       when is_atom(n) and is_integer(t) and t >= 0,
+       when is_atom(n) and is_integer(t) and t >= 0 and t <= @u64_max,
        do: mark
 
   defp check!(:lib, lib, where) when is_binary(lib) do
@@ -159,7 +160,11 @@ defmodule Mtrace.Options do
        do: value
 
   defp check!(:frames, value, _where) when is_integer(value) and value > 0, do: value
-  defp check!(:width, value, _where) when is_integer(value) and value >= 100, do: value
+
+  defp check!(:width, value, _where)
+       when is_integer(value) and value >= 100 and value <= 100_000,
+       do: value
+
   defp check!(:title, value, _where) when is_binary(value), do: value
   defp check!(:timeout, value, _where) when value == :infinity, do: value
 

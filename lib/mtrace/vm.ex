@@ -119,7 +119,7 @@ defmodule Mtrace.VM do
   """
   @spec window(attr, pos_integer, non_neg_integer) :: [{pid, integer, proc_info}]
   def window(attr, n, ms) do
-    Procs.window(attr!(attr), Args.pos_int!(n, "n"), Args.non_neg_int!(ms, "ms"))
+    Procs.window(attr!(attr), Args.pos_int!(n, "n"), Args.ms!(ms, "ms"))
   end
 
   @doc """

@@ -146,6 +146,8 @@ defmodule Mtrace.Watch do
       raise ArgumentError, "option #{inspect(key)} of Mtrace.Watch must be a positive integer"
     end
 
+    Mtrace.VM.Args.ms!(o.interval, "option :interval of Mtrace.Watch")
+
     unless is_integer(o.min_growth) and o.min_growth >= 0 do
       raise ArgumentError, "option :min_growth of Mtrace.Watch must be a non-negative integer"
     end

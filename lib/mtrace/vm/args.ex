@@ -38,6 +38,24 @@ defmodule Mtrace.VM.Args do
   end
 
   @doc """
+  Returns `value` when it is a duration the VM's timers take (an integer of
+  milliseconds from 0 to 2^32 - 1), else raises.
+
+  ## Example
+
+      iex> Mtrace.VM.Args.ms!(10_000, "window")
+      10000
+  """
+  @spec ms!(term, String.t()) :: non_neg_integer
+  def ms!(value, _name) when is_integer(value) and value >= 0 and value < 0x1_0000_0000,
+    do: value
+
+  def ms!(value, name) do
+    raise ArgumentError,
+          "#{name} must be an integer of milliseconds from 0 to 4294967295, got: #{inspect(value)}"
+  end
+
+  @doc """
   Returns `value` when it is one of `allowed`, else raises.
 
   ## Example
@@ -69,7 +87,7 @@ defmodule Mtrace.VM.Args do
   """
   @spec opts!(term, keyword, String.t()) :: map
   def opts!(opts, defaults, where) do
-    unless is_list(opts) and Enum.all?(opts, &match?({key, _} when is_atom(key), &1)) do
+    unless Keyword.keyword?(opts) do
       raise ArgumentError, "options for #{where} must be a keyword list, got: #{inspect(opts)}"
     end
 

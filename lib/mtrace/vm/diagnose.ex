@@ -37,7 +37,7 @@ defmodule Mtrace.VM.Diagnose do
   defp check!(o) do
     Args.one_of!(o.print, [true, false], "option :print")
     Args.one_of!(o.gc, [:auto, true, false], "option :gc")
-    if o.window != nil, do: Args.pos_int!(o.window, "option :window")
+    if o.window != nil, do: Args.pos_int!(Args.ms!(o.window, "option :window"), "option :window")
 
     unless o.timeout == :infinity, do: Args.pos_int!(o.timeout, "option :timeout")
 
