@@ -7,14 +7,7 @@ defmodule Mtrace.RemoteTest do
   @moduletag :peer
 
   setup_all do
-    unless Node.alive?() do
-      # net_kernel needs epmd and does not start it itself.
-      System.cmd("epmd", ["-daemon"])
-      name = :"mtrace_remote_test_#{System.unique_integer([:positive])}"
-      {:ok, _} = :net_kernel.start([name, :shortnames])
-    end
-
-    :ok
+    Mtrace.Test.Remote.distribute!()
   end
 
   # A peer; with `code: true` it gets this node's code paths (mtrace and the

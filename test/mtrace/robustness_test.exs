@@ -22,14 +22,7 @@ defmodule Mtrace.RobustnessTest do
   @mtrace_vars ~w(MTRACE_PROGRAMS MTRACE_ENABLED MTRACE_DEPTH MTRACE_SAMPLE_BYTES MTRACE_UNWIND)
 
   setup_all do
-    unless Node.alive?() do
-      # net_kernel needs epmd and does not start it itself.
-      System.cmd("epmd", ["-daemon"])
-      name = :"mtrace_robustness_test_#{System.unique_integer([:positive])}"
-      {:ok, _} = :net_kernel.start([name, :shortnames])
-    end
-
-    :ok
+    Mtrace.Test.Remote.distribute!()
   end
 
   setup do

@@ -19,14 +19,7 @@ defmodule Mtrace.VMTest do
   doctest Mtrace.VM.Findings
 
   setup_all do
-    unless Node.alive?() do
-      # net_kernel needs epmd and does not start it itself.
-      System.cmd("epmd", ["-daemon"])
-      name = :"mtrace_test_#{System.unique_integer([:positive])}"
-      {:ok, _} = :net_kernel.start([name, :shortnames])
-    end
-
-    :ok
+    Mtrace.Test.Remote.distribute!()
   end
 
   describe "on this node" do
