@@ -105,24 +105,6 @@ static int stack_set_for(ErlNifEnv *env, ERL_NIF_TERM lib, struct mtrace_query *
 
 /* ---- stacks as terms ---------------------------------------------------------------------- */
 
-/* [{lib, symbol}]: symbol is the ELF function containing the address (the
- * outermost of any inlined chain), as the seed reported it. */
-static ERL_NIF_TERM stack_pairs(ErlNifEnv *env, uint32_t stack_id, int demangle) {
-    uintptr_t ips[MTRACE_MAX_DEPTH];
-    uint32_t depth = mt_api->stack(stack_id, ips, MTRACE_MAX_DEPTH);
-    ERL_NIF_TERM list = enif_make_list(env, 0);
-    struct mt_frame_info info[MAX_INLINE];
-    for (uint32_t i = depth; i-- > 0;) {
-        int n = mt_symbols_resolve(ips[i], demangle, info, MAX_INLINE);
-        const struct mt_frame_info *f = &info[n > 0 ? n - 1 : 0];
-        ERL_NIF_TERM frame =
-            n > 0 ? enif_make_tuple2(env, binary_or_nil(env, f->lib), binary_or_nil(env, f->symbol))
-                  : enif_make_tuple2(env, mt_atoms.nil, mt_atoms.nil);
-        list = enif_make_list_cell(env, frame, list);
-    }
-    return list;
-}
-
 static ERL_NIF_TERM frame_map(ErlNifEnv *env, const struct mt_frame_info *f) {
     ERL_NIF_TERM keys[] = {mt_atoms.lib,  mt_atoms.symbol,  mt_atoms.file,  mt_atoms.line,
                            mt_atoms.addr, mt_atoms.inlined, mt_atoms.offset};
@@ -137,17 +119,27 @@ static ERL_NIF_TERM frame_map(ErlNifEnv *env, const struct mt_frame_info *f) {
     return map;
 }
 
-/* [frame map], innermost first; an address inside inlined code gives one map
- * per inlined level before the function that holds them. */
-static ERL_NIF_TERM stack_frames(ErlNifEnv *env, uint32_t stack_id, int demangle) {
+/* A stack as a list, innermost first.  With maps: a frame map per level of
+ * inlined code at each address, then one for the function that holds them.
+ * Without: the seed's {lib, symbol}, symbol being the ELF function that
+ * contains the address (the outermost of any inlined chain). */
+static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle, int maps) {
     uintptr_t ips[MTRACE_MAX_DEPTH];
     uint32_t depth = mt_api->stack(stack_id, ips, MTRACE_MAX_DEPTH);
     ERL_NIF_TERM list = enif_make_list(env, 0);
     struct mt_frame_info info[MAX_INLINE];
     for (uint32_t i = depth; i-- > 0;) {
         int n = mt_symbols_resolve(ips[i], demangle, info, MAX_INLINE);
-        for (int k = n; k-- > 0;)
-            list = enif_make_list_cell(env, frame_map(env, &info[k]), list);
+        if (maps) {
+            for (int k = n; k-- > 0;)
+                list = enif_make_list_cell(env, frame_map(env, &info[k]), list);
+            continue;
+        }
+        const struct mt_frame_info *f = &info[n > 0 ? n - 1 : 0];
+        ERL_NIF_TERM frame =
+            n > 0 ? enif_make_tuple2(env, binary_or_nil(env, f->lib), binary_or_nil(env, f->symbol))
+                  : enif_make_tuple2(env, mt_atoms.nil, mt_atoms.nil);
+        list = enif_make_list_cell(env, frame, list);
     }
     return list;
 }
@@ -193,7 +185,7 @@ ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     ERL_NIF_TERM list = enif_make_list(env, 0);
     for (size_t i = n; i-- > 0;) {
         uint64_t t0 = mono_ns();
-        ERL_NIF_TERM stack = stack_pairs(env, buf[i].stack_id, demangle);
+        ERL_NIF_TERM stack = stack_term(env, buf[i].stack_id, demangle, 0);
         uint64_t spent = mono_ns() - t0;
         ERL_NIF_TERM entry = enif_make_tuple5(
             env, enif_make_uint64(env, age_s(now, buf[i].t_ms)), enif_make_uint64(env, buf[i].size),
@@ -258,7 +250,7 @@ ERL_NIF_TERM mt_nif_olds_where(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
                            mt_atoms.frames};
     for (size_t i = n; i-- > 0;) {
         uint64_t t0 = mono_ns();
-        ERL_NIF_TERM frames = stack_frames(env, buf[i].stack_id, demangle);
+        ERL_NIF_TERM frames = stack_term(env, buf[i].stack_id, demangle, 1);
         ERL_NIF_TERM values[] = {
             enif_make_uint64(env, age_s(now, buf[i].t_ms)), enif_make_uint64(env, buf[i].size),
             enif_make_uint64(env, buf[i].addr), enif_make_uint64(env, mono_ns() - t0), frames};
@@ -334,7 +326,7 @@ ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     ERL_NIF_TERM list = enif_make_list(env, 0);
     for (size_t i = n; i-- > 0;)
         list = enif_make_list_cell(
-            env, site_map(env, &buf[i], now, stack_frames(env, buf[i].stack_id, demangle)), list);
+            env, site_map(env, &buf[i], now, stack_term(env, buf[i].stack_id, demangle, 1)), list);
     enif_free(buf);
     mt_api->thread_ignore(was);
     return query_result(
