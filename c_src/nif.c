@@ -85,11 +85,9 @@ ERL_NIF_TERM mt_nif_binary(ErlNifEnv *env, const char *s) {
     return t;
 }
 
-static ERL_NIF_TERM boolean(int on) { return on ? mt_atoms.true_ : mt_atoms.false_; }
-
 static ERL_NIF_TERM nif_preloaded(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)env, (void)argc, (void)argv;
-    return boolean(mt_api != NULL);
+    return mt_nif_boolean(mt_api != NULL);
 }
 
 /* The table's clock, for marks: allocations at or after a mark's time came after it. */
@@ -116,10 +114,10 @@ static void put_more_stats(ErlNifEnv *env, ERL_NIF_TERM *m) {
         return;
     mt_api->more_stats(&x, sizeof x);
     put_u64(env, m, "sample_bytes", x.sample_bytes);
-    put(env, m, "sampled", x.sample_bytes ? mt_atoms.true_ : mt_atoms.false_);
+    put(env, m, "sampled", mt_nif_boolean(x.sample_bytes));
     put_u64(env, m, "est_live_count", x.est_live_count);
     put_u64(env, m, "est_live_bytes", x.est_live_bytes);
-    put(env, m, "fast_unwind", x.fast_unwind ? mt_atoms.true_ : mt_atoms.false_);
+    put(env, m, "fast_unwind", mt_nif_boolean(x.fast_unwind));
     put_u64(env, m, "unwind_fallbacks", x.unwind_fallbacks);
     static const char *const vars[] = {"MTRACE_DEPTH", "MTRACE_ENABLED", "MTRACE_SAMPLE_BYTES",
                                        "MTRACE_UNWIND"};
@@ -153,8 +151,8 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put_u64(env, &m, "stacks_dropped", s.stacks_dropped);
     put_u64(env, &m, "depth", s.depth);
     put_u64(env, &m, "shards", s.shards);
-    put(env, &m, "enabled", s.enabled ? mt_atoms.true_ : mt_atoms.false_);
-    put(env, &m, "active", s.active ? mt_atoms.true_ : mt_atoms.false_);
+    put(env, &m, "enabled", mt_nif_boolean(s.enabled));
+    put(env, &m, "active", mt_nif_boolean(s.active));
     put_more_stats(env, &m);
     /* glibc's own view of the heap, as the seed reported it. */
     struct mallinfo2 mi = mallinfo2();

@@ -31,6 +31,8 @@ struct mt_atoms {
 extern struct mt_atoms mt_atoms;
 
 ERL_NIF_TERM mt_nif_binary(ErlNifEnv *env, const char *s);
+
+static inline ERL_NIF_TERM mt_nif_boolean(int on) { return on ? mt_atoms.true_ : mt_atoms.false_; }
 ERL_NIF_TERM mt_nif_error(ErlNifEnv *env, ERL_NIF_TERM reason);
 
 ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);

@@ -111,7 +111,7 @@ static ERL_NIF_TERM frame_map(ErlNifEnv *env, const struct mt_frame_info *f) {
     ERL_NIF_TERM values[] = {
         binary_or_nil(env, f->lib),       binary_or_nil(env, f->symbol),
         binary_or_nil(env, f->file),      f->line > 0 ? enif_make_int(env, f->line) : mt_atoms.nil,
-        enif_make_uint64(env, f->addr),   f->inlined ? mt_atoms.true_ : mt_atoms.false_,
+        enif_make_uint64(env, f->addr),   mt_nif_boolean(f->inlined),
         enif_make_uint64(env, f->offset),
     };
     ERL_NIF_TERM map;
@@ -155,6 +155,31 @@ static void *answer_buffer(uint64_t want, size_t elem, size_t *cap) {
     return *cap ? enif_alloc(*cap * elem) : NULL;
 }
 
+/* Allocations as terms, in buf's order, each with the ns spent naming its
+ * stack: the seed's {AgeS, Size, Addr, Ns, [{Lib, Sym}]} tuples, or with
+ * maps #{age, size, addr, ns, frames}. */
+static ERL_NIF_TERM olds_terms(ErlNifEnv *env, const struct mtrace_alloc *buf, size_t n,
+                               int demangle, int maps) {
+    uint64_t now = mt_api->now_ms();
+    ERL_NIF_TERM keys[] = {mt_atoms.age, mt_atoms.size, mt_atoms.addr, mt_atoms.ns,
+                           mt_atoms.frames};
+    ERL_NIF_TERM list = enif_make_list(env, 0);
+    for (size_t i = n; i-- > 0;) {
+        uint64_t t0 = mono_ns();
+        ERL_NIF_TERM stack = stack_term(env, buf[i].stack_id, demangle, maps);
+        ERL_NIF_TERM v[] = {enif_make_uint64(env, age_s(now, buf[i].t_ms)),
+                            enif_make_uint64(env, buf[i].size), enif_make_uint64(env, buf[i].addr),
+                            enif_make_uint64(env, mono_ns() - t0), stack};
+        ERL_NIF_TERM entry;
+        if (maps)
+            enif_make_map_from_arrays(env, keys, v, 5, &entry);
+        else
+            entry = enif_make_tuple5(env, v[0], v[1], v[2], v[3], v[4]);
+        list = enif_make_list_cell(env, entry, list);
+    }
+    return list;
+}
+
 /* olds(N, Demangle, {MinT, MaxT, MinSize, MaxSize}) -> [{AgeS, Size, Addr, Ns, [{Lib, Sym}]}]:
  * the seed's form, 0 meaning "no bound". */
 ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
@@ -181,17 +206,7 @@ ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
         return enif_raise_exception(env, mt_atoms.enomem);
     }
     size_t n = cap ? mt_api->olds(buf, cap, &f) : 0;
-    uint64_t now = mt_api->now_ms();
-    ERL_NIF_TERM list = enif_make_list(env, 0);
-    for (size_t i = n; i-- > 0;) {
-        uint64_t t0 = mono_ns();
-        ERL_NIF_TERM stack = stack_term(env, buf[i].stack_id, demangle, 0);
-        uint64_t spent = mono_ns() - t0;
-        ERL_NIF_TERM entry = enif_make_tuple5(
-            env, enif_make_uint64(env, age_s(now, buf[i].t_ms)), enif_make_uint64(env, buf[i].size),
-            enif_make_uint64(env, buf[i].addr), enif_make_uint64(env, spent), stack);
-        list = enif_make_list_cell(env, entry, list);
-    }
+    ERL_NIF_TERM list = olds_terms(env, buf, n, demangle, 0);
     enif_free(buf);
     mt_api->thread_ignore(was);
     return list;
@@ -244,20 +259,7 @@ ERL_NIF_TERM mt_nif_olds_where(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv
     if (ok == 1 && cap)
         n = mt_api->olds_where(buf, cap, &q);
     enif_free(set);
-    uint64_t now = mt_api->now_ms();
-    ERL_NIF_TERM list = enif_make_list(env, 0);
-    ERL_NIF_TERM keys[] = {mt_atoms.age, mt_atoms.size, mt_atoms.addr, mt_atoms.ns,
-                           mt_atoms.frames};
-    for (size_t i = n; i-- > 0;) {
-        uint64_t t0 = mono_ns();
-        ERL_NIF_TERM frames = stack_term(env, buf[i].stack_id, demangle, 1);
-        ERL_NIF_TERM values[] = {
-            enif_make_uint64(env, age_s(now, buf[i].t_ms)), enif_make_uint64(env, buf[i].size),
-            enif_make_uint64(env, buf[i].addr), enif_make_uint64(env, mono_ns() - t0), frames};
-        ERL_NIF_TERM map;
-        enif_make_map_from_arrays(env, keys, values, 5, &map);
-        list = enif_make_list_cell(env, map, list);
-    }
+    ERL_NIF_TERM list = olds_terms(env, buf, n, demangle, 1);
     enif_free(buf);
     mt_api->thread_ignore(was);
     return query_result(env, ok, list);

@@ -182,6 +182,10 @@ defmodule Mtrace.RobustnessTest do
 
   defp or_ok(values), do: Enum.map(values, &{:or_ok, &1})
 
+  # What a bad value of option key must give, and the value itself.
+  defp expectation(key, {:or_ok, value}), do: {{:or_ok, opt_re(key)}, value}
+  defp expectation(key, value), do: {opt_re(key), value}
+
   # Keyword lists that are not keyword lists of known options.
   defp bad_lists do
     [
@@ -200,11 +204,7 @@ defmodule Mtrace.RobustnessTest do
   defp option_cases(label, call, keys) do
     per_key =
       for key <- keys, value <- bad_values(key) do
-        {expect, value} =
-          case value do
-            {:or_ok, v} -> {{:or_ok, opt_re(key)}, v}
-            v -> {opt_re(key), v}
-          end
+        {expect, value} = expectation(key, value)
 
         opts = [{key, value}]
 
@@ -324,11 +324,7 @@ defmodule Mtrace.RobustnessTest do
             name: [1, "watch", {:bad}, [:a]]
           ],
           value <- values do
-        {expect, value} =
-          case value do
-            {:or_ok, v} -> {{:or_ok, opt_re(key)}, v}
-            v -> {opt_re(key), v}
-          end
+        {expect, value} = expectation(key, value)
 
         # a name of its own, unless the name is what is tested
         opts = if key == :name, do: [{key, value}], else: [{key, value}, {:name, nil}]
@@ -387,11 +383,7 @@ defmodule Mtrace.RobustnessTest do
               timeout: [0, -1, 1.5, :x, "10"] ++ or_ok([@huge])
             ],
             value <- values do
-          {expect, value} =
-            case value do
-              {:or_ok, v} -> {{:or_ok, opt_re(key)}, v}
-              v -> {opt_re(key), v}
-            end
+          {expect, value} = expectation(key, value)
 
           # the option tested comes last, where it wins over print: false
           opts = [{:print, false}, {key, value}]

@@ -83,12 +83,6 @@ defmodule Mtrace.VM.Diagnose do
   end
 
   defp remote(%{node: target} = o) do
-    unless Node.alive?() do
-      raise ArgumentError,
-            "option :node needs this node to be distributed (start it with --sname or " <>
-              "--name) to reach #{inspect(target)}"
-    end
-
     case erpc(target, :code, :ensure_loaded, [Mtrace.VM], 15_000) do
       {:module, _} ->
         :ok
@@ -103,21 +97,12 @@ defmodule Mtrace.VM.Diagnose do
     erpc(target, Mtrace.VM, :diagnose, [[print: false, window: o.window, gc: o.gc]], timeout)
   end
 
+  # Remote.call's errors, as errors of option :node.
   defp erpc(target, m, f, a, timeout) do
-    :erpc.call(target, m, f, a, timeout)
+    Mtrace.Remote.call(target, m, f, a, timeout)
   rescue
-    e in ErlangError ->
-      case e.original do
-        {:erpc, :noconnection} ->
-          raise ArgumentError, "option :node: cannot connect to node #{inspect(target)}"
-
-        {:erpc, :timeout} ->
-          raise ArgumentError,
-                "option :node: #{inspect(target)} did not answer within #{timeout} ms " <>
-                  "(raise option :timeout)"
-
-        _ ->
-          reraise e, __STACKTRACE__
-      end
+    e in Mtrace.Error ->
+      hint = if e.reason == :timeout, do: " (raise option :timeout)", else: ""
+      raise ArgumentError, "option :node: " <> e.message <> hint
   end
 end
