@@ -8,11 +8,11 @@ include $(MAKEVARS)
 CFLAGS_ALL = $(BASE_CFLAGS) $(WARN_CFLAGS) $(EXTRA_CFLAGS)
 
 PRELOAD_SRC = c_src/interpose.c c_src/table.c c_src/stacks.c c_src/query.c c_src/sites.c c_src/config.c \
-	c_src/sampling.c c_src/unwind.c c_src/eh_frame.c c_src/counters.c
+	c_src/sampling.c c_src/unwind.c c_src/eh_frame.c c_src/counters.c c_src/erlang_frames.c
 PRELOAD_HDR = c_src/mtrace_api.h c_src/table.h c_src/stacks.h c_src/interpose.h \
 	c_src/config.h c_src/spinlock.h c_src/sampling.h c_src/unwind.h c_src/eh_frame.h c_src/counters.h \
-	c_src/query.h c_src/topn.h
-NIF_SRC = c_src/nif.c c_src/nif_query.c c_src/symbols.c c_src/dwarf_lines.c
+	c_src/query.h c_src/topn.h c_src/erlang_frames.h
+NIF_SRC = c_src/nif.c c_src/nif_query.c c_src/nif_erlang.c c_src/symbols.c c_src/dwarf_lines.c
 SYM_SRC = c_src/symbols.c c_src/dwarf_lines.c
 SYM_HDR = c_src/symbols.h c_src/dwarf_lines.h
 NIF_HDR = c_src/mtrace_api.h c_src/nif.h $(SYM_HDR)
@@ -30,7 +30,7 @@ VALGRIND_TESTS = $(BUILD)/test_table $(BUILD)/test_query $(BUILD)/test_config $(
 DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so
 # The read side without the interposer, for test_query.
 QUERY_SRC = c_src/query.c c_src/sites.c c_src/table.c c_src/stacks.c c_src/unwind.c \
-	c_src/eh_frame.c c_src/sampling.c
+	c_src/eh_frame.c c_src/sampling.c c_src/erlang_frames.c
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 # The preload cannot run under ASan (both replace malloc), but it can under UBSan.
 UBSAN_FLAGS = -fsanitize=undefined -fno-omit-frame-pointer -fno-sanitize-recover=all

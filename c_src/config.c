@@ -97,14 +97,16 @@ void mt_config_load(struct mt_config *c) {
     exe_name(exe, sizeof exe);
     c->active = mt_program_listed(programs && *programs ? programs : MT_DEFAULT_PROGRAMS, exe);
     const char *enabled = getenv("MTRACE_ENABLED"), *depth = getenv("MTRACE_DEPTH");
-    const char *unwind = getenv("MTRACE_UNWIND");
+    const char *unwind = getenv("MTRACE_UNWIND"), *erlang = getenv("MTRACE_ERLANG");
     int bad_sample;
     c->enabled = mt_parse_enabled(enabled);
     c->depth = mt_parse_depth(depth);
     c->sample_bytes = mt_parse_sample_bytes(getenv("MTRACE_SAMPLE_BYTES"), &bad_sample);
     c->garbage = (depth && *depth && !all_digits(depth) ? MT_GARBAGE_DEPTH : 0) |
                  (enabled && *enabled && !known_switch(enabled) ? MT_GARBAGE_ENABLED : 0) |
-                 (bad_sample ? MT_GARBAGE_SAMPLE : 0);
+                 (bad_sample ? MT_GARBAGE_SAMPLE : 0) |
+                 (erlang && *erlang && !known_switch(erlang) ? MT_GARBAGE_ERLANG : 0);
+    c->erlang = mt_parse_enabled(erlang); /* on unless explicitly off, like MTRACE_ENABLED */
     c->fast_unwind = !(unwind && !strcmp(unwind, "libunwind"));
     if (unwind && *unwind && strcmp(unwind, "libunwind") && strcmp(unwind, "fast"))
         c->garbage |= MT_GARBAGE_UNWIND;

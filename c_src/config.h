@@ -20,15 +20,17 @@ struct mt_config {
     uint64_t sample_bytes; /* MTRACE_SAMPLE_BYTES: mean bytes between samples, 0 = lossless */
     uint32_t garbage;      /* MT_GARBAGE_* bits: variables whose value was not understood */
     int fast_unwind;       /* MTRACE_UNWIND: "fast" (default) or "libunwind" */
+    int erlang;            /* MTRACE_ERLANG: capture Erlang frames (default 1) */
 };
 
 #define MT_GARBAGE_DEPTH 1u
 #define MT_GARBAGE_ENABLED 2u
 #define MT_GARBAGE_SAMPLE 4u
 #define MT_GARBAGE_UNWIND 8u
+#define MT_GARBAGE_ERLANG 16u
 
 /* Reads MTRACE_PROGRAMS, MTRACE_ENABLED, MTRACE_DEPTH, MTRACE_SAMPLE_BYTES,
- * MTRACE_UNWIND and /proc/self/exe. */
+ * MTRACE_UNWIND, MTRACE_ERLANG and /proc/self/exe. */
 void mt_config_load(struct mt_config *c);
 
 /* Pure helpers, exposed for tests. */

@@ -28,6 +28,7 @@
 
 #include "config.h"
 #include "counters.h"
+#include "erlang_frames.h"
 #include "sampling.h"
 #include "stacks.h"
 #include "table.h"
@@ -110,6 +111,7 @@ static void configure(void) {
     mt_config_load(&cfg);
     mt_sample_mean = cfg.active ? cfg.sample_bytes : 0;
     mt_stacks_fast_unwind = cfg.fast_unwind;
+    mt_erl_allow(cfg.erlang);
     if (cfg.active)
         mt_stacks_init();
     atomic_store(&enabled, cfg.enabled);
@@ -477,6 +479,7 @@ static void fork_parent(void) {
 
 static void fork_child(void) {
     mt_counts_child(&me.counts); /* the other threads did not come along */
+    mt_erl_forked();
     fork_parent();
 }
 

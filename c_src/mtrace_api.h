@@ -89,10 +89,50 @@ struct mtrace_more_stats {
     uint64_t est_live_count; /* live allocations estimated from the samples (exact if lossless) */
     uint64_t est_live_bytes; /* their bytes, estimated likewise */
     /* MTRACE_ variables whose value was not understood (and fell back to the
-     * default): 1 DEPTH, 2 ENABLED, 4 SAMPLE_BYTES, 8 UNWIND. */
+     * default): 1 DEPTH, 2 ENABLED, 4 SAMPLE_BYTES, 8 UNWIND, 16 ERLANG. */
     uint32_t config_garbage;
     uint32_t fast_unwind;      /* 1 = own stack walker, 0 = libunwind only (MTRACE_UNWIND) */
     uint64_t unwind_fallbacks; /* stacks the fast walker handed to libunwind */
+    uint32_t erlang_frames;    /* 1 = Erlang frames are captured (see erlang_frames below) */
+    uint32_t erlang_allowed;   /* 0 = MTRACE_ERLANG=0 turned them off */
+    uint64_t erlang_stacks;    /* interned stacks that carry Erlang frames */
+};
+
+/*
+ * Erlang frames: where, in the VM's own structures, the Erlang call chain of
+ * the process running a NIF is.  These are ERTS internals that move between
+ * OTP releases, so the preload knows none of them: a reader (the NIF) finds
+ * and checks them at run time and hands them over; the preload only reads
+ * words at these offsets, and only on a thread that is running a NIF.
+ */
+struct mtrace_erlang_layout {
+    uint32_t size; /* sizeof(struct mtrace_erlang_layout) of the reader */
+    /* Byte offsets in ErtsSchedulerData. */
+    uint32_t sched_current_process; /* Process *: the process being run */
+    uint32_t sched_current_nif;     /* non-NULL while a NIF runs */
+    /* Byte offsets in Process. */
+    uint32_t proc_stop;    /* Eterm *: top of the process stack */
+    uint32_t proc_hend;    /* Eterm *: end of the heap block = bottom of the stack */
+    uint32_t proc_current; /* const ErtsCodeMFA *: the NIF's own {M, F, A} while it runs */
+    /* Byte offsets in FunctionInfo (its mfa pointer is at 0) of the location
+     * (0 = no lines) and of the file name table, whose entries are the
+     * names as lists of characters (0 = no file names). */
+    uint32_t info_loc;
+    uint32_t info_fname;
+    /* erts_get_scheduler_data and erts_lookup_function_info of beam.smp. */
+    void *(*scheduler_data)(void);
+    void (*function_info)(void *info, const void *pc, int full_info);
+};
+
+/* One Erlang frame of a stack, named when its stack was first seen (atoms
+ * are never freed, so names stay right after the code is purged). */
+struct mtrace_erl_frame {
+    uint64_t pc;     /* return address into the Erlang code; the NIF's own frame has its MFA | 1 */
+    uint64_t module; /* atom terms (Eterm); 0 = the address named no loaded function */
+    uint64_t function;
+    const char *file; /* source file, kept by the preload for good; NULL = unknown */
+    uint32_t arity;
+    uint32_t line; /* 0 = unknown */
 };
 
 /* A filter plus a set of stacks, for the queries added after version 1. */
@@ -163,6 +203,18 @@ struct mtrace_api {
 
     /* Added after version 1 (check size): olds() with a stack set. */
     size_t (*olds_where)(struct mtrace_alloc *out, size_t n, const struct mtrace_query *q);
+
+    /* Added after version 1 (check size).  Starts capturing Erlang frames
+     * with this layout (NULL stops).  The first layout given is kept for the
+     * life of the process; a different one later is refused.  Returns 1 when
+     * frames are captured from now on, 0 when refused (MTRACE_ERLANG=0, an
+     * unknown layout size, or a layout differing from the kept one). */
+    int (*erlang_frames)(const struct mtrace_erlang_layout *layout);
+
+    /* Added after version 1 (check size).  The Erlang frames of an interned
+     * stack, innermost (the NIF itself) first, outside its native frames;
+     * returns how many were written (0 for a stack without any). */
+    uint32_t (*erlang_stack)(uint32_t stack_id, struct mtrace_erl_frame *out, uint32_t max);
 };
 
 #endif

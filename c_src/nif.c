@@ -50,6 +50,10 @@ static void make_atoms(ErlNifEnv *env) {
         {&mt_atoms.ns, "ns"},
         {&mt_atoms.est_count, "est_count"},
         {&mt_atoms.est_bytes, "est_bytes"},
+        {&mt_atoms.module, "module"},
+        {&mt_atoms.function, "function"},
+        {&mt_atoms.arity, "arity"},
+        {&mt_atoms.erlang, "erlang"},
     };
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         *all[i].term = enif_make_atom(env, all[i].name);
@@ -120,12 +124,19 @@ static void put_more_stats(ErlNifEnv *env, ERL_NIF_TERM *m) {
     put(env, m, "fast_unwind", mt_nif_boolean(x.fast_unwind));
     put_u64(env, m, "unwind_fallbacks", x.unwind_fallbacks);
     static const char *const vars[] = {"MTRACE_DEPTH", "MTRACE_ENABLED", "MTRACE_SAMPLE_BYTES",
-                                       "MTRACE_UNWIND"};
+                                       "MTRACE_UNWIND", "MTRACE_ERLANG"};
     ERL_NIF_TERM bad = enif_make_list(env, 0);
     for (int i = (int)(sizeof vars / sizeof *vars) - 1; i >= 0; i--)
         if (x.config_garbage & (1u << i))
             bad = enif_make_list_cell(env, mt_nif_binary(env, vars[i]), bad);
     put(env, m, "config_errors", bad);
+    /* Erlang frames: on, or off and why (the NIF's checks know why). */
+    const char *why = x.erlang_frames ? "" : mt_erlang_reason();
+    if (!x.erlang_allowed)
+        why = "off: MTRACE_ERLANG=0";
+    put(env, m, "erlang_frames", mt_nif_boolean(x.erlang_frames));
+    put(env, m, "erlang_frames_off", *why ? mt_nif_binary(env, why) : mt_atoms.nil);
+    put_u64(env, m, "erlang_stacks", x.erlang_stacks);
 }
 
 static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
@@ -190,6 +201,8 @@ static ErlNifFunc funcs[] = {
     {"stats", 0, nif_stats, 0},
     {"reset", 0, nif_reset, ERL_NIF_DIRTY_JOB_CPU_BOUND},
     {"set_enabled", 1, nif_set_enabled, 0},
+    {"erlang_layout", 1, mt_nif_erlang_layout, 0},
+    {"erlang_layout_dirty", 1, mt_nif_erlang_layout_dirty, ERL_NIF_DIRTY_JOB_CPU_BOUND},
 };
 
 ERL_NIF_INIT(Elixir.Mtrace.Native, funcs, load, NULL, upgrade, NULL)

@@ -27,6 +27,8 @@ struct mt_atoms {
     /* keys of frame, site and old maps */
     ERL_NIF_TERM lib, symbol, file, line, addr, inlined, offset;
     ERL_NIF_TERM newest, frames, age, size, ns, est_count, est_bytes;
+    /* keys of Erlang frame maps, and the lib of Erlang frames in the seed's pairs */
+    ERL_NIF_TERM module, function, arity, erlang;
 };
 extern struct mt_atoms mt_atoms;
 
@@ -38,5 +40,15 @@ ERL_NIF_TERM mt_nif_error(ErlNifEnv *env, ERL_NIF_TERM reason);
 ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM mt_nif_olds_where(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
+
+/* nif_erlang.c: the checks that turn Erlang frames on, and their terms. */
+ERL_NIF_TERM mt_nif_erlang_layout(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
+ERL_NIF_TERM mt_nif_erlang_layout_dirty(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
+/* Why Erlang frames are off ("" when on). */
+const char *mt_erlang_reason(void);
+/* #{module, function, arity, file, line, addr, ...} */
+ERL_NIF_TERM mt_erlang_frame_map(ErlNifEnv *env, const struct mtrace_erl_frame *f);
+/* The seed's pair form: {erlang, {M, F, A}} ({erlang, nil} when unnamed). */
+ERL_NIF_TERM mt_erlang_frame_pair(ErlNifEnv *env, const struct mtrace_erl_frame *f);
 
 #endif

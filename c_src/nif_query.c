@@ -119,16 +119,40 @@ static ERL_NIF_TERM frame_map(ErlNifEnv *env, const struct mt_frame_info *f) {
     return map;
 }
 
-/* A stack as a list, innermost first.  With maps: a frame map per level of
- * inlined code at each address, then one for the function that holds them.
- * Without: the seed's {lib, symbol}, symbol being the ELF function that
- * contains the address (the outermost of any inlined chain). */
+/* Where a stack with Erlang frames leaves the NIF: the first frame of the
+ * VM's NIF trampoline, or of JIT code (in no object).  The frames from there
+ * outwards are the scheduler's, and the Erlang frames stand in for them. */
+static int vm_boundary(const struct mt_frame_info *f) {
+    return !*f->lib || strstr(f->symbol, "beam_jit_call_nif") ||
+           strstr(f->symbol, "erts_call_dirty_nif");
+}
+
+/* A stack as a list, innermost first: its native frames, then its Erlang
+ * frames (if any) from the NIF itself outwards.  With maps: a frame map per
+ * level of inlined code at each address, then one for the function that
+ * holds them.  Without: the seed's {lib, symbol}, symbol being the ELF
+ * function that contains the address (the outermost of any inlined chain). */
 static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle, int maps) {
     uintptr_t ips[MTRACE_MAX_DEPTH];
+    struct mtrace_erl_frame erl[MTRACE_MAX_DEPTH];
     uint32_t depth = mt_api->stack(stack_id, ips, MTRACE_MAX_DEPTH);
+    uint32_t n_erl =
+        MT_API_HAS(erlang_stack) ? mt_api->erlang_stack(stack_id, erl, MTRACE_MAX_DEPTH) : 0;
     ERL_NIF_TERM list = enif_make_list(env, 0);
+    for (uint32_t i = n_erl; i-- > 0;)
+        list = enif_make_list_cell(
+            env, maps ? mt_erlang_frame_map(env, &erl[i]) : mt_erlang_frame_pair(env, &erl[i]),
+            list);
     struct mt_frame_info info[MAX_INLINE];
-    for (uint32_t i = depth; i-- > 0;) {
+    uint32_t shown = depth;
+    for (uint32_t i = 0; n_erl && i < depth; i++) {
+        int n = mt_symbols_resolve(ips[i], 0, info, MAX_INLINE);
+        if (n > 0 && vm_boundary(&info[n - 1])) {
+            shown = i;
+            break;
+        }
+    }
+    for (uint32_t i = shown; i-- > 0;) {
         int n = mt_symbols_resolve(ips[i], demangle, info, MAX_INLINE);
         if (maps) {
             for (int k = n; k-- > 0;)

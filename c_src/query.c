@@ -8,6 +8,7 @@
  */
 #include <string.h>
 
+#include "erlang_frames.h"
 #include "interpose.h"
 #include "mtrace_api.h"
 #include "query.h"
@@ -91,6 +92,12 @@ static void api_more_stats(struct mtrace_more_stats *out, size_t size) {
     m.config_garbage = mt_config_garbage();
     m.fast_unwind = (uint32_t)mt_stacks_fast_unwind;
     m.unwind_fallbacks = mt_unwind_fallbacks();
+    int allowed;
+    m.erlang_frames = (uint32_t)mt_erl_active(&allowed);
+    m.erlang_allowed = (uint32_t)allowed;
+    struct mt_stack_figures s;
+    mt_stack_figures(&s);
+    m.erlang_stacks = s.erl_stacks;
     memcpy(out, &m, size < sizeof m ? size : sizeof m);
 }
 
@@ -117,4 +124,6 @@ __attribute__((visibility("default"))) const struct mtrace_api mtrace_api_v1 = {
     .more_stats = api_more_stats,
     .sites = api_sites,
     .olds_where = api_olds_where,
+    .erlang_frames = mt_erl_setup,
+    .erlang_stack = mt_stack_erl,
 };

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "erlang_frames.h"
 #include "mtrace_api.h"
 #include "spinlock.h"
 #include "table.h"
@@ -25,13 +26,19 @@
 #define CHUNK_BYTES (1u << 20)
 #define MAX_OWN_FRAMES 8 /* frames of this library above the caller of malloc */
 
+/* ips holds depth native return addresses, then erl Erlang frame pcs (the
+ * key is all of them), then the erl frames' names. */
 struct stack_rec {
     uint32_t next; /* next id in the bucket chain, 0 = end */
     uint32_t hash;
     uint32_t depth;
-    uint32_t pad;
+    uint32_t erl;
     uintptr_t ips[];
 };
+
+static const struct mtrace_erl_frame *erl_names(const struct stack_rec *r) {
+    return (const struct mtrace_erl_frame *)(r->ips + r->depth + r->erl);
+}
 
 static _Atomic uint32_t *buckets; /* head id per bucket, 0 = empty */
 static struct stack_rec **_Atomic dir[1u << DIR_BITS];
@@ -39,6 +46,7 @@ static mt_spinlock insert_lock;
 static _Atomic uint32_t next_id = 1;
 static char *chunk, *chunk_end;
 static _Atomic uint64_t mapped_bytes, dropped;
+static _Atomic uint64_t erl_stacks; /* stacks with Erlang frames */
 
 /* This library's own code, whose frames are not part of a reported stack.
  * Hidden references bind to this object's own linker-defined symbols. */
@@ -63,8 +71,9 @@ void mt_stacks_init(void) {
 
 /* The multiplies are independent of each other, so a deep stack hashes in
  * a few cycles per frame instead of one multiply latency per frame. */
-static uint32_t hash_frames(const uintptr_t *ips, uint32_t depth) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ depth;
+static uint32_t hash_frames(const uintptr_t *ips, uint32_t depth, uint32_t erl) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ depth ^ ((uint64_t)erl << 32);
+    depth += erl;
     for (uint32_t i = 0; i < depth; i++) {
         h += (ips[i] ^ (i * 0x9E3779B97F4A7C15ull)) * 0xff51afd7ed558ccdull;
         h = h << 27 | h >> 37;
@@ -79,12 +88,14 @@ static struct stack_rec *rec_of(uint32_t id) {
     return block ? block[id & ((1u << BLOCK_BITS) - 1)] : NULL;
 }
 
-static uint32_t find(uint32_t head, uint32_t hash, const uintptr_t *ips, uint32_t depth) {
+static uint32_t find(uint32_t head, uint32_t hash, const uintptr_t *ips, uint32_t depth,
+                     uint32_t erl) {
     for (uint32_t id = head; id;) {
         const struct stack_rec *r = rec_of(id);
         if (!r)
             return 0;
-        if (r->hash == hash && r->depth == depth && !memcmp(r->ips, ips, depth * sizeof(uintptr_t)))
+        if (r->hash == hash && r->depth == depth && r->erl == erl &&
+            !memcmp(r->ips, ips, (depth + erl) * sizeof(uintptr_t)))
             return id;
         id = r->next;
     }
@@ -92,8 +103,9 @@ static uint32_t find(uint32_t head, uint32_t hash, const uintptr_t *ips, uint32_
 }
 
 /* Bump allocation from 1 MiB chunks; called under insert_lock. */
-static struct stack_rec *alloc_rec(uint32_t depth) {
-    size_t need = sizeof(struct stack_rec) + depth * sizeof(uintptr_t);
+static struct stack_rec *alloc_rec(uint32_t depth, uint32_t erl) {
+    size_t need = sizeof(struct stack_rec) + (depth + erl) * sizeof(uintptr_t) +
+                  erl * sizeof(struct mtrace_erl_frame);
     if (!chunk || (size_t)(chunk_end - chunk) < need) {
         char *c = map(CHUNK_BYTES);
         if (!c)
@@ -119,25 +131,38 @@ static struct stack_rec **slot_for(uint32_t id) {
 }
 
 uint32_t mt_stack_intern(const uintptr_t *ips, uint32_t depth) {
-    if (!buckets || depth == 0)
+    return mt_stack_intern_erl(ips, depth, 0);
+}
+
+uint32_t mt_stack_intern_erl(const uintptr_t *ips, uint32_t depth, uint32_t erl) {
+    if (!buckets || depth + erl == 0)
         goto none;
-    uint32_t hash = hash_frames(ips, depth);
+    uint32_t hash = hash_frames(ips, depth, erl);
     _Atomic uint32_t *bucket = &buckets[hash & ((1u << BUCKET_BITS) - 1)];
-    uint32_t id = find(atomic_load_explicit(bucket, memory_order_acquire), hash, ips, depth);
+    uint32_t id = find(atomic_load_explicit(bucket, memory_order_acquire), hash, ips, depth, erl);
     if (id)
         return id;
 
+    /* A new stack: its Erlang frames are named now, outside the lock. */
+    struct mtrace_erl_frame names[MTRACE_MAX_DEPTH];
+    for (uint32_t i = 0; i < erl; i++)
+        mt_erl_name(ips[depth + i], &names[i]);
+
     mt_lock(&insert_lock);
-    id = find(atomic_load_explicit(bucket, memory_order_relaxed), hash, ips, depth);
+    id = find(atomic_load_explicit(bucket, memory_order_relaxed), hash, ips, depth, erl);
     if (!id) {
         uint32_t fresh = atomic_load_explicit(&next_id, memory_order_relaxed);
         struct stack_rec **slot = fresh <= MT_MAX_STACK_ID ? slot_for(fresh) : NULL;
-        struct stack_rec *r = slot ? alloc_rec(depth) : NULL;
+        struct stack_rec *r = slot ? alloc_rec(depth, erl) : NULL;
         if (r) {
             r->next = atomic_load_explicit(bucket, memory_order_relaxed);
             r->hash = hash;
             r->depth = depth;
-            memcpy(r->ips, ips, depth * sizeof(uintptr_t));
+            r->erl = erl;
+            memcpy(r->ips, ips, (depth + erl) * sizeof(uintptr_t));
+            memcpy((void *)erl_names(r), names, erl * sizeof *names);
+            if (erl)
+                atomic_fetch_add_explicit(&erl_stacks, 1, memory_order_relaxed);
             *slot = r;
             atomic_store_explicit(&next_id, fresh + 1, memory_order_release);
             atomic_store_explicit(bucket, fresh, memory_order_release);
@@ -156,17 +181,17 @@ int mt_stacks_fast_unwind = 1;
 
 /* The id this thread got last; reused when the walker saw the same stack. */
 static __thread uint32_t last_id __attribute__((tls_model("initial-exec")));
+/* Whether that stack had Erlang frames. */
+static __thread uint32_t last_erl __attribute__((tls_model("initial-exec")));
 
 uint32_t mt_stack_capture(uint32_t depth) {
-    void *buf[MTRACE_MAX_DEPTH + MAX_OWN_FRAMES];
+    void *buf[MAX_OWN_FRAMES + 2 * MTRACE_MAX_DEPTH];
     if (depth > MTRACE_MAX_DEPTH)
         depth = MTRACE_MAX_DEPTH;
     int same = 0;
     int n = mt_stacks_fast_unwind
                 ? mt_unwind((uintptr_t *)buf, (int)(depth + MAX_OWN_FRAMES), &same)
                 : -1;
-    if (same && last_id)
-        return last_id;
     if (n < 0) {
         if (mt_stacks_fast_unwind)
             mt_unwind_count_fallback();
@@ -176,7 +201,16 @@ uint32_t mt_stack_capture(uint32_t depth) {
     while (skip < n && (const char *)buf[skip] >= __ehdr_start && (const char *)buf[skip] < etext)
         skip++;
     uint32_t got = (uint32_t)(n - skip);
-    last_id = mt_stack_intern((const uintptr_t *)(buf + skip), got < depth ? got : depth);
+    if (got > depth)
+        got = depth;
+    /* The Erlang frames follow the native ones in the key; the unchanged
+     * native stack alone cannot vouch for them. */
+    uintptr_t *ips = (uintptr_t *)(buf + skip);
+    uint32_t erl = mt_erl_capture(ips + got, depth);
+    if (same && last_id && !erl && !last_erl)
+        return last_id;
+    last_erl = erl;
+    last_id = mt_stack_intern_erl(ips, got, erl);
     return last_id;
 }
 
@@ -191,10 +225,22 @@ uint32_t mt_stack_get(uint32_t id, uintptr_t *ips, uint32_t max) {
     return n;
 }
 
+uint32_t mt_stack_erl(uint32_t id, struct mtrace_erl_frame *out, uint32_t max) {
+    if (id == MTRACE_NO_STACK || id >= atomic_load_explicit(&next_id, memory_order_acquire))
+        return 0;
+    const struct stack_rec *r = rec_of(id);
+    if (!r)
+        return 0;
+    uint32_t n = r->erl < max ? r->erl : max;
+    memcpy(out, erl_names(r), n * sizeof *out);
+    return n;
+}
+
 void mt_stack_figures(struct mt_stack_figures *out) {
     out->stacks = atomic_load_explicit(&next_id, memory_order_relaxed) - 1;
     out->bytes = atomic_load_explicit(&mapped_bytes, memory_order_relaxed);
     out->dropped = atomic_load_explicit(&dropped, memory_order_relaxed);
+    out->erl_stacks = atomic_load_explicit(&erl_stacks, memory_order_relaxed);
 }
 
 void mt_stacks_lock(void) { mt_lock(&insert_lock); }

@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include "mtrace_api.h"
+
 /* Called once before the first capture. */
 void mt_stacks_init(void);
 
@@ -24,11 +26,19 @@ uint32_t mt_stack_capture(uint32_t depth);
 /* Interns depth frames; returns the id, MTRACE_NO_STACK if the store is full. */
 uint32_t mt_stack_intern(const uintptr_t *ips, uint32_t depth);
 
+/* The same for depth native frames followed by erl Erlang frame pcs (see
+ * erlang_frames.h), which are named when the stack is new. */
+uint32_t mt_stack_intern_erl(const uintptr_t *ips, uint32_t depth, uint32_t erl);
+
+/* Copies up to max Erlang frames of a stack; returns the count. */
+uint32_t mt_stack_erl(uint32_t id, struct mtrace_erl_frame *out, uint32_t max);
+
 /* Copies up to max frames of a stack; returns the count (0 for unknown ids). */
 uint32_t mt_stack_get(uint32_t id, uintptr_t *ips, uint32_t max);
 
 struct mt_stack_figures {
     uint64_t stacks, bytes, dropped;
+    uint64_t erl_stacks; /* stacks with Erlang frames */
 };
 void mt_stack_figures(struct mt_stack_figures *out);
 

@@ -144,7 +144,7 @@ defmodule Mtrace do
   def olds(n \\ 10, demangle_or_opts \\ false)
 
   def olds(n, demangle) when is_integer(n) and n >= 0 and is_boolean(demangle) do
-    Query.native!(fn -> Native.olds(count!(n, "olds/2"), demangle, {0, 0, 0, 0}) end)
+    Query.olds_tuples(count!(n, "olds/2"), demangle)
   end
 
   def olds(n, opts) when is_integer(n) and n >= 0 and is_list(opts) do

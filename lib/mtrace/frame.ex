@@ -1,21 +1,35 @@
 defmodule Mtrace.Frame do
   @moduledoc """
   How a stack frame (`t:Mtrace.frame_map/0`) is named in every output:
-  report, folded export, JSON and flame graph use the same rule, so one
-  function reads the same everywhere.
+  report, folded export, JSON, flame graph, `Mtrace.Watch` and
+  `Mtrace.VM.diagnose/1` use the same rule, so one function reads the same
+  everywhere.
+
+  A stack holds native frames (C code, named from ELF symbols and DWARF)
+  and, for memory a NIF allocated, Erlang frames: the NIF itself and the
+  Erlang functions that called it, named `Module.function/arity` as Elixir
+  prints them (`:ets.insert/2` for an Erlang module).
   """
 
   @doc """
-  The name a frame is shown under: its symbol if known, else the basename of
-  its object file and the frame's offset in it, in lowercase hex, else `"??"`.
-  An empty symbol or lib counts as unknown.
+  The name a frame is shown under: for an Erlang frame its
+  `Module.function/arity`; for a native frame its symbol (a C++ name without
+  its argument list) if known, else the basename of its object file and the
+  frame's offset in it, in lowercase hex, else `"??"`. An empty symbol or lib
+  counts as unknown.
 
   ## Examples
 
       iex> Mtrace.Frame.name(%{symbol: "malloc_wrapper", lib: "/lib/libx.so", offset: 16})
       "malloc_wrapper"
+      iex> Mtrace.Frame.name(%{symbol: "cache::put(std::string const&, int)", lib: "/lib/libc.so", offset: 0})
+      "cache::put"
       iex> Mtrace.Frame.name(%{symbol: nil, lib: "/usr/lib/libx.so.1", offset: 0x1A2B})
       "libx.so.1+0x1a2b"
+      iex> Mtrace.Frame.name(%{module: Ledger, function: :append, arity: 2, symbol: nil, lib: nil, offset: 0})
+      "Ledger.append/2"
+      iex> Mtrace.Frame.name(%{module: nil, function: nil, arity: nil, symbol: nil, lib: nil, offset: 0})
+      "?? (Erlang code)"
       iex> Mtrace.Frame.name(%{symbol: nil, lib: nil, offset: 0})
       "??"
   """
@@ -25,10 +39,90 @@ defmodule Mtrace.Frame do
           :offset => integer(),
           optional(atom()) => term()
         }) :: String.t()
-  def name(%{symbol: symbol}) when is_binary(symbol) and symbol != "", do: symbol
+  def name(%{module: module, function: function, arity: arity})
+      when is_atom(module) and module != nil and is_atom(function) and is_integer(arity),
+      do: Exception.format_mfa(module, function, arity)
+
+  def name(%{module: nil}), do: "?? (Erlang code)"
+
+  def name(%{symbol: symbol}) when is_binary(symbol) and symbol != "", do: short(symbol)
 
   def name(%{lib: lib, offset: offset}) when is_binary(lib) and lib != "",
     do: Path.basename(lib) <> "+0x" <> String.downcase(Integer.to_string(offset, 16))
 
   def name(_frame), do: "??"
+
+  @doc """
+  Whether a frame is an Erlang frame (the NIF or an Erlang function above it).
+
+      iex> Mtrace.Frame.erlang?(%{module: :ledger, function: :append, arity: 1})
+      true
+      iex> Mtrace.Frame.erlang?(%{symbol: "malloc_wrapper", lib: "/lib/libx.so"})
+      false
+  """
+  @spec erlang?(map()) :: boolean()
+  def erlang?(frame), do: Map.has_key?(frame, :module)
+
+  @doc """
+  Fills in `symbol` of the Erlang frames of a stack with their `name/1`, so
+  that every reader of `symbol` sees `Module.function/arity`; native frames
+  are left as they are.
+
+      iex> [%{symbol: "Ledger.append/2"}] =
+      ...>   Mtrace.Frame.named([%{module: Ledger, function: :append, arity: 2, symbol: nil}])
+  """
+  @spec named([map()]) :: [map()]
+  def named(frames) do
+    Enum.map(frames, fn
+      %{module: _} = frame -> %{frame | symbol: name(frame)}
+      frame -> frame
+    end)
+  end
+
+  @doc """
+  A seed-form stack (`{lib, symbol}` pairs) with its Erlang frames, which
+  the NIF gives as `{:erlang, {m, f, a}}`, as `{"erlang", "M.f/a"}`.
+
+      iex> Mtrace.Frame.named_pairs([{"a.so", "f"}, {:erlang, {:ledger, :append, 1}}, {:erlang, nil}])
+      [{"a.so", "f"}, {"erlang", ":ledger.append/1"}, {"erlang", nil}]
+  """
+  @spec named_pairs([{term(), term()}]) :: [{binary() | nil, binary() | nil}]
+  def named_pairs(stack) do
+    Enum.map(stack, fn
+      {:erlang, {m, f, a}} -> {"erlang", Exception.format_mfa(m, f, a)}
+      {:erlang, nil} -> {"erlang", nil}
+      pair -> pair
+    end)
+  end
+
+  # "ns::f(int, char const*) const" -> "ns::f": the argument list of a
+  # demangled C++ name, found from its end so that templates and operator()
+  # keep their own parentheses.
+  defp short(symbol) do
+    trimmed = String.trim_trailing(symbol, " const")
+
+    if String.ends_with?(trimmed, ")") and not String.starts_with?(trimmed, "(") do
+      cut_args(trimmed)
+    else
+      symbol
+    end
+  end
+
+  defp cut_args(symbol) do
+    chars = String.to_charlist(symbol)
+    n = open_paren(Enum.reverse(chars), 0, length(chars))
+
+    case n do
+      nil -> symbol
+      0 -> symbol
+      n -> chars |> Enum.take(n) |> List.to_string()
+    end
+  end
+
+  # The index of the "(" that matches the final ")".
+  defp open_paren([?) | rest], depth, i), do: open_paren(rest, depth + 1, i - 1)
+  defp open_paren([?( | _rest], 1, i), do: i - 1
+  defp open_paren([?( | rest], depth, i), do: open_paren(rest, depth - 1, i - 1)
+  defp open_paren([_ | rest], depth, i), do: open_paren(rest, depth, i - 1)
+  defp open_paren([], _depth, _i), do: nil
 end

@@ -12,6 +12,7 @@ defmodule Mtrace.Native do
 
     case :erlang.load_nif(path, 0) do
       :ok ->
+        check_erlang_frames()
         :ok
 
       {:error, {:reload, _}} ->
@@ -25,6 +26,21 @@ defmodule Mtrace.Native do
 
   @doc false
   def load_error, do: :persistent_term.get({__MODULE__, :load_error}, nil)
+
+  # Turns on Erlang frames once the NIF has found and checked where the VM
+  # keeps a process's call chain: it looks for this function's own return
+  # address at the line given, so both calls must stay non-tail calls with
+  # __ENV__.line on their own line. The outcome is in stats().
+  @doc false
+  def check_erlang_frames do
+    normal = erlang_layout(__ENV__.line)
+    dirty = if normal == :ok, do: erlang_layout_dirty(__ENV__.line), else: normal
+    _ = dirty
+    :ok
+  rescue
+    # The NIF did not load: nothing to turn on.
+    ErlangError -> :ok
+  end
 
   @doc false
   def preloaded, do: false
@@ -42,4 +58,8 @@ defmodule Mtrace.Native do
   def reset, do: :erlang.nif_error(:nif_not_loaded)
   @doc false
   def set_enabled(_on), do: :erlang.nif_error(:nif_not_loaded)
+  @doc false
+  def erlang_layout(_line), do: :erlang.nif_error(:nif_not_loaded)
+  @doc false
+  def erlang_layout_dirty(_line), do: :erlang.nif_error(:nif_not_loaded)
 end

@@ -43,7 +43,23 @@ defmodule Mtrace.Query do
   @spec olds(non_neg_integer(), map()) :: [Mtrace.old_map()]
   def olds(n, o) do
     filter = Options.filter(o, node())
+
     native!(fn -> Native.olds_where(n, Map.get(o, :demangle, false), filter, o[:lib]) end)
+    |> Enum.map(&%{&1 | frames: Mtrace.Frame.named(&1.frames)})
+  end
+
+  @doc """
+  The seed's form of `Mtrace.olds/2`: the `n` oldest allocations as tuples
+  `{age_s, size, addr, ns, [{lib, symbol}]}`, Erlang frames as
+  `{"erlang", "Module.function/arity"}`.
+
+      iex> Mtrace.Query.olds_tuples(1, false) |> length() <= 1
+      true
+  """
+  @spec olds_tuples(non_neg_integer(), boolean()) :: [Mtrace.old()]
+  def olds_tuples(n, demangle) do
+    for {age, size, addr, ns, stack} <- native!(fn -> Native.olds(n, demangle, {0, 0, 0, 0}) end),
+        do: {age, size, addr, ns, Mtrace.Frame.named_pairs(stack)}
   end
 
   @doc """
@@ -59,9 +75,12 @@ defmodule Mtrace.Query do
     limit = if o.limit == :all, do: 0xFFFF_FFFF_FFFF_FFFF, else: o.limit
     filter = Options.filter(o, node())
 
-    native!(fn ->
-      Native.sites(limit, o.sort, Map.get(o, :demangle, false), filter, o[:lib])
-    end)
+    {total, sites} =
+      native!(fn ->
+        Native.sites(limit, o.sort, Map.get(o, :demangle, false), filter, o[:lib])
+      end)
+
+    {total, Enum.map(sites, &%{&1 | frames: Mtrace.Frame.named(&1.frames)})}
   end
 
   @doc """

@@ -126,8 +126,8 @@ defmodule Mtrace.Watch do
       site.frames
       |> Enum.take(4)
       |> Enum.map_join(" <- ", fn f ->
-        name = f.symbol || "??"
-        if f.file, do: "#{name} (#{Path.basename(f.file)}:#{f.line})", else: name
+        name = Mtrace.Frame.name(f)
+        if f.file && f.line, do: "#{name} (#{Path.basename(f.file)}:#{f.line})", else: name
       end)
 
     "\n  ##{i} +#{Format.bytes(site.bytes)} in #{Format.int(site.count)} blocks: #{stack}"

@@ -78,12 +78,22 @@ defmodule Mtrace.VM.Report do
       site
       |> Map.get(:frames, [])
       |> Enum.take(4)
-      |> Enum.map_join(" < ", fn frame ->
-        "#{frame[:symbol] || "??"} (#{Path.basename(to_string(frame[:lib] || "?"))})"
-      end)
+      |> Enum.map_join(" < ", &frame_text/1)
 
     "          #{Format.bytes(site[:bytes])} in #{Format.int(site[:count] || 0)} " <>
       "allocations, oldest #{site[:oldest]} s: #{frames}"
+  end
+
+  defp frame_text(%{module: _} = frame), do: Mtrace.Frame.name(frame)
+
+  defp frame_text(frame) do
+    case frame[:lib] do
+      lib when is_binary(lib) and lib != "" ->
+        "#{Mtrace.Frame.name(frame)} (#{Path.basename(lib)})"
+
+      _ ->
+        Mtrace.Frame.name(frame)
+    end
   end
 
   defp window_line(nil), do: "window  none: sizes only; pass window: 60_000 to judge growth too"

@@ -1,0 +1,206 @@
+/*
+ * Erlang frames (see erlang_frames.h).
+ *
+ * The x86 JIT runs C code on the scheduler's own stack, so a NIF's native
+ * stack ends in the VM's trampoline: the Erlang code that called the NIF is
+ * only on the process's stack, between its stop and hend pointers.  There,
+ * return addresses are the only untagged words (low two bits clear) that do
+ * not point into the stack itself (saved frame pointers do); every other
+ * word is a tagged term.  Naming a return address needs the VM's code index,
+ * so it is done once per new stack, not per allocation.
+ */
+#include "erlang_frames.h"
+
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "spinlock.h"
+
+#define TLS __thread __attribute__((tls_model("initial-exec")))
+
+/* Bounds on one capture: stack words read, and the largest stack believed. */
+#define SCAN_WORDS 8192
+#define MAX_STACK_WORDS (1ull << 28)
+
+/* Source file names, kept here for good: the VM's own copies go with the
+ * code when it is purged. */
+#define FILE_SLOTS 4096
+#define FILE_TEXT 256
+#define ARENA_BYTES (64u << 10)
+
+enum { ERL_NONE, ERL_SETTING, ERL_ON, ERL_OFF };
+
+static struct mtrace_erlang_layout layout;
+static _Atomic int state = ERL_NONE;
+static int allowed = 1;
+
+/* This thread's ErtsSchedulerData once seen non-NULL: a scheduler thread
+ * keeps its own for life.  Other threads ask each time (a TSD read). */
+static TLS const char *sched;
+
+static mt_spinlock files_lock;
+static const char *files[FILE_SLOTS];
+static char *arena, *arena_end;
+
+void mt_erl_allow(int on) { allowed = on; }
+
+/* A fork() child is no longer the VM: it takes no Erlang frames (and so
+ * never needs files_lock, which another thread may have held). */
+void mt_erl_forked(void) { atomic_store(&state, ERL_OFF); }
+
+int mt_erl_active(int *allowed_out) {
+    *allowed_out = allowed;
+    return atomic_load_explicit(&state, memory_order_acquire) == ERL_ON;
+}
+
+int mt_erl_setup(const struct mtrace_erlang_layout *l) {
+    if (!l) {
+        int on = ERL_ON;
+        atomic_compare_exchange_strong(&state, &on, ERL_OFF);
+        return 0;
+    }
+    if (!allowed || l->size != sizeof layout || !l->scheduler_data || !l->function_info)
+        return 0;
+    int s = ERL_NONE;
+    if (atomic_compare_exchange_strong(&state, &s, ERL_SETTING)) {
+        layout = *l; /* written once, before any reader can see ERL_ON */
+    } else if (s == ERL_SETTING || memcmp(l, &layout, sizeof layout)) {
+        return 0; /* readers may be using the kept layout: it never changes */
+    }
+    atomic_store_explicit(&state, ERL_ON, memory_order_release);
+    return 1;
+}
+
+static inline const char *field(const char *base, uint32_t offset) {
+    return *(const char *const *)(base + offset);
+}
+
+uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max) {
+    if (atomic_load_explicit(&state, memory_order_acquire) != ERL_ON || !max)
+        return 0;
+    const char *esdp = sched;
+    if (!esdp) {
+        esdp = layout.scheduler_data();
+        if (!esdp)
+            return 0;
+        sched = esdp;
+    }
+    if (!field(esdp, layout.sched_current_nif))
+        return 0;
+    const char *proc = field(esdp, layout.sched_current_process);
+    if (!proc)
+        return 0;
+    /* A process running a NIF is not garbage collected meanwhile (the NIF
+     * holds terms on its heap), so its stack stays where it is. */
+    const uintptr_t *stop = (const uintptr_t *)field(proc, layout.proc_stop);
+    const uintptr_t *hend = (const uintptr_t *)field(proc, layout.proc_hend);
+    if (!stop || stop >= hend || (uintptr_t)(hend - stop) > MAX_STACK_WORDS)
+        return 0;
+    uint32_t n = 0;
+    uintptr_t current = (uintptr_t)field(proc, layout.proc_current);
+    if (current)
+        pcs[n++] = current | 1; /* an MFA pointer, told apart from return addresses */
+    /* The bottom word is the VM's beam_normal_exit, which names nothing. */
+    const uintptr_t *end = hend - stop > SCAN_WORDS ? stop + SCAN_WORDS : hend - 1;
+    for (const uintptr_t *w = stop; w < end && n < max; w++) {
+        uintptr_t v = *w;
+        if (v && !(v & 3) && (v < (uintptr_t)stop || v >= (uintptr_t)hend))
+            pcs[n++] = v;
+    }
+    return n;
+}
+
+/* The text of a file name as the VM keeps it, a list of character codes
+ * (tags: list 01, small integer 1111, [] 111011); 0 if it is anything else. */
+static size_t list_text(uint64_t t, char *out, size_t len) {
+    size_t n = 0;
+    for (; (t & 3) == 1; t = ((const uint64_t *)(t - 1))[1]) {
+        uint64_t c = ((const uint64_t *)(t - 1))[0];
+        if ((c & 0xF) != 0xF || c >> 4 == 0 || n + 4 >= len)
+            return 0;
+        c >>= 4;
+        if (c < 0x80) { /* UTF-8 */
+            out[n++] = (char)c;
+        } else if (c < 0x800) {
+            out[n++] = (char)(0xC0 | c >> 6);
+            out[n++] = (char)(0x80 | (c & 0x3F));
+        } else if (c < 0x10000) {
+            out[n++] = (char)(0xE0 | c >> 12);
+            out[n++] = (char)(0x80 | ((c >> 6) & 0x3F));
+            out[n++] = (char)(0x80 | (c & 0x3F));
+        } else if (c < 0x110000) {
+            out[n++] = (char)(0xF0 | c >> 18);
+            out[n++] = (char)(0x80 | ((c >> 12) & 0x3F));
+            out[n++] = (char)(0x80 | ((c >> 6) & 0x3F));
+            out[n++] = (char)(0x80 | (c & 0x3F));
+        } else {
+            return 0;
+        }
+    }
+    if ((t & 0x3F) != 0x3B) /* an improper list */
+        return 0;
+    out[n] = 0;
+    return n;
+}
+
+/* The kept copy of a file name; NULL when the store is full. */
+static const char *keep_file(const char *text, size_t len) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)text[i]) * 16777619u;
+    const char *kept = NULL;
+    mt_lock(&files_lock);
+    for (uint32_t probe = 0; probe < FILE_SLOTS && !kept; probe++) {
+        const char **slot = &files[(h + probe) % FILE_SLOTS];
+        if (*slot && !strcmp(*slot, text)) {
+            kept = *slot;
+        } else if (!*slot) {
+            if ((size_t)(arena_end - arena) <= len) {
+                void *m = mmap(NULL, ARENA_BYTES, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                if (m == MAP_FAILED)
+                    break;
+                arena = m;
+                arena_end = arena + ARENA_BYTES;
+            }
+            memcpy(arena, text, len + 1);
+            kept = *slot = arena;
+            arena += len + 1;
+        }
+    }
+    mt_unlock(&files_lock);
+    return kept;
+}
+
+void mt_erl_name(uintptr_t pc, struct mtrace_erl_frame *out) {
+    memset(out, 0, sizeof *out);
+    out->pc = pc;
+    const uint64_t *mfa = NULL; /* ErtsCodeMFA: module, function, arity */
+    if (pc & 1) {
+        mfa = (const uint64_t *)(pc & ~(uintptr_t)1);
+    } else {
+        /* FunctionInfo, larger than the VM's own so that no layout can overrun it. */
+        _Alignas(16) char info[128];
+        memset(info, 0, sizeof info);
+        layout.function_info(info, (const void *)pc, layout.info_loc != 0);
+        memcpy(&mfa, info, sizeof mfa);
+        uint32_t loc = 0;
+        if (mfa && layout.info_loc)
+            memcpy(&loc, info + layout.info_loc, sizeof loc);
+        if (loc) { /* the VM's LOC_FILE / LOC_LINE encoding */
+            out->line = loc & 0xFFFFFF;
+            const uint64_t *fnames = NULL;
+            if (layout.info_fname)
+                memcpy(&fnames, info + layout.info_fname, sizeof fnames);
+            char text[FILE_TEXT];
+            size_t len = fnames ? list_text(fnames[loc >> 24], text, sizeof text) : 0;
+            out->file = len ? keep_file(text, len) : NULL;
+        }
+    }
+    if (mfa) {
+        out->module = mfa[0];
+        out->function = mfa[1];
+        out->arity = (uint32_t)mfa[2];
+    }
+}

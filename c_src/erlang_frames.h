@@ -1,0 +1,33 @@
+/*
+ * Erlang frames: the Erlang call chain of the process whose NIF is calling
+ * malloc, read from the VM's own structures at the offsets a reader found
+ * and checked (struct mtrace_erlang_layout).  Off until a layout is given.
+ */
+#ifndef MT_ERLANG_FRAMES_H
+#define MT_ERLANG_FRAMES_H
+
+#include <stdint.h>
+
+#include "mtrace_api.h"
+
+/* MTRACE_ERLANG: whether a layout may be accepted at all. */
+void mt_erl_allow(int allowed);
+
+/* In a fork() child: Erlang frames off. */
+void mt_erl_forked(void);
+
+/* api->erlang_frames: see mtrace_api.h. */
+int mt_erl_setup(const struct mtrace_erlang_layout *layout);
+
+/* 1 while frames are captured; *allowed says whether MTRACE_ERLANG permits them. */
+int mt_erl_active(int *allowed);
+
+/* The calling thread's Erlang frames if it is running a NIF: the NIF's own
+ * frame, then the return addresses on its process's stack, innermost first,
+ * at most max.  Returns 0 elsewhere.  Reads memory only; never allocates. */
+uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max);
+
+/* Names a captured frame (module, function, arity, file, line). */
+void mt_erl_name(uintptr_t pc, struct mtrace_erl_frame *out);
+
+#endif
