@@ -10,7 +10,7 @@ defmodule Mtrace.RobustnessTest do
 
   import Bitwise
   import ExUnit.CaptureIO
-  alias Mtrace.Mark
+  alias Mtrace.{Frame, Mark}
   alias Mtrace.Test.{LeakyNif, ShellProbe, TermGen}
 
   @moduletag :capture_log
@@ -827,6 +827,9 @@ defmodule Mtrace.RobustnessTest do
                olds: 3,
                olds_where: 4,
                preloaded: 0,
+               check_erlang_frames: 0,
+               erlang_layout: 1,
+               erlang_layout_dirty: 1,
                reset: 0,
                set_enabled: 1,
                sites: 5,
@@ -1014,6 +1017,9 @@ defmodule Mtrace.RobustnessTest do
     {[{"MTRACE_SAMPLE_BYTES", "x"}], %{sample_bytes: 0, sampled: false}, ["MTRACE_SAMPLE_BYTES"]},
     {[{"MTRACE_ENABLED", "maybe"}], %{enabled: true}, ["MTRACE_ENABLED"]},
     {[{"MTRACE_UNWIND", "quick"}], %{fast_unwind: true}, ["MTRACE_UNWIND"]},
+    {[{"MTRACE_ERLANG", "sometimes"}], %{erlang_frames: true}, ["MTRACE_ERLANG"]},
+    {[{"MTRACE_ERLANG", "0"}],
+     %{erlang_frames: false, erlang_frames_off: "off: MTRACE_ERLANG=0", erlang_stacks: 0}, []},
     {[
        {"MTRACE_DEPTH", "3x"},
        {"MTRACE_ENABLED", "perhaps"},
@@ -1058,11 +1064,15 @@ defmodule Mtrace.RobustnessTest do
 
       assert [%{count: 3, bytes: 15_009, frames: frames}] = sites, label
       assert %{symbol: "fixture_leak_malloc"} = hd(frames)
-      frames = Enum.reject(frames, & &1.inlined)
+      # the depth bounds the native frames and the Erlang frames each
+      {erlang, native} = frames |> Enum.reject(& &1.inlined) |> Enum.split_with(&Frame.erlang?/1)
+      assert erlang != [] == stats.erlang_frames, label
 
-      if stats.depth == 1,
-        do: assert(length(frames) == 1, label),
-        else: assert(length(frames) > 1 and length(frames) <= stats.depth, label)
+      for part <- [native, erlang], part != [] do
+        if stats.depth == 1,
+          do: assert(length(part) == 1, label),
+          else: assert(length(part) > 1 and length(part) <= stats.depth, label)
+      end
     end
   end
 
@@ -1107,10 +1117,11 @@ defmodule Mtrace.RobustnessTest do
   defp nif_stub(so_path) do
     source = """
     -module('Elixir.Mtrace.Test.LeakyNif').
-    -export([load/0, leak/3, churn/2, free_kept/0, leak_threads/3]).
+    -export([load/0, leak/3, leak_dirty/3, churn/2, free_kept/0, leak_threads/3]).
     -on_load(load/0).
     load() -> erlang:load_nif("#{Path.rootname(so_path)}", 0).
     leak(_, _, _) -> erlang:nif_error(nif_not_loaded).
+    leak_dirty(_, _, _) -> erlang:nif_error(nif_not_loaded).
     churn(_, _) -> erlang:nif_error(nif_not_loaded).
     free_kept() -> erlang:nif_error(nif_not_loaded).
     leak_threads(_, _, _) -> erlang:nif_error(nif_not_loaded).

@@ -1,0 +1,211 @@
+defmodule Mtrace.ErlangFramesTest do
+  # The Erlang code behind native allocations: what a NIF allocates carries
+  # the Erlang call chain of the process that called it.
+  # Not async: every test resets and reads the one allocation table of this VM.
+  use ExUnit.Case, async: false
+
+  alias Mtrace.Frame
+  alias Mtrace.Test.{ErlangCallers, LeakyNif, Remote}
+
+  @lib "leaky_nif"
+  @callers "test/support/erlang_callers.ex"
+
+  setup do
+    LeakyNif.fresh_table(&on_exit/1)
+  end
+
+  # The line of the call that follows the `# call: name` marker.
+  defp call_line(name) do
+    @callers
+    |> File.read!()
+    |> String.split("\n")
+    |> Enum.find_index(&String.ends_with?(&1, "# call: #{name}"))
+    |> Kernel.+(2)
+  end
+
+  defp erlang(site), do: for(f <- site.frames, Frame.erlang?(f), do: f)
+
+  # {module, function, arity, line} of a site's first n Erlang frames.
+  defp chain(site, n) do
+    site |> erlang() |> Enum.take(n) |> Enum.map(&{&1.module, &1.function, &1.arity, &1.line})
+  end
+
+  defp only_sites(opts \\ []), do: Mtrace.sites([lib: @lib, limit: :all] ++ opts)
+
+  test "stats say Erlang frames are on, and why not when they are not" do
+    assert %{erlang_frames: true, erlang_frames_off: nil, erlang_stacks: n} = Mtrace.stats()
+    assert is_integer(n)
+  end
+
+  test "two Erlang callers of one NIF are two sites; the same Erlang path is one site" do
+    # one call site of append/1 here, taken twice: one Erlang path
+    for n <- [3, 4], do: ErlangCallers.append(n)
+    ErlangCallers.audit(5)
+
+    assert [append, audit] = only_sites()
+    assert {append.count, audit.count} == {7, 5}
+
+    assert chain(append, 2) == [
+             {LeakyNif, :leak, 3, nil},
+             {ErlangCallers, :append, 1, call_line("append")}
+           ]
+
+    assert chain(audit, 2) == [
+             {LeakyNif, :leak, 3, nil},
+             {ErlangCallers, :audit, 1, call_line("audit")}
+           ]
+
+    # the native part is the same, and ends where the NIF was called: the
+    # VM's trampoline and scheduler frames are left out
+    native = for f <- append.frames, not Frame.erlang?(f), do: f.symbol
+    assert native == for(f <- audit.frames, not Frame.erlang?(f), do: f.symbol)
+    assert ["fixture_leak_malloc", "leak"] = native
+
+    assert %{file: @callers, symbol: "Mtrace.Test.ErlangCallers.append/1"} =
+             Enum.at(append.frames, 3)
+  end
+
+  for {nif, marker} <- [leak: "inner", leak_dirty: "inner_dirty"] do
+    test "a chain of non-tail calls, NIF #{nif} (#{if nif == :leak, do: "normal", else: "dirty"} scheduler)" do
+      ErlangCallers.outer(unquote(nif), 6)
+      assert [site] = only_sites()
+      assert site.count == 6
+
+      assert chain(site, 4) == [
+               {LeakyNif, unquote(nif), 3, nil},
+               {ErlangCallers, :inner, 2, call_line(unquote(marker))},
+               {ErlangCallers, :middle, 2, call_line("middle")},
+               {ErlangCallers, :outer, 2, call_line("outer")}
+             ]
+
+      # and on up to this test, which called outer/2
+      assert Enum.any?(erlang(site), &(&1.module == __MODULE__))
+      refute Enum.any?(site.frames, &(&1.symbol =~ ~r/beam_jit_call_nif|erts_call_dirty_nif/))
+    end
+  end
+
+  test "a tail-called NIF: its immediate caller is absent, the chain starts one above" do
+    ErlangCallers.tail_outer(2)
+    assert [site] = only_sites()
+
+    assert chain(site, 2) == [
+             {LeakyNif, :leak, 3, nil},
+             {ErlangCallers, :tail_outer, 1, call_line("tail_outer")}
+           ]
+  end
+
+  test "a process that exits while its allocations live: the names stay" do
+    {pid, ref} = spawn_monitor(fn -> ErlangCallers.append(3) end)
+    assert_receive {:DOWN, ^ref, :process, ^pid, :normal}
+    assert [site] = only_sites()
+    assert site.count == 3
+    assert [_, {ErlangCallers, :append, 1, _}] = chain(site, 2)
+  end
+
+  # Mtrace.Test.Reloaded, its leaking call on line `line`.
+  defp load_reloaded(line) do
+    source =
+      String.duplicate("\n", line - 3) <>
+        """
+        defmodule Mtrace.Test.Reloaded do
+          def go(n) do
+            Mtrace.Test.LeakyNif.leak(:malloc, n, 1000)
+            :ok
+          end
+        end
+        """
+
+    :code.purge(Mtrace.Test.Reloaded)
+    [{Mtrace.Test.Reloaded, _}] = Code.compile_string(source, "reloaded.ex")
+  end
+
+  test "purge and reload of the calling module: old allocations keep their names and lines" do
+    Code.put_compiler_option(:ignore_module_conflict, true)
+    on_exit(fn -> Code.put_compiler_option(:ignore_module_conflict, false) end)
+
+    load_reloaded(10)
+    go = &apply(Mtrace.Test.Reloaded, :go, [&1])
+    go.(2)
+    # a new version with the call elsewhere; the old one is purged
+    load_reloaded(30)
+    :code.purge(Mtrace.Test.Reloaded)
+    go.(3)
+
+    names = fn ->
+      for site <- only_sites(), do: {site.count, chain(site, 2) |> Enum.at(1)}
+    end
+
+    expected = [
+      {3, {Mtrace.Test.Reloaded, :go, 1, 30}},
+      {2, {Mtrace.Test.Reloaded, :go, 1, 10}}
+    ]
+
+    assert names.() == expected
+    # gone altogether: the names were taken when the stacks were first seen
+    :code.purge(Mtrace.Test.Reloaded)
+    :code.delete(Mtrace.Test.Reloaded)
+    :code.purge(Mtrace.Test.Reloaded)
+    refute :code.is_loaded(Mtrace.Test.Reloaded)
+    assert names.() == expected
+    assert [%{file: "reloaded.ex"} | _] = only_sites() |> hd() |> erlang() |> Enum.drop(1)
+  end
+
+  test "every output shows the Erlang frames: seed olds, report, folded, JSON, flame graph" do
+    ErlangCallers.append(3)
+    name = "Mtrace.Test.ErlangCallers.append/1"
+
+    assert [{_age, 1000, _addr, _ns, stack} | _] = Mtrace.olds(1, true)
+
+    assert [{_, "fixture_leak_malloc"}, {_, "leak"}, {"erlang", leak}, {"erlang", ^name} | _] =
+             stack
+
+    assert leak == "Mtrace.Test.LeakyNif.leak/3"
+
+    report = ExUnit.CaptureIO.capture_io(fn -> Mtrace.report(lib: @lib) end)
+    assert report =~ "    #{name} (#{@callers}:#{call_line("append")})\n"
+    refute report =~ "beam_jit_call_nif"
+
+    dir = Path.join(System.tmp_dir!(), "mtrace_erlang_#{System.unique_integer([:positive])}")
+    File.mkdir_p!(dir)
+    on_exit(fn -> File.rm_rf!(dir) end)
+    folded = Path.join(dir, "out.folded")
+    :ok = Mtrace.export(folded, lib: @lib)
+
+    assert File.read!(folded) =~
+             ";#{name};Mtrace.Test.LeakyNif.leak/3;leak;fixture_leak_malloc 3000\n"
+
+    json = Path.join(dir, "out.json")
+    :ok = Mtrace.export(json, lib: @lib, format: :json)
+    assert File.read!(json) =~ ~s|"name":"#{name}"|
+    svg = Path.join(dir, "out.svg")
+    :ok = Mtrace.flamegraph(svg, lib: @lib)
+    assert File.read!(svg) =~ ">#{name}<"
+  end
+
+  @tag :peer
+  test "8 schedulers of concurrent NIF calls, normal and dirty: exact counts per Erlang path" do
+    Remote.distribute!()
+    args = Enum.map(~w(+S 8:8 +SDcpu 8:8), &String.to_charlist/1)
+    {:ok, peer, node} = :peer.start(%{name: :peer.random_name(), args: args})
+    on_exit(fn -> :peer.stop(peer) end)
+    :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+    assert 8 = :erpc.call(node, :erlang, :system_info, [:schedulers_online])
+    :erpc.call(node, Mtrace, :reset, [])
+
+    :ok = :erpc.call(node, ErlangCallers, :concurrently, [64, 25])
+    sites = Mtrace.sites(node: node, lib: @lib, limit: :all)
+    assert %{erlang_frames: true} = Mtrace.stats(node: node)
+
+    by_caller =
+      sites
+      |> Enum.group_by(fn site -> site |> chain(2) |> Enum.map(&elem(&1, 1)) end)
+      |> Map.new(fn {path, group} -> {path, group |> Enum.map(& &1.count) |> Enum.sum()} end)
+
+    assert by_caller == %{
+             [:leak, :append] => 400,
+             [:leak, :audit] => 400,
+             [:leak_dirty, :inner] => 400,
+             [:leak, :inner] => 400
+           }
+  end
+end
