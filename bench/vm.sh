@@ -1,7 +1,8 @@
 #!/bin/sh
 # The preload inside a real node: a dirty NIF churning malloc/free next to
 # ordinary Erlang processes (bench/vm_churn.erl, bench/vm_churn_nif.c), on a
-# bare node, a preloaded one and a preloaded one in sampling mode; and the
+# bare node, a preloaded one (mtrace's NIF loaded, Erlang frames off), the
+# same with Erlang frames on, and a preloaded one in sampling mode; and the
 # time to boot and halt a node, bare and preloaded.  Variants are interleaved
 # for ROUNDS rounds; prints markdown rows of medians with ratios to bare.
 #   sh bench/vm.sh BUILD PRIV [ROUNDS] [PAIRS]
@@ -14,7 +15,7 @@ build=$(cd "$build" && pwd)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mtrace-vm.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 # Inherited settings would change what the columns mean.
-unset MTRACE_PROGRAMS MTRACE_ENABLED MTRACE_SAMPLE_BYTES
+unset MTRACE_PROGRAMS MTRACE_ENABLED MTRACE_SAMPLE_BYTES MTRACE_ERLANG
 
 # Compile the NIF and the module when missing or older than their sources
 # (find -newer, as test -nt is not POSIX).
@@ -29,11 +30,28 @@ fi
 if stale "$build/vm_churn.beam" "$src/vm_churn.erl"; then
     erlc -o "$build" "$src/vm_churn.erl"
 fi
+# mtrace's NIF module, laid out as an application (mtrace/ebin, mtrace/priv)
+# so that code:priv_dir(mtrace) finds the NIF built in PRIV.
+app=$build/vm_app/mtrace
+if stale "$app/ebin/Elixir.Mtrace.Native.beam" "$src/../lib/mtrace/native.ex"; then
+    mkdir -p "$app/ebin"
+    elixirc --ignore-module-conflict -o "$app/ebin" "$src/../lib/mtrace/native.ex" >/dev/null
+fi
+ln -sfn "$priv" "$app/priv"
 
 pre="LD_PRELOAD=$priv/mtrace.so"
 churn() { # churn [ENV=VALUE...] -> prints the workload's wall ms
     env "$@" erl -noshell -pa "$build" -run vm_churn main "$nif" "$pairs" |
         awk '/^wall_ms/ { print $2 }'
+}
+churn_nif() { # churn_nif FRAMES [ENV=VALUE...]: with mtrace's NIF; FRAMES = true|false expected
+    want=$1
+    shift
+    env "$@" erl -noshell -pa "$build" -run vm_churn main "$nif" "$pairs" "$app/ebin" |
+        awk -v want="$want" '
+            /^erlang_frames/ { on = $2 }
+            /^wall_ms/ { ms = $2 }
+            END { if (on == want) print ms; else print "erlang_frames " on ", not " want > "/dev/stderr" }'
 }
 boot() { # boot [ENV=VALUE...] -> prints ms from exec to exit, as a user sees it
     t0=$(date +%s%N)
@@ -51,7 +69,8 @@ sample() { # sample NAME COMMAND... -> appends "NAME value" to the samples
 r=1
 while [ "$r" -le "$rounds" ]; do
     sample churn_bare churn
-    sample churn_pre churn "$pre"
+    sample churn_pre churn_nif false "$pre" MTRACE_ERLANG=0
+    sample churn_erl churn_nif true "$pre"
     sample churn_sampling churn "$pre" MTRACE_SAMPLE_BYTES=524288
     b=1
     while [ "$b" -le "$boots" ]; do
@@ -70,11 +89,15 @@ END {
     print "| VM (bench/vm.sh), wall ms | bare | preloaded (ratio) |"
     print "|---|---|---|"
     row("dirty NIF churn + Erlang work", "churn_bare", "churn_pre")
+    row("same, with Erlang frames (MTRACE_ERLANG on)", "churn_bare", "churn_erl")
     row("same, sampling (MTRACE_SAMPLE_BYTES=524288)", "churn_bare", "churn_sampling")
     row("node boot + halt", "boot_bare", "boot_pre")
     printf "\nMedian of %d interleaved rounds (boot: of all %d boots). Churn: %d malloc/free pairs " \
         "(16-1040 bytes, live window 4096) in a dirty CPU NIF while 4 Erlang processes pass maps " \
         "and binaries until it ends; boot: erl -noshell -eval '"'"'halt().'"'"', exec to exit.\n",
         rounds, rounds * boots, pairs
+    printf "Erlang frames cost %+.1f ns per malloc made in the NIF (median with them on minus off, " \
+        "over %d malloc calls made under vm_churn:main/1).\n",
+        (med["churn_erl"] - med["churn_pre"]) * 1e6 / pairs, pairs
 }
 function row(label, b, p) { printf "| %s | %.0f ms (1.00x) | %.0f ms (%.2fx) |\n", label, med[b], med[p], med[p] / med[b] }'

@@ -2,12 +2,21 @@
 %% mtrace_bench_churn:churn(Pairs) (bench/vm_churn_nif.c) runs on a dirty CPU
 %% scheduler while a few ordinary processes send messages, build maps and
 %% drop binaries until it returns.  Prints "wall_ms N" for the whole thing.
-%%   erl -noshell -pa BUILD -run vm_churn main NIF_PATH_WITHOUT_SO PAIRS
+%% Given mtrace's own ebin directory, it first loads mtrace's NIF (which
+%% turns on Erlang frames unless MTRACE_ERLANG=0) and prints
+%% "erlang_frames true|false".
+%%   erl -noshell -pa BUILD -run vm_churn main NIF_PATH_WITHOUT_SO PAIRS [MTRACE_EBIN]
 -module(vm_churn).
 -export([main/1]).
 
 -define(WORKERS, 4).
 
+main([Nif, PairsArg, MtraceEbin]) ->
+    true = code:add_patha(MtraceEbin),
+    {module, Native} = code:ensure_loaded('Elixir.Mtrace.Native'),
+    #{erlang_frames := On} = Native:stats(),
+    io:format("erlang_frames ~p~n", [On]),
+    main([Nif, PairsArg]);
 main([Nif, PairsArg]) ->
     Pairs = list_to_integer(PairsArg),
     load_nif(Nif),

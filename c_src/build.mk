@@ -23,9 +23,9 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_libc $(BUILD)/test_interpose_stress $(BUILD)/test_interpose_concurrent \
 	$(BUILD)/test_interpose_fork $(BUILD)/test_interpose_dlopen $(BUILD)/test_interpose_growth
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
-	$(BUILD)/test_unwind $(INTERPOSE_TESTS)
+	$(BUILD)/test_unwind $(BUILD)/test_erlang_frames $(INTERPOSE_TESTS)
 ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_query \
-	$(BUILD)/asan_test_symbols $(BUILD)/asan_test_unwind
+	$(BUILD)/asan_test_symbols $(BUILD)/asan_test_unwind $(BUILD)/asan_test_erlang_frames
 VALGRIND_TESTS = $(BUILD)/test_table $(BUILD)/test_query $(BUILD)/test_config $(BUILD)/test_symbols
 DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so
 # The read side without the interposer, for test_query.
@@ -85,6 +85,16 @@ $(BUILD)/asan_test_table: test/c/test_table.c test/c/check.h c_src/table.c c_src
 $(BUILD)/test_config: test/c/test_config.c test/c/check.h c_src/config.c c_src/config.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_config.c c_src/config.c
+
+$(BUILD)/test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h c_src/erlang_frames.c \
+		c_src/erlang_frames.h c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_erlang_frames.c c_src/erlang_frames.c
+
+$(BUILD)/asan_test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h c_src/erlang_frames.c \
+		c_src/erlang_frames.h c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_erlang_frames.c c_src/erlang_frames.c
 
 $(BUILD)/asan_test_config: test/c/test_config.c test/c/check.h c_src/config.c c_src/config.h $(MAKEVARS)
 	@mkdir -p $(BUILD)

@@ -39,6 +39,22 @@ static int allowed = 1;
  * keeps its own for life.  Other threads ask each time (a TSD read). */
 static TLS const char *sched;
 
+/* The previous capture of a scheduler thread, when it took Erlang frames:
+ * while a NIF runs, its process's stack does not change, so the next
+ * allocation compares the stack words the scan read (one memcmp) instead of
+ * scanning them again, and can reuse the interned stack.  Mapped on a
+ * thread's first capture in a NIF (scheduler threads live as long as the VM). */
+#define CACHE_WORDS 256
+struct capture_cache {
+    int valid;
+    uint32_t n, max, scanned;
+    const uintptr_t *stop, *hend;
+    uintptr_t current;
+    uintptr_t pcs[MTRACE_MAX_DEPTH];
+    uintptr_t words[CACHE_WORDS];
+};
+static TLS struct capture_cache *cache;
+
 static mt_spinlock files_lock;
 static const char *files[FILE_SLOTS];
 static char *arena, *arena_end;
@@ -76,7 +92,19 @@ static inline const char *field(const char *base, uint32_t offset) {
     return *(const char *const *)(base + offset);
 }
 
-uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max) {
+static struct capture_cache *thread_cache(void) {
+    if (!cache) {
+        void *m =
+            mmap(NULL, sizeof *cache, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        cache = m == MAP_FAILED ? NULL : m;
+    }
+    return cache;
+}
+
+uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
+    *unchanged = 0;
+    if (cache)
+        cache->valid = 0; /* from here on it describes this capture, or none */
     if (atomic_load_explicit(&state, memory_order_acquire) != ERL_ON || !max)
         return 0;
     const char *esdp = sched;
@@ -97,16 +125,29 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max) {
     const uintptr_t *hend = (const uintptr_t *)field(proc, layout.proc_hend);
     if (!stop || stop >= hend || (uintptr_t)(hend - stop) > MAX_STACK_WORDS)
         return 0;
-    uint32_t n = 0;
     uintptr_t current = (uintptr_t)field(proc, layout.proc_current);
+    struct capture_cache *c = thread_cache();
+    if (c && c->stop == stop && c->hend == hend && c->current == current && c->max == max &&
+        !memcmp(stop, c->words, c->scanned * sizeof *stop)) {
+        memcpy(pcs, c->pcs, c->n * sizeof *pcs);
+        c->valid = *unchanged = 1;
+        return c->n;
+    }
+    uint32_t n = 0;
     if (current)
         pcs[n++] = current | 1; /* an MFA pointer, told apart from return addresses */
     /* The bottom word is the VM's beam_normal_exit, which names nothing. */
-    const uintptr_t *end = hend - stop > SCAN_WORDS ? stop + SCAN_WORDS : hend - 1;
-    for (const uintptr_t *w = stop; w < end && n < max; w++) {
+    const uintptr_t *end = hend - stop > SCAN_WORDS ? stop + SCAN_WORDS : hend - 1, *w = stop;
+    for (; w < end && n < max; w++) {
         uintptr_t v = *w;
         if (v && !(v & 3) && (v < (uintptr_t)stop || v >= (uintptr_t)hend))
             pcs[n++] = v;
+    }
+    uint32_t scanned = (uint32_t)(w - stop); /* the words the result depends on */
+    if (c && scanned <= CACHE_WORDS) {
+        *c = (struct capture_cache){1, n, max, scanned, stop, hend, current, {0}, {0}};
+        memcpy(c->pcs, pcs, n * sizeof *pcs);
+        memcpy(c->words, stop, scanned * sizeof *stop);
     }
     return n;
 }

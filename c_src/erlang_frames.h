@@ -24,8 +24,10 @@ int mt_erl_active(int *allowed);
 
 /* The calling thread's Erlang frames if it is running a NIF: the NIF's own
  * frame, then the return addresses on its process's stack, innermost first,
- * at most max.  Returns 0 elsewhere.  Reads memory only; never allocates. */
-uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max);
+ * at most max.  Returns 0 elsewhere.  *unchanged says they are those of
+ * this thread's previous capture (which therefore took Erlang frames too).
+ * Reads memory only; never calls malloc. */
+uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged);
 
 /* Names a captured frame (module, function, arity, file, line). */
 void mt_erl_name(uintptr_t pc, struct mtrace_erl_frame *out);

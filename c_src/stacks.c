@@ -203,11 +203,12 @@ uint32_t mt_stack_capture(uint32_t depth) {
     uint32_t got = (uint32_t)(n - skip);
     if (got > depth)
         got = depth;
-    /* The Erlang frames follow the native ones in the key; the unchanged
-     * native stack alone cannot vouch for them. */
+    /* The Erlang frames follow the native ones in the key: the previous
+     * stack is this one only if both parts are unchanged. */
     uintptr_t *ips = (uintptr_t *)(buf + skip);
-    uint32_t erl = mt_erl_capture(ips + got, depth);
-    if (same && last_id && !erl && !last_erl)
+    int erl_same;
+    uint32_t erl = mt_erl_capture(ips + got, depth, &erl_same);
+    if (same && last_id && (erl ? erl_same : !last_erl))
         return last_id;
     last_erl = erl;
     last_id = mt_stack_intern_erl(ips, got, erl);

@@ -1,0 +1,167 @@
+/* Erlang frames against a VM made up here: scheduler data, a process, its
+ * stack and a code index, laid out as a layout describes them.  Checks what
+ * the capture takes from a stack and what it leaves, the cache that spares
+ * a rescan, the naming of frames (file names as the VM's character lists),
+ * and every way the feature stays off. */
+#include <stdint.h>
+#include <string.h>
+
+#include "check.h"
+#include "erlang_frames.h"
+
+#define ATOM(i) (((uint64_t)(i) << 6) | 0x0B)
+#define SMALL(i) (((uint64_t)(i) << 4) | 0xF)
+#define NIL ((~(uint64_t)0 << 6) | 0x3B)
+
+static char sched_data[256], process[256];
+static uint64_t stack[64];
+/* The code index: two functions, code at [code, code + 100) and [code + 100, +200). */
+static _Alignas(8) char code[200]; /* return addresses have their low two bits clear */
+static uint64_t mfas[2][3] = {{ATOM(1), ATOM(2), 1}, {ATOM(3), ATOM(4), 2}};
+static uint64_t cells[32], fnames[2];
+struct fake_info {
+    const uint64_t *mfa;
+    uint64_t needed;
+    uint32_t loc, pad;
+    const uint64_t *fname_ptr;
+};
+
+static void *scheduler_data(void) { return sched_data; }
+
+static void function_info(void *out, const void *pc, int full) {
+    struct fake_info *fi = out;
+    const char *p = pc;
+    fi->mfa = NULL;
+    fi->loc = 0;
+    if (p >= code && p < code + 200) {
+        int k = p >= code + 100;
+        fi->mfa = mfas[k];
+        if (full) {
+            fi->loc = (uint32_t)(k << 24) | (uint32_t)(10 + (p - code) % 100);
+            fi->fname_ptr = fnames;
+        }
+    }
+}
+
+/* "lib/é.ex" as a list of character codes. */
+static uint64_t char_list(void) {
+    const unsigned codes[] = {'l', 'i', 'b', '/', 0xE9, '.', 'e', 'x'};
+    uint64_t t = NIL;
+    for (int i = 7; i >= 0; i--) {
+        cells[2 * i] = SMALL(codes[i]);
+        cells[2 * i + 1] = t;
+        t = (uint64_t)(uintptr_t)&cells[2 * i] | 1;
+    }
+    return t;
+}
+
+static void put(char *base, uint32_t off, const void *v) { memcpy(base + off, &v, sizeof v); }
+
+static struct mtrace_erlang_layout layout = {
+    .size = sizeof(struct mtrace_erlang_layout),
+    .sched_current_process = 8,
+    .sched_current_nif = 16,
+    .proc_stop = 24,
+    .proc_hend = 40,
+    .proc_current = 64,
+    .info_loc = 16,
+    .info_fname = 24,
+    .scheduler_data = scheduler_data,
+    .function_info = function_info,
+};
+
+int main(void) {
+    uintptr_t pcs[MTRACE_MAX_DEPTH];
+    int same, allowed;
+    fnames[0] = NIL; /* a file the VM does not name */
+    fnames[1] = char_list();
+
+    /* off until a layout is given */
+    put(sched_data, 16, (void *)1);
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);
+    CHECK_EQ(mt_erl_active(&allowed), 0);
+    CHECK_EQ(allowed, 1);
+
+    /* refused: wrong size, then MTRACE_ERLANG=0 */
+    struct mtrace_erlang_layout bad = layout;
+    bad.size = 8;
+    CHECK_EQ(mt_erl_setup(&bad), 0);
+    mt_erl_allow(0);
+    CHECK_EQ(mt_erl_setup(&layout), 0);
+    CHECK_EQ(mt_erl_active(&allowed), 0);
+    CHECK_EQ(allowed, 0);
+    mt_erl_allow(1);
+    CHECK_EQ(mt_erl_setup(&layout), 1);
+    CHECK_EQ(mt_erl_active(&allowed), 1);
+    bad = layout;
+    bad.proc_stop = 32;
+    CHECK_EQ(mt_erl_setup(&bad), 0); /* the first layout is kept */
+
+    /* a process stack: stop at stack[4], hend = &stack[12] */
+    uint64_t *stop = &stack[4], *hend = &stack[12];
+    put(sched_data, 8, process);
+    put(process, 24, stop);
+    put(process, 40, hend);
+    put(process, 64, &mfas[0][0]);             /* the NIF's own MFA */
+    stop[0] = (uint64_t)(uintptr_t)&stack[6];  /* a saved frame pointer: skipped */
+    stop[1] = (uint64_t)(uintptr_t)(code + 4); /* return address into function 0 */
+    stop[2] = SMALL(42);                       /* terms: skipped */
+    stop[3] = ATOM(7);
+    stop[4] = 0;                                     /* skipped */
+    stop[5] = (uint64_t)(uintptr_t)(code + 120);     /* into function 1 */
+    stop[6] = (uint64_t)(uintptr_t)(code + 150) | 2; /* a boxed term: skipped */
+    stop[7] = (uint64_t)(uintptr_t)(code + 196);     /* bottom word (beam_normal_exit): skipped */
+
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+    CHECK_EQ(same, 0);
+    CHECK_EQ(pcs[0], (uintptr_t)&mfas[0][0] | 1);
+    CHECK_EQ(pcs[1], (uintptr_t)(code + 4));
+    CHECK_EQ(pcs[2], (uintptr_t)(code + 120));
+    /* the same stack again: from the cache */
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+    CHECK_EQ(same, 1);
+    /* a changed word is seen */
+    stop[5] = (uint64_t)(uintptr_t)(code + 132);
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+    CHECK_EQ(same, 0);
+    CHECK_EQ(pcs[2], (uintptr_t)(code + 132));
+    /* at most max frames */
+    CHECK_EQ(mt_erl_capture(pcs, 2, &same), 2);
+    CHECK_EQ(same, 0);
+
+    /* names */
+    struct mtrace_erl_frame f;
+    mt_erl_name(pcs[0], &f);
+    CHECK(f.module == ATOM(1) && f.function == ATOM(2) && f.arity == 1 && f.line == 0);
+    CHECK(f.file == NULL);
+    mt_erl_name((uintptr_t)(code + 120), &f);
+    CHECK(f.module == ATOM(3) && f.function == ATOM(4) && f.arity == 2);
+    CHECK_EQ(f.line, 30);
+    CHECK(f.file && !strcmp(f.file, "lib/\xC3\xA9.ex"));
+    const char *kept = f.file;
+    mt_erl_name((uintptr_t)(code + 124), &f);
+    CHECK(f.file == kept); /* one copy per file */
+    mt_erl_name((uintptr_t)(code + 4), &f);
+    CHECK_EQ(f.line, 14);
+    CHECK(f.file == NULL);                  /* [] names no file */
+    mt_erl_name((uintptr_t)code + 300, &f); /* in no function */
+    CHECK(f.module == 0 && f.function == 0 && f.line == 0);
+
+    /* not in a NIF, an implausible stack: nothing */
+    put(sched_data, 16, NULL);
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);
+    put(sched_data, 16, (void *)1);
+    put(process, 24, hend);
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);
+    put(process, 24, stop);
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+
+    /* turned off, and in a fork child */
+    CHECK_EQ(mt_erl_setup(NULL), 0);
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);
+    CHECK_EQ(mt_erl_setup(&layout), 1);
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+    mt_erl_forked();
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);
+    return check_summary();
+}
