@@ -1,19 +1,37 @@
 # Run by bin/demo inside a VM that has priv/mtrace.so preloaded.
 alias Mtrace.Test.LeakyNif
 
+# Two Elixir callers of one leaking NIF function: mtrace tells them apart.
+defmodule Demo.Cache do
+  # A cache that never evicts: each put keeps a 4 KiB block in native memory.
+  def put(_key) do
+    LeakyNif.leak(:malloc, 1, 4096)
+    :ok
+  end
+end
+
+defmodule Demo.Sessions do
+  def open(_id) do
+    LeakyNif.leak(:malloc, 1, 4096)
+    :ok
+  end
+end
+
 true = Mtrace.preloaded?()
 forgotten = Mtrace.reset()
 IO.puts("Forgot #{forgotten} allocations made while the VM booted (Mtrace.reset/0).")
 
 IO.puts("""
 Running a NIF for 3 seconds: it churns 60,000 short-lived malloc/free pairs
-and, hidden among them, leaks one 4 KiB block every 100 ms from a static C
-function, the way a cache that never evicts does.
+and, hidden among them, leaks 4 KiB blocks from one static C function, called
+from two places in Elixir: Demo.Cache.put/1 every 100 ms (a cache that never
+evicts) and Demo.Sessions.open/1 every 300 ms.
 """)
 
-for _ <- 1..30 do
+for i <- 1..30 do
   LeakyNif.churn(2_000, 512)
-  LeakyNif.leak(:malloc, 1, 4096)
+  Demo.Cache.put(i)
+  if rem(i, 3) == 0, do: Demo.Sessions.open(i)
   Process.sleep(100)
 end
 
@@ -31,12 +49,18 @@ for {age, size, addr, ns, stack} <- Mtrace.olds(3, true) do
   IO.puts("  #{size} bytes at 0x#{Integer.to_string(addr, 16)}, #{age} s old (named in #{ns} ns)")
 
   for {lib, symbol} <- Enum.take(stack, 4) do
-    IO.puts("      #{symbol || "??"}  #{Path.basename(lib || "??")}")
+    name = Mtrace.Frame.name(%{symbol: symbol, lib: lib, offset: 0})
+    IO.puts("      #{name}  #{Path.basename(lib || "??")}")
   end
 end
 
-IO.puts("\nThe sites holding the most native memory (Mtrace.report(limit: 3, frames: 3)):\n")
-Mtrace.report(limit: 3, frames: 3)
+IO.puts("""
+
+The sites holding the most native memory (Mtrace.report(limit: 3, frames: 4)):
+the C function that called malloc, then the Erlang code that called the NIF.
+""")
+
+Mtrace.report(limit: 3, frames: 4)
 
 mark = Mtrace.mark()
 LeakyNif.leak(:strdup, 5, 99)

@@ -15,7 +15,12 @@ defmodule Mtrace do
   import Bitwise
   alias Mtrace.{Export, Flamegraph, Mark, Native, Options, Query, Remote, Report}
 
-  @typedoc "One frame of a stack: the object file and the function name (nil if unknown)."
+  @typedoc """
+  One frame of a stack in the original form: the object file and the
+  function name (nil if unknown). An Erlang frame reads
+  `{"erlang", "Module.function/arity"}` (`{"erlang", nil}` when the VM named
+  no function there).
+  """
   @type frame :: {lib :: binary() | nil, symbol :: binary() | nil}
 
   @typedoc """
@@ -27,20 +32,48 @@ defmodule Mtrace do
            ns :: non_neg_integer(), stack :: [frame()]}
 
   @typedoc """
-  One frame, named from the ELF symbol table and, when the object has debug
-  info, DWARF: `file`/`line` of the call, and one map per level of inlined
-  code (`inlined: true`) before the function that holds it. `addr` is the
-  return address; `offset` is it minus the object's load address, for
+  One frame of a stack. A stack lists native frames from the function that
+  called malloc outwards; when a NIF made the allocation, they stop where
+  the NIF was called and the Erlang frames follow: the NIF itself, then the
+  Erlang functions that called it (see `t:erlang_frame_map/0`).
+
+  A native frame is named from the ELF symbol table and, when the object has
+  debug info, DWARF: `file`/`line` of the call, and one map per level of
+  inlined code (`inlined: true`) before the function that holds it. `addr`
+  is the return address; `offset` is it minus the object's load address, for
   `addr2line -e lib offset` on another machine.
   """
-  @type frame_map :: %{
-          lib: binary() | nil,
-          symbol: binary() | nil,
+  @type frame_map ::
+          %{
+            lib: binary() | nil,
+            symbol: binary() | nil,
+            file: binary() | nil,
+            line: pos_integer() | nil,
+            addr: non_neg_integer(),
+            inlined: boolean(),
+            offset: non_neg_integer()
+          }
+          | erlang_frame_map()
+
+  @typedoc """
+  An Erlang frame: `module`, `function` and `arity` (nil where the VM named
+  no function at that address), and `file`/`line` of the call where the VM
+  knows them (the NIF's own frame has none). `symbol` is the same name as
+  text, `"Module.function/arity"`; `addr` the return address into the
+  Erlang code; `lib` is nil, `inlined` false and `offset` 0. Names are taken
+  when a stack is first seen, so they stay right after the code is purged.
+  """
+  @type erlang_frame_map :: %{
+          module: module() | nil,
+          function: atom() | nil,
+          arity: non_neg_integer() | nil,
+          symbol: binary(),
           file: binary() | nil,
           line: pos_integer() | nil,
           addr: non_neg_integer(),
-          inlined: boolean(),
-          offset: non_neg_integer()
+          lib: nil,
+          inlined: false,
+          offset: 0
         }
 
   @typedoc "One live allocation, as the keyword form of `olds/2` returns it."
@@ -118,7 +151,9 @@ defmodule Mtrace do
 
     * `olds(n, demangle)` (the original form): each allocation is
       `{age_seconds, size, addr, ns, stack}`; `stack` is a list of
-      `{lib, symbol}` from the function that called malloc outwards.
+      `{lib, symbol}` from the function that called malloc outwards, then,
+      for memory a NIF allocated, its Erlang callers as
+      `{"erlang", "Module.function/arity"}`.
     * `olds(n, opts)` with keyword options (see `t:query_opt/0`): each
       allocation is a map `%{age, size, addr, ns, frames}` whose frames are
       maps with source file and line (`t:frame_map/0`).
@@ -355,6 +390,12 @@ defmodule Mtrace do
   `config_errors` names the `MTRACE_` variables whose value was not
   understood and fell back to the default.
 
+  `erlang_frames` says whether stacks of allocations made by NIFs carry the
+  Erlang frames of the calling process; when it is `false`,
+  `erlang_frames_off` says why (e.g. `"off: MTRACE_ERLANG=0"`, or which check
+  of the VM's layout failed), else it is nil. `erlang_stacks` counts the
+  interned stacks that carry Erlang frames.
+
   `node:` reads another node's figures (`timeout:` as for the queries).
 
       iex> %{live_count: n, enabled: true, active: true, config_errors: []} = Mtrace.stats()
@@ -362,7 +403,7 @@ defmodule Mtrace do
       true
   """
   @spec stats([{:node, node()} | {:timeout, timeout()}]) :: %{
-          atom() => non_neg_integer() | boolean() | [String.t()]
+          atom() => non_neg_integer() | boolean() | [String.t()] | String.t() | nil
         }
   def stats(opts \\ []) do
     o = Options.parse!(opts, [], "stats/1")

@@ -34,6 +34,8 @@ defmodule Mtrace.WatchTest do
     assert warnings >= 1
     assert log =~ "native live memory grew in 3 consecutive intervals"
     assert log =~ "fixture_leak_malloc (leaky_nif.c:"
+    # the Erlang code that called the NIF, named like everywhere else
+    assert log =~ " <- Mtrace.Test.LeakyNif.leak/3 <- "
   end
 
   test "stays silent on churn" do

@@ -18,7 +18,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 app="$root/examples/leaky_app"
 rel="$app/_build/prod/rel/leaky_app"
 bin="$rel/bin/leaky_app"
-total=3
+total=4
 passed=0
 failed=0
 started=0
@@ -199,6 +199,9 @@ hits = Enum.filter(olds, &match?({_, 4096, _, _, [{_, "leaky_app_cache_entry"} |
 IO.puts("olds: #{length(olds)} (after forgetting #{forgotten}), leaks named leaky_app_cache_entry: #{length(hits)}")
 for {age, size, _addr, _ns, stack} <- olds, do: IO.puts("  #{age}s #{size} bytes #{inspect(Enum.take(stack, 3))}")
 IO.puts(if hits == [], do: "leak=missing", else: "leak=found")
+caller = {"erlang", "LeakyApp.Leaker.handle_info/2"}
+named = Enum.filter(hits, fn {_, _, _, _, stack} -> caller in stack end)
+IO.puts(if named == [], do: "caller=missing", else: "caller=found")
 '
 if out=$(rpc "$leak_expr") && echo "$out" | grep -qx 'leak=found'; then
     pass "Mtrace.olds(50) has a 4096-byte block from leaky_app_cache_entry (frame 0)"
@@ -206,8 +209,15 @@ else
     echo "$out"
     fail "Mtrace.olds(50) has no 4096-byte block whose frame 0 is leaky_app_cache_entry"
 fi
+# 3. ... and after its native frames comes the Erlang code that called the NIF.
+if echo "$out" | grep -qx 'caller=found'; then
+    pass "its stack names the Erlang caller, LeakyApp.Leaker.handle_info/2"
+else
+    echo "$out"
+    fail "no leaked block's stack names the Erlang caller LeakyApp.Leaker.handle_info/2"
+fi
 
-# 3. The node stops.
+# 4. The node stops.
 if out=$(limit 30 "$bin" stop </dev/null 2>&1) && wait_gone 15 &&
     ! rpc 'IO.puts(:ok)' >/dev/null; then
     stopped=1
