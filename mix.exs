@@ -84,7 +84,7 @@ defmodule Mtrace.MixProject do
   end
 
   def application do
-    [extra_applications: [:logger]]
+    [mod: {Mtrace.Application, []}, extra_applications: [:logger]]
   end
 
   defp elixirc_paths(:test), do: ["lib", "test/support"]

@@ -113,7 +113,7 @@ defmodule Mtrace do
     * `min_size: b`, `max_size: b` — blocks of at least / at most `b` bytes;
     * `lib: "substring"` — only stacks with a frame in an object (shared
       library or executable) whose path contains the substring;
-    * `demangle: true` — C++ names demangled;
+    * `demangle: false` — C++ names left mangled (they are demangled by default);
     * `node: node` — run on that node over distributed Erlang;
     * `timeout: ms` — how long to wait for `node` (default 300_000).
   """
@@ -129,7 +129,7 @@ defmodule Mtrace do
           | {:timeout, timeout()}
 
   @remote_timeout 300_000
-  @site_defaults [sort: :bytes, limit: 10]
+  @site_defaults [sort: :bytes, limit: 10, window: nil]
 
   @doc """
   Whether the tracer library is preloaded into this VM (and its NIF loaded).
@@ -224,6 +224,7 @@ defmodule Mtrace do
           [site()]
   def sites(opts \\ []) do
     o = Options.parse!(opts, @site_defaults, "sites/1")
+    {o, opts} = after_window(o, opts, "sites/1")
     remote(o, :sites, [drop_node(opts)], fn -> o |> Query.sites() |> elem(1) end)
   end
 
@@ -260,9 +261,18 @@ defmodule Mtrace do
   """
   @spec report(keyword()) :: :ok
   def report(opts \\ []) do
-    o = Options.parse!(opts, @site_defaults ++ [frames: 8], "report/1")
-    snap = snapshot(o, opts, [:frames])
-    IO.write(Report.format(snap.sites, snap.stats, frames: o.frames, node: snap.node))
+    o = Options.parse!(opts, @site_defaults ++ [frames: 8, boot: false], "report/1")
+    {o, opts} = after_window(o, opts, "report/1")
+    snap = snapshot(o, Keyword.put_new(opts, :boot, false), [:frames])
+
+    IO.write(
+      Report.format(snap.sites, snap.stats,
+        frames: o.frames,
+        node: snap.node,
+        boot: snap[:boot],
+        sort: o.sort
+      )
+    )
   end
 
   @doc """
@@ -398,16 +408,17 @@ defmodule Mtrace do
 
   `node:` reads another node's figures (`timeout:` as for the queries).
 
+  The answer is a `Mtrace.Stats` struct: a map of these fields for programs,
+  shown grouped and humanized in IEx.
+
       iex> %{live_count: n, enabled: true, active: true, config_errors: []} = Mtrace.stats()
       iex> is_integer(n)
       true
   """
-  @spec stats([{:node, node()} | {:timeout, timeout()}]) :: %{
-          atom() => non_neg_integer() | boolean() | [String.t()] | String.t() | nil
-        }
+  @spec stats([{:node, node()} | {:timeout, timeout()}]) :: Mtrace.Stats.t()
   def stats(opts \\ []) do
     o = Options.parse!(opts, [], "stats/1")
-    remote(o, :stats, [drop_node(opts)], fn -> call(&Native.stats/0) end)
+    remote(o, :stats, [drop_node(opts)], fn -> Mtrace.Stats.new(call(&Native.stats/0)) end)
   end
 
   @doc """
@@ -461,11 +472,36 @@ defmodule Mtrace do
 
   defp drop_node(opts), do: Keyword.drop(opts, [:node, :timeout])
 
+  # window: ms takes a mark where the table is, waits, and queries since it;
+  # sort: :growth needs a mark to measure growth from.
+  defp after_window(%{window: ms} = o, opts, where) when is_integer(ms) do
+    if o[:since], do: raise(ArgumentError, "#{where}: give either :since or :window, not both")
+    mark = mark(Keyword.take(opts, [:node, :timeout]))
+    Process.sleep(ms)
+    opts = opts |> Keyword.delete(:window) |> Keyword.put(:since, mark)
+    {o |> Map.put(:since, mark) |> Map.put(:window, nil), opts}
+  end
+
+  defp after_window(%{sort: :growth} = o, _opts, where) when not is_map_key(o, :since) do
+    raise ArgumentError,
+          "#{where}: sort: :growth measures growth since a mark: give since: Mtrace.mark() " <>
+            "or window: ms"
+  end
+
+  defp after_window(o, opts, _where), do: {o, opts}
+
   # The data of an output, taken where the table is; render-only options
   # stay here.
   defp snapshot(o, opts, render_keys) do
-    # Outputs are read by people: C++ names demangled unless asked otherwise.
-    query = opts |> drop_node() |> Keyword.drop(render_keys) |> Keyword.put_new(:demangle, true)
+    # Outputs are read by people: C++ names demangled unless asked otherwise;
+    # the function's own defaults (report's limit of 10) apply there too.
+    query =
+      opts
+      |> drop_node()
+      |> Keyword.drop(render_keys)
+      |> Keyword.put_new(:demangle, true)
+      |> Keyword.put_new(:limit, o.limit)
+      |> Keyword.put_new(:sort, o.sort)
 
     Remote.call(
       Options.target(o),

@@ -53,6 +53,37 @@ defmodule Mtrace.Frame do
   def name(_frame), do: "??"
 
   @doc """
+  A frame on one line, for the one-line stacks of `Mtrace.Watch` and
+  `Mtrace.VM.diagnose/1`: its `name/1`, then where it is, the source file's
+  basename and line when known, else the object it is in.
+
+  ## Examples
+
+      iex> Mtrace.Frame.label(%{symbol: "leak", lib: "/opt/leaky.so", file: "c_src/leaky.c", line: 12, offset: 0})
+      "leak (leaky.c:12)"
+      iex> Mtrace.Frame.label(%{symbol: "leak", lib: "/opt/leaky.so", file: nil, line: nil, offset: 0})
+      "leak (leaky.so)"
+      iex> Mtrace.Frame.label(%{symbol: nil, lib: "/opt/leaky.so", file: nil, line: nil, offset: 16})
+      "leaky.so+0x10"
+  """
+  @spec label(map()) :: String.t()
+  def label(frame) do
+    name = name(frame)
+
+    cond do
+      is_binary(frame[:file]) and is_integer(frame[:line]) ->
+        "#{name} (#{Path.basename(frame.file)}:#{frame.line})"
+
+      frame[:symbol] not in [nil, ""] and frame[:lib] not in [nil, ""] and
+          not erlang?(frame) ->
+        "#{name} (#{Path.basename(frame.lib)})"
+
+      true ->
+        name
+    end
+  end
+
+  @doc """
   Whether a frame is an Erlang frame (the NIF or an Erlang function above it).
 
       iex> Mtrace.Frame.erlang?(%{module: :ledger, function: :append, arity: 1})

@@ -25,7 +25,9 @@ defmodule Mtrace.Options do
     lib: "a string",
     demangle: "a boolean",
     node: "a node name (atom)",
-    sort: "one of :bytes, :count, :oldest",
+    sort: "one of :bytes, :count, :oldest, :growth",
+    boot: "a boolean",
+    window: "a positive integer of milliseconds",
     weight: "one of :bytes, :count",
     format: "one of :folded, :json",
     limit: "a positive integer or :all",
@@ -42,6 +44,7 @@ defmodule Mtrace.Options do
     :min_size,
     :max_size,
     :lib,
+    :boot,
     :demangle,
     :node,
     :timeout
@@ -65,7 +68,7 @@ defmodule Mtrace.Options do
       %{limit: 10, min_size: 10}
 
       iex> Mtrace.Options.parse!([colour: :red], [], "sites/1")
-      ** (ArgumentError) unknown option :colour for Mtrace.sites/1; known options: :since, :min_age, :max_age, :min_size, :max_size, :lib, :demangle, :node, :timeout
+      ** (ArgumentError) unknown option :colour for Mtrace.sites/1; known options: :since, :min_age, :max_age, :min_size, :max_size, :lib, :boot, :demangle, :node, :timeout
   """
   @spec parse!(term(), keyword(), String.t()) :: map()
   def parse!(opts, defaults, where) do
@@ -111,17 +114,35 @@ defmodule Mtrace.Options do
                   "on #{inspect(node)}; marks only compare on the node that took them"
       end
 
+    since = if o[:boot] == false, do: max(since || 0, started_ms() || 0), else: since
     {since, ms(o[:min_age]), ms(o[:max_age]), o[:min_size], o[:max_size]}
   end
 
   @doc """
-  The node a query runs on: option `:node`, else this node.
+  When the mtrace application started on this node, on the table's clock
+  (`nil` if the tracer was not preloaded then). What was allocated before
+  it, while the VM booted and loaded code, is what `boot: false` leaves out.
+
+      iex> t = Mtrace.Options.started_ms()
+      iex> is_integer(t) or t == nil
+      true
+  """
+  @spec started_ms() :: non_neg_integer() | nil
+  def started_ms, do: :persistent_term.get({Mtrace, :started_ms}, nil)
+
+  @doc """
+  The node a query runs on: option `:node`; else the node that took the
+  `:since` mark (a mark only means something there); else this node.
 
       iex> Mtrace.Options.target(%{})
       node()
+      iex> Mtrace.Options.target(%{since: %Mtrace.Mark{node: :"a@h", t_ms: 5}})
+      :"a@h"
   """
   @spec target(map()) :: node()
-  def target(o), do: o[:node] || node()
+  def target(%{node: node}) when node != nil, do: node
+  def target(%{since: %Mark{node: node}}), do: node
+  def target(_o), do: node()
 
   defp ms(nil), do: nil
   defp ms(seconds) when seconds >= @u64_max / 1000, do: @u64_max
@@ -149,9 +170,13 @@ defmodule Mtrace.Options do
     end
   end
 
-  defp check!(key, value, _where) when key in [:demangle] and is_boolean(value), do: value
+  defp check!(key, value, _where) when key in [:demangle, :boot] and is_boolean(value), do: value
   defp check!(:node, value, _where) when is_atom(value) and not is_nil(value), do: value
-  defp check!(:sort, value, _where) when value in [:bytes, :count, :oldest], do: value
+  defp check!(:sort, value, _where) when value in [:bytes, :count, :oldest, :growth], do: value
+
+  defp check!(:window, value, _where) when is_integer(value) and value > 0 and value < 1 <<< 32,
+    do: value
+
   defp check!(:weight, value, _where) when value in [:bytes, :count], do: value
   defp check!(:format, value, _where) when value in [:folded, :json], do: value
 

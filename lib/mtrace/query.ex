@@ -44,7 +44,7 @@ defmodule Mtrace.Query do
   def olds(n, o) do
     filter = Options.filter(o, node())
 
-    native!(fn -> Native.olds_where(n, Map.get(o, :demangle, false), filter, o[:lib]) end)
+    native!(fn -> Native.olds_where(n, Map.get(o, :demangle, true), filter, o[:lib]) end)
     |> Enum.map(&%{&1 | frames: Mtrace.Frame.named(&1.frames)})
   end
 
@@ -74,13 +74,22 @@ defmodule Mtrace.Query do
   def sites(o) do
     limit = if o.limit == :all, do: 0xFFFF_FFFF_FFFF_FFFF, else: o.limit
     filter = Options.filter(o, node())
+    # Growth since a mark: what was allocated since and is still live, by bytes.
+    order = if o.sort == :growth, do: :bytes, else: o.sort
 
     {total, sites} =
       native!(fn ->
-        Native.sites(limit, o.sort, Map.get(o, :demangle, false), filter, o[:lib])
+        Native.sites(limit, order, Map.get(o, :demangle, true), filter, o[:lib])
       end)
 
-    {total, Enum.map(sites, &%{&1 | frames: Mtrace.Frame.named(&1.frames)})}
+    sites = Enum.map(sites, &%{&1 | frames: Mtrace.Frame.named(&1.frames)})
+    {total, if(o.sort == :growth, do: with_growth(sites, o.since), else: sites)}
+  end
+
+  # Each site's bytes per second since the mark.
+  defp with_growth(sites, %Mtrace.Mark{t_ms: t_ms}) do
+    secs = max(native!(&Native.now_ms/0) - t_ms, 1) / 1000
+    Enum.map(sites, &Map.put(&1, :growth_per_s, &1.est_bytes / secs))
   end
 
   @doc """
@@ -102,9 +111,21 @@ defmodule Mtrace.Query do
       generated_at: DateTime.utc_now(),
       stats: native!(&Native.stats/0),
       total: total,
-      sites: sites
+      sites: sites,
+      boot: boot(o, total)
     }
   end
+
+  # With boot: false, what it left out: the allocations, matching the other
+  # options, made before mtrace started (a site-shaped total), else nil.
+  defp boot(%{boot: false} = o, total) do
+    {all, _} = sites(%{o | boot: true, limit: 1, sort: :bytes})
+
+    if Options.started_ms(),
+      do: Map.new([:count, :bytes, :est_count, :est_bytes], &{&1, max(all[&1] - total[&1], 0)})
+  end
+
+  defp boot(_o, _total), do: nil
 
   @doc """
   The first tick of the table's clock after now, so that every allocation

@@ -30,6 +30,8 @@ defmodule Mtrace.Report do
     * `:frames` - frames shown per site (default #{@default_frames}); the rest
       are counted in a `... N more` line.
     * `:node` - the node named in the header (default `node()`).
+    * `:boot` - what was left out as allocated before mtrace started
+      (`%{count, bytes, est_count, est_bytes}`), summarized in one line.
 
   The header uses `est_live_bytes`/`est_live_count` when `stats` says
   `sampled: true`, and reports `dropped`, `stacks_dropped` and `replaced`
@@ -59,8 +61,16 @@ defmodule Mtrace.Report do
     end
 
     node = Keyword.get(opts, :node, node())
-    [header(stats, node), incomplete(stats), body(sites, max_frames)]
+    [header(stats, node), incomplete(stats), boot(opts[:boot]), body(sites, max_frames)]
   end
+
+  # Boot-time memory is real but rarely the leak: one line, not ranked.
+  defp boot(%{count: count} = boot) when count > 0 do
+    "Before mtrace started (VM boot, code loading): #{size(boot)}; " <>
+      "not ranked below (boot: true ranks it)\n"
+  end
+
+  defp boot(_), do: []
 
   defp header(stats, node) do
     if stats[:sampled] do
@@ -97,7 +107,8 @@ defmodule Mtrace.Report do
   end
 
   defp site_line(site, rank) do
-    "##{rank}  #{size(site)}  oldest #{age(site.oldest)}  newest #{age(site.newest)}\n"
+    growth = if site[:growth_per_s], do: "  #{Format.rate(site.growth_per_s)}", else: ""
+    "##{rank}  #{size(site)}#{growth}  oldest #{age(site.oldest)}  newest #{age(site.newest)}\n"
   end
 
   # With sampling a site's estimates differ from its recorded samples.
@@ -108,8 +119,7 @@ defmodule Mtrace.Report do
 
   defp size(site), do: "#{Format.bytes(site.bytes)} in #{blocks(site.count)}"
 
-  defp blocks(1), do: "1 block"
-  defp blocks(n), do: "#{Format.int(n)} blocks"
+  defp blocks(n), do: Format.count(n, "block")
 
   defp frame_lines(frames, max_frames) do
     {shown, cut} = Enum.split(frames, max_frames)
@@ -151,17 +161,5 @@ defmodule Mtrace.Report do
       "2d 05h"
   """
   @spec age(non_neg_integer()) :: String.t()
-  def age(seconds) when seconds < 60, do: "#{seconds}s"
-
-  def age(seconds) when seconds < 3600,
-    do: two_units(div(seconds, 60), "m", rem(seconds, 60), "s")
-
-  def age(seconds) when seconds < 86_400,
-    do: two_units(div(seconds, 3600), "h", div(rem(seconds, 3600), 60), "m")
-
-  def age(seconds), do: two_units(div(seconds, 86_400), "d", div(rem(seconds, 86_400), 3600), "h")
-
-  defp two_units(major, major_unit, minor, minor_unit) do
-    "#{major}#{major_unit} #{String.pad_leading(Integer.to_string(minor), 2, "0")}#{minor_unit}"
-  end
+  def age(seconds), do: Format.age(seconds)
 end

@@ -213,9 +213,10 @@ defmodule Mtrace.VM do
   @doc """
   Looks for every kind of leak this module knows and names the likeliest.
 
-  Returns `%{verdict: kind, findings: [finding]}` (plus the `:node`,
-  `:window`, `:memory`, `:counts` and `:native` state it judged) and prints a
-  report. Each finding is `%{kind:, score:, summary:, evidence:, next:}`:
+  Prints a report and returns a `Mtrace.VM.Diagnosis` struct,
+  `%{verdict: kind, findings: [finding], ...}` (plus the `:node`, `:window`,
+  `:memory`, `:counts` and `:native` state it judged), which IEx shows as
+  one line. Each finding is `%{kind:, score:, summary:, evidence:, next:}`:
   `next` is the call to make to dig further. The verdict is the kind of the
   highest-scoring finding scoring 50 or more, else `:healthy`. Kinds:
 
@@ -260,18 +261,14 @@ defmodule Mtrace.VM do
   ## Example
 
       Mtrace.VM.diagnose(window: 10_000, print: false)
-      #=> %{verdict: :mailbox_buildup,
+      #=> %Mtrace.VM.Diagnosis{verdict: :mailbox_buildup,
       #=>   findings: [%{kind: :mailbox_buildup, score: 216.1,
       #=>                summary: "#PID<0.312.0> (in MyApp.Sink.loop/1, started as :erlang.apply/2) has 100_000 messages waiting",
       #=>                evidence: %{pid: #PID<0.312.0>, message_queue_len: 100_000, ...},
       #=>                next: ~s|Process.info(pid("0.312.0"), [:current_stacktrace, :status]) shows why it is not receiving; ...|}],
       #=>   node: :"app@host", window: 10_000, memory: %{...}, counts: %{...}, native: %{preloaded: false, ...}}
   """
-  @spec diagnose(keyword) :: %{
-          required(:verdict) => atom,
-          required(:findings) => [Mtrace.VM.Findings.finding()],
-          optional(atom) => term
-        }
+  @spec diagnose(keyword) :: Mtrace.VM.Diagnosis.t()
   def diagnose(opts \\ []), do: Diagnose.run(opts)
 
   defp attr!(attr), do: Args.one_of!(attr, Procs.attrs(), "attr")

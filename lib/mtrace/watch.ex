@@ -125,12 +125,9 @@ defmodule Mtrace.Watch do
     stack =
       site.frames
       |> Enum.take(4)
-      |> Enum.map_join(" <- ", fn f ->
-        name = Mtrace.Frame.name(f)
-        if f.file && f.line, do: "#{name} (#{Path.basename(f.file)}:#{f.line})", else: name
-      end)
+      |> Enum.map_join(" <- ", &Mtrace.Frame.label/1)
 
-    "\n  ##{i} +#{Format.bytes(site.bytes)} in #{Format.int(site.count)} blocks: #{stack}"
+    "\n  ##{i} +#{Format.bytes(site.bytes)} in #{Format.count(site.count, "block")}: #{stack}"
   end
 
   defp live_bytes do

@@ -51,8 +51,14 @@ defmodule Mtrace.RemoteTest do
     assert %{active: true, live_count: n} = Mtrace.stats(node: peer)
     assert n >= 13
 
-    # a mark of the peer means nothing here
-    assert_raise ArgumentError, ~r/mark was taken on/, fn -> Mtrace.sites(since: mark) end
+    # a mark of the peer: the query runs where the mark was taken
+    assert Mtrace.sites(since: mark, lib: "leaky_nif") ==
+             Mtrace.sites(node: peer, since: mark, lib: "leaky_nif")
+
+    # ... unless another node is named: there the mark means nothing
+    assert_raise ArgumentError, ~r/mark was taken on/, fn ->
+      Mtrace.sites(since: mark, node: node())
+    end
 
     path = Path.join(System.tmp_dir!(), "mtrace_remote_#{System.unique_integer([:positive])}")
     on_exit(fn -> File.rm(path) end)

@@ -174,8 +174,23 @@ defmodule Mtrace.SitesTest do
 
     foreign = %Mtrace.Mark{node: :elsewhere@nowhere, t_ms: 1}
 
+    # a mark's query runs on its node, here unreachable ...
+    assert %Mtrace.Error{reason: :nodedown} = catch_error(Mtrace.sites(since: foreign))
+
+    # ... and means nothing on any other
     assert_raise ArgumentError, ~r/taken on :elsewhere@nowhere/, fn ->
-      Mtrace.sites(since: foreign)
+      Mtrace.sites(since: foreign, node: node())
     end
+
+    assert_raise ArgumentError, ~r/sort: :growth measures growth since a mark/, fn ->
+      Mtrace.sites(sort: :growth)
+    end
+
+    assert_raise ArgumentError, ~r/either :since or :window/, fn ->
+      Mtrace.sites(since: Mtrace.mark(), window: 10)
+    end
+
+    assert_raise ArgumentError, ~r/:window/, fn -> Mtrace.sites(window: 0) end
+    assert_raise ArgumentError, ~r/:boot/, fn -> Mtrace.sites(boot: :yes) end
   end
 end

@@ -95,10 +95,10 @@ defmodule Mtrace.VMTest do
                1_048_576
              ]
 
-      assert output =~ "600.0 MiB live in 12_000 malloc allocations"
+      assert output =~ "600.0 MiB live in 12_000 blocks"
 
       assert output =~
-               "400.0 MiB in 9_000 allocations, oldest 3600 s: leaky_nif_alloc (libleaky.so)"
+               "400.0 MiB in 9_000 blocks, oldest 1h 00m: leaky_nif_alloc (libleaky.so)"
 
       refute output =~ "LD_PRELOAD"
     end

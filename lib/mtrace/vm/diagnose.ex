@@ -5,9 +5,10 @@ defmodule Mtrace.VM.Diagnose do
   collects native evidence, judges, and prints.
   """
 
-  alias Mtrace.VM.{Args, Findings, MemoryChecks, Native, Procs, Report, Snapshot}
+  alias Mtrace.VM.{Args, Findings, Memory, MemoryChecks, Native, Procs, Report, Snapshot}
+  alias Mtrace.VM.Thresholds
 
-  @defaults [print: true, window: nil, node: nil, gc: :auto, timeout: 300_000]
+  @defaults [print: true, window: nil, node: nil, gc: :auto, timeout: 300_000, thresholds: []]
   @where "Mtrace.VM.diagnose/1"
 
   # How many processes and native sites are kept as evidence.
@@ -20,10 +21,11 @@ defmodule Mtrace.VM.Diagnose do
 
       %{verdict: _, findings: _} = Mtrace.VM.Diagnose.run(print: false)
   """
-  @spec run(keyword) :: map
+  @spec run(keyword) :: Mtrace.VM.Diagnosis.t()
   def run(opts) do
     o = Args.opts!(opts, @defaults, @where)
     check!(o)
+    o = Map.put(o, :th, Thresholds.merge!(o.thresholds))
 
     result =
       if o.node in [nil, node()],
@@ -47,39 +49,77 @@ defmodule Mtrace.VM.Diagnose do
   end
 
   defp local(o) do
+    th = o.th
+    preloaded = Native.preloaded?()
     first = Snapshot.take()
+    # Native figures come from the tracer only when they can be read;
+    # otherwise RSS outside the allocators stands in for them.
+    traced = first.memory.native != nil
 
-    {prev, snap} =
+    {prev, snap, series, mark} =
       if o.window do
-        Process.sleep(o.window)
-        {first, Snapshot.take(first)}
+        mark = if traced, do: Native.mark()
+        series = sample_native(traced, o.window, th.window_steps)
+        {first, Snapshot.take(first), series, mark}
       else
-        {nil, first}
+        {nil, first, nil, nil}
       end
 
     bin_leak =
       case o.gc do
         true -> Procs.bin_leak(@keep)
         false -> nil
-        :auto -> if MemoryChecks.bin_leak_worth_it?(snap), do: Procs.bin_leak(@keep)
+        :auto -> if MemoryChecks.bin_leak_worth_it?(snap, th), do: Procs.bin_leak(@keep)
       end
 
-    preloaded = Native.preloaded?()
-    # Native memory is judged from the tracer only when its figures could be
-    # read; otherwise RSS outside the allocators stands in for it.
-    traced = snap.memory.native != nil
-    sites = if traced, do: Native.sites(@keep), else: []
-    findings = Findings.judge(prev, snap, %{bin_leak: bin_leak, preloaded: traced, sites: sites})
+    secs = prev && max(snap.at_ms - prev.at_ms, 1) / 1000
+    sites = if traced, do: Native.sites(@keep, mark, secs), else: []
 
-    %{
+    findings =
+      Findings.judge(prev, snap, %{
+        bin_leak: bin_leak,
+        preloaded: traced,
+        sites: sites,
+        thresholds: th,
+        native_series: series,
+        limit: Memory.limit()
+      })
+
+    %Mtrace.VM.Diagnosis{
       verdict: Findings.verdict(findings),
       findings: findings,
       node: node(),
       window: o.window,
       memory: snap.memory,
       counts: snap.counts,
+      growth: prev && growth(prev, snap, secs, series),
       native: %{preloaded: preloaded, stats: snap.memory.native, sites: sites}
     }
+  end
+
+  # The native figure at the start and after each of `steps` even steps.
+  defp sample_native(traced, window, steps) do
+    step = max(div(window, steps), 1)
+    first = Memory.native_sample(traced)
+
+    rest =
+      for _ <- 1..steps do
+        Process.sleep(step)
+        Memory.native_sample(traced)
+      end
+
+    [first | rest]
+  end
+
+  # Per category of erlang:memory, and native memory, how fast it moved.
+  defp growth(prev, snap, secs, series) do
+    vm =
+      for key <- [:total, :processes, :binary, :ets, :code, :atom],
+          is_integer(snap.memory[key]) and is_integer(prev.memory[key]),
+          into: %{},
+          do: {key, (snap.memory[key] - prev.memory[key]) / secs}
+
+    Map.put(vm, :native, Mtrace.VM.Growth.of(series, secs))
   end
 
   defp remote(%{node: target} = o) do
@@ -94,7 +134,8 @@ defmodule Mtrace.VM.Diagnose do
     end
 
     timeout = if o.timeout == :infinity, do: :infinity, else: o.timeout + (o.window || 0)
-    erpc(target, Mtrace.VM, :diagnose, [[print: false, window: o.window, gc: o.gc]], timeout)
+    opts = [print: false, window: o.window, gc: o.gc, thresholds: o.thresholds]
+    erpc(target, Mtrace.VM, :diagnose, [opts], timeout)
   end
 
   # Remote.call's errors, as errors of option :node.

@@ -15,15 +15,24 @@ defmodule Mtrace.VM.Findings do
 
   ## Thresholds
 
-  | kind | size threshold | growth threshold |
+  `Mtrace.VM.Thresholds` lists them all with their defaults; option
+  `thresholds:` of `Mtrace.VM.diagnose/1` overrides any of them.
+
+  | kind | size | growth over a window |
   | --- | --- | --- |
-  | `:mailbox_buildup` | a process with 10_000 messages waiting | one mailbox growing by 500 messages/s |
-  | `:process_leak` | processes at 50% of the limit, or 10_000+ idle processes (waiting, mailbox empty) sharing initial call and current function and making up half of all processes | process count growing by 100/s |
-  | `:monitor_leak` | a process holding 10_000 monitors | one process gaining 100 monitors/s |
-  | `:ets_growth` | a table holding 100 MiB, or 64 MiB+ that is half of the VM's memory, counting the binaries it references (estimated from 64 objects) | a table growing by 1 MiB/s |
-  | `:binary_leak` | a forced GC freeing 32 MiB of binaries, or a quarter of the VM's memory if larger (without the GC, binaries holding half of the VM's memory score at most 45) | — |
-  | `:native_leak` | 256 MiB (or the VM's own memory if larger) of native heap, or of RSS outside the ERTS allocators when the tracer is not preloaded | native memory growing by 1 MiB/s |
-  | `:fragmentation` | an allocator type less than half used, wasting 64 MiB | — |
+  | `:mailbox_buildup` | a process with `mailbox_len` messages waiting | one mailbox growing by `mailbox_growth` messages/s |
+  | `:process_leak` | processes at `process_share` of the limit, or `idle_group`+ idle processes (waiting, mailbox empty) sharing initial call and current function and making up `idle_share` of all processes | the process count growing by `process_growth`/s |
+  | `:monitor_leak` | a process holding `monitors` monitors | one process gaining `monitor_growth` monitors/s |
+  | `:ets_growth` | a table holding `ets_bytes`, or `ets_share_min`+ that is `ets_share` of the VM's memory, counting the binaries it references (estimated from 64 objects) | a table growing by `ets_growth`/s |
+  | `:binary_leak` | a forced GC freeing `binary_freed` of binaries, or `binary_freed_share` of the VM's memory if larger (without the GC, binaries holding half of the VM's memory score at most 45) | — |
+  | `:native_leak` | `native_bytes` (or the VM's own memory if larger) of native memory, or `native_vm_min`+ that is `native_vm_ratio` times what the VM accounts for: the tracer's live malloc bytes, or RSS outside the ERTS allocators when it is not preloaded | native memory growing *steadily* by `native_growth`/s: sampled `window_steps` times across the window, it went up in at least `native_steady` of the steps |
+  | `:native_heap` | with a window, the same sizes when native memory did not grow steadily: large, but not leaking while it was watched | — |
+  | `:fragmentation` | an allocator type used below `frag_usage`, wasting `frag_wasted` | — |
+
+  Growth below a minimum over the whole window (`*_growth_min`) is ignored
+  as noise; native growth is judged by its steadiness instead, so that a
+  node that churns, or takes a working set and gives it back, stays
+  healthy while a slow steady leak does not.
 
   When scores tie, the more specific cause wins: a stuck mailbox or a
   process leak inflates memory everywhere else as a consequence.
@@ -49,6 +58,7 @@ defmodule Mtrace.VM.Findings do
     :binary_leak,
     :ets_growth,
     :native_leak,
+    :native_heap,
     :fragmentation
   ]
 
@@ -56,7 +66,8 @@ defmodule Mtrace.VM.Findings do
   All findings for sample `snap` (and `prev`, the sample a window earlier, or
   `nil`), highest score first. `extra` carries what is measured once, after
   sampling: `:bin_leak` (a `Mtrace.VM.bin_leak/1` result or `nil`),
-  `:preloaded` and `:sites`.
+  `:preloaded` and `:sites`, and optionally `:thresholds`,
+  `:native_series` and `:limit` (see `Mtrace.VM.MemoryChecks.run/4`).
 
   ## Example
 
@@ -68,7 +79,10 @@ defmodule Mtrace.VM.Findings do
   def judge(prev, snap, extra) do
     secs = if prev, do: max(snap.at_ms - prev.at_ms, 1) / 1000
 
-    (ProcessChecks.run(prev, snap, secs) ++ MemoryChecks.run(prev, snap, secs, extra))
+    thresholds = Map.get(extra, :thresholds, Mtrace.VM.Thresholds.defaults())
+
+    (ProcessChecks.run(prev, snap, secs, thresholds) ++
+       MemoryChecks.run(prev, snap, secs, extra))
     |> Enum.reject(&is_nil/1)
     |> Enum.filter(&(&1.score >= @listed))
     |> Enum.sort_by(&{-&1.score, Enum.find_index(@priority, fn k -> k == &1.kind end)})

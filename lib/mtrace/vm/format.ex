@@ -91,4 +91,64 @@ defmodule Mtrace.VM.Format do
   end
 
   def int(n), do: inspect(n)
+
+  @doc """
+  A count with its noun, singular or plural.
+
+  ## Examples
+
+      iex> Mtrace.VM.Format.count(1, "block")
+      "1 block"
+      iex> Mtrace.VM.Format.count(3072, "block")
+      "3_072 blocks"
+  """
+  @spec count(integer, String.t()) :: String.t()
+  def count(1, noun), do: "1 " <> noun
+  def count(n, noun), do: int(n) <> " " <> noun <> "s"
+
+  @doc """
+  An age (or any duration) in seconds, to the two largest units.
+
+  ## Examples
+
+      iex> Mtrace.VM.Format.age(5)
+      "5s"
+      iex> Mtrace.VM.Format.age(187)
+      "3m 07s"
+      iex> Mtrace.VM.Format.age(7380)
+      "2h 03m"
+      iex> Mtrace.VM.Format.age(190_800)
+      "2d 05h"
+  """
+  @spec age(number) :: String.t()
+  def age(seconds) when is_float(seconds), do: age(round(seconds))
+  def age(seconds) when seconds < 60, do: "#{seconds}s"
+
+  def age(seconds) when seconds < 3600,
+    do: two_units(div(seconds, 60), "m", rem(seconds, 60), "s")
+
+  def age(seconds) when seconds < 86_400,
+    do: two_units(div(seconds, 3600), "h", div(rem(seconds, 3600), 60), "m")
+
+  def age(seconds), do: two_units(div(seconds, 86_400), "d", div(rem(seconds, 86_400), 3600), "h")
+
+  defp two_units(major, major_unit, minor, minor_unit) do
+    "#{major}#{major_unit} #{String.pad_leading(Integer.to_string(minor), 2, "0")}#{minor_unit}"
+  end
+
+  @doc """
+  A growth rate in bytes per second, per second and per hour.
+
+  ## Examples
+
+      iex> Mtrace.VM.Format.rate(87_040)
+      "+85.0 KiB/s (+298.8 MiB/h)"
+      iex> Mtrace.VM.Format.rate(-2048)
+      "-2.0 KiB/s (-7.0 MiB/h)"
+  """
+  @spec rate(number) :: String.t()
+  def rate(per_s) do
+    sign = if per_s < 0, do: "-", else: "+"
+    "#{sign}#{bytes(abs(per_s))}/s (#{sign}#{bytes(abs(per_s) * 3600)}/h)"
+  end
 end

@@ -2,30 +2,18 @@ defmodule Mtrace.VM.MemoryChecks do
   @moduledoc """
   The checks of `Mtrace.VM.diagnose/1` that look at where memory sits: ETS
   tables, refc binaries, native memory and allocator fragmentation.
-  Thresholds are listed in `Mtrace.VM.Findings`.
+  Thresholds are listed in `Mtrace.VM.Thresholds`; `extra` may carry them
+  as `:thresholds`, with `:native_series` (native bytes sampled across the
+  window) and `:limit` (`Mtrace.VM.Memory.limit/0`).
   """
 
   import Mtrace.VM.Findings, only: [finding: 5, growth_ratio: 4, rate: 2, ratio: 2]
-  alias Mtrace.VM.{ETS, Format, Native}
+  alias Mtrace.VM.{ETS, Format, Growth, Native, Thresholds}
 
-  @mib 1_048_576
-  @ets_bytes 100 * @mib
-  @ets_share 0.5
-  @ets_share_min 64 * @mib
-  @ets_growth 1 * @mib
-  @ets_growth_min 8 * @mib
   @ets_samples 64
-  @binary_freed 32 * @mib
-  @binary_freed_share 0.25
-  @binary_gc_share 0.25
-  @binary_gc_min 16 * @mib
+  # Without the forced GC, dominating binaries score below a problem.
   @binary_untested_share 0.5
   @binary_untested_cap 0.9
-  @native_bytes 256 * @mib
-  @native_growth 1 * @mib
-  @native_growth_min 8 * @mib
-  @frag_usage 0.5
-  @frag_wasted 64 * @mib
 
   @doc """
   Runs the memory checks; `secs` is the window length, or `nil` without one.
@@ -39,11 +27,13 @@ defmodule Mtrace.VM.MemoryChecks do
   @spec run(Mtrace.VM.Snapshot.t() | nil, Mtrace.VM.Snapshot.t(), number | nil, map) ::
           [map | nil]
   def run(prev, snap, secs, extra) do
+    th = Map.get(extra, :thresholds, Thresholds.defaults())
+
     [
-      ets(prev, snap, secs),
-      binary(snap, extra.bin_leak),
-      native(prev, snap, secs, extra),
-      fragmentation(snap)
+      ets(prev, snap, secs, th),
+      binary(snap, extra.bin_leak, th),
+      native(snap, secs, extra, th),
+      fragmentation(snap, th)
     ]
   end
 
@@ -57,16 +47,18 @@ defmodule Mtrace.VM.MemoryChecks do
       false
   """
   @spec bin_leak_worth_it?(%{memory: map}) :: boolean
-  def bin_leak_worth_it?(%{memory: %{binary: binary, total: total}})
+  def bin_leak_worth_it?(snap, th \\ Thresholds.defaults())
+
+  def bin_leak_worth_it?(%{memory: %{binary: binary, total: total}}, th)
       when is_integer(binary) and is_integer(total) and total > 0 do
-    binary >= @binary_gc_min and binary / total >= @binary_gc_share
+    binary >= th.binary_gc_min and binary / total >= th.binary_gc_share
   end
 
-  def bin_leak_worth_it?(_), do: false
+  def bin_leak_worth_it?(_, _th), do: false
 
-  defp ets(_prev, snap, _secs) when snap.ets == %{}, do: nil
+  defp ets(_prev, snap, _secs, _th) when snap.ets == %{}, do: nil
 
-  defp ets(prev, snap, secs) do
+  defp ets(prev, snap, secs, th) do
     total = snap.memory.total
 
     # Table memory leaves out the binaries a table references; estimate them
@@ -81,8 +73,8 @@ defmodule Mtrace.VM.MemoryChecks do
     held = bytes + (binaries || 0)
 
     share =
-      if held >= @ets_share_min and is_integer(total) and total > 0,
-        do: ratio(held / total, @ets_share),
+      if held >= th.ets_share_min and is_integer(total) and total > 0,
+        do: ratio(held / total, th.ets_share),
         else: 0
 
     {gtable, delta} =
@@ -94,8 +86,8 @@ defmodule Mtrace.VM.MemoryChecks do
         {nil, nil}
       end
 
-    size = max(ratio(held, @ets_bytes), share)
-    growth = growth_ratio(delta, secs, @ets_growth, @ets_growth_min)
+    size = max(ratio(held, th.ets_bytes), share)
+    growth = growth_ratio(delta, secs, th.ets_growth, th.ets_growth_min)
     table = if growth > size, do: gtable, else: table
     per_s = prev && rate(Map.get(snap.ets, table, 0) - Map.get(prev.ets, table, 0), secs)
     info = ETS.describe(table, :erlang.system_info(:wordsize)) || []
@@ -125,10 +117,10 @@ defmodule Mtrace.VM.MemoryChecks do
 
   # Without a forced GC (gc: false) a leak cannot be told from binaries in
   # use, so dominating binary memory is reported below the problem score.
-  defp binary(snap, nil) do
+  defp binary(snap, nil, th) do
     %{binary: binary, total: total} = snap.memory
 
-    if bin_leak_worth_it?(snap) do
+    if bin_leak_worth_it?(snap, th) do
       finding(
         :binary_leak,
         min(ratio(binary / total, @binary_untested_share), @binary_untested_cap),
@@ -141,10 +133,10 @@ defmodule Mtrace.VM.MemoryChecks do
     end
   end
 
-  defp binary(snap, bin_leak) do
+  defp binary(snap, bin_leak, th) do
     before = bin_leak.binary_before
     freed = if before && bin_leak.binary_after, do: max(before - bin_leak.binary_after, 0)
-    threshold = max(@binary_freed, @binary_freed_share * (snap.memory.total || 0))
+    threshold = max(th.binary_freed, th.binary_freed_share * (snap.memory.total || 0))
     top = bin_leak.top
 
     next =
@@ -173,58 +165,108 @@ defmodule Mtrace.VM.MemoryChecks do
     )
   end
 
-  defp native(prev, snap, secs, %{preloaded: true} = extra) do
-    live = get_in(snap.memory, [:native, :live_bytes])
-    before = prev && get_in(prev.memory, [:native, :live_bytes])
-    delta = if is_integer(live) and is_integer(before), do: live - before
-    per_s = delta && rate(delta, secs)
-    threshold = max(@native_bytes, snap.memory.total || 0)
+  # Native memory: the tracer's live bytes (estimated when sampling), else
+  # RSS outside the ERTS allocators. Its size counts when it passes
+  # native_bytes (or the VM's own memory), or dwarfs what the VM accounts
+  # for. With a window, growth counts only when steady: the samples went up
+  # in most steps, as a leak does, not up and down as churn and a working
+  # set taken and given back do; a large heap that did not grow steadily is
+  # a :native_heap finding, not a leak.
+  defp native(snap, secs, extra, th) do
+    {bytes, what} = native_bytes(snap, extra)
+    vm = vm_bytes(snap, extra)
+    growth = Growth.of(extra[:native_series], secs)
+
+    steady =
+      if growth && growth.steadiness >= th.native_steady,
+        do: ratio(growth.per_s, th.native_growth),
+        else: 0
+
+    size =
+      max(
+        ratio(bytes, max(th.native_bytes, vm)),
+        if(vm > 0, do: ratio(bytes, max(th.native_vm_min, th.native_vm_ratio * vm)), else: 0)
+      )
+
+    times_vm =
+      if is_integer(bytes) and vm > 0,
+        do: ", #{Float.round(bytes / vm, 1)}× the #{Format.bytes(vm)} the VM accounts for",
+        else: ""
+
+    over_window =
+      if growth,
+        do:
+          "; over the #{Format.age(secs)} window it " <>
+            Growth.describe(growth) <> projection(growth, steady, extra[:limit], snap),
+        else: ""
+
+    kind = if growth && steady == 0, do: :native_heap, else: :native_leak
 
     finding(
-      :native_leak,
-      max(ratio(live, threshold), growth_ratio(delta, secs, @native_growth, @native_growth_min)),
-      "the native heap holds #{Format.bytes(live)} in live malloc allocations" <>
-        if(per_s && per_s > 0, do: ", growing by #{Format.bytes(per_s)}/s", else: ""),
-      %{live_bytes: live, growth_per_s: per_s, native: snap.memory.native, sites: extra.sites},
-      if(extra.sites != [],
-        do:
-          "Mtrace.sites([]) lists the native call sites holding it; compare two calls " <>
-            "a few minutes apart",
-        else: "Mtrace.olds(20, true) lists the oldest live allocations with their stacks"
-      )
+      kind,
+      if(kind == :native_leak, do: max(size, steady), else: size),
+      "#{what} holds #{Format.bytes(bytes)}#{times_vm}#{over_window}",
+      native_evidence(extra, %{
+        bytes: bytes,
+        live_bytes: bytes,
+        vm: vm,
+        growth: growth,
+        limit: extra[:limit],
+        native: snap.memory.native,
+        outside_vm: snap.memory.outside_vm
+      }),
+      native_next(extra, growth)
     )
   end
 
-  defp native(prev, snap, secs, _extra) do
-    outside = snap.memory.outside_vm
-    before = prev && prev.memory.outside_vm
-    delta = if is_integer(outside) and is_integer(before), do: outside - before
-    per_s = delta && rate(delta, secs)
-    threshold = max(@native_bytes, snap.memory.allocated || 0)
+  # The tracer's sites are evidence only where it was read.
+  defp native_evidence(%{preloaded: true, sites: sites}, evidence),
+    do: Map.put(evidence, :sites, sites)
 
-    finding(
-      :native_leak,
-      max(
-        ratio(outside, threshold),
-        growth_ratio(delta, secs, @native_growth, @native_growth_min)
-      ),
-      "#{Format.bytes(outside)} of RSS is outside the ERTS allocators (NIFs, drivers, " <>
-        "libraries)" <>
-        if(per_s && per_s > 0, do: ", growing by #{Format.bytes(per_s)}/s", else: ""),
-      %{
-        outside_vm: outside,
-        rss: snap.memory.rss,
-        allocated: snap.memory.allocated,
-        growth_per_s: per_s
-      },
+  defp native_evidence(_extra, evidence), do: evidence
+
+  # (Estimated from the samples when sampling: see Mtrace.VM.Memory.)
+  defp native_bytes(snap, %{preloaded: true}),
+    do: {snap.memory.native[:live_bytes], "the native heap (live malloc allocations)"}
+
+  defp native_bytes(snap, _extra),
+    do: {snap.memory.outside_vm, "RSS outside the ERTS allocators (NIFs, drivers, libraries)"}
+
+  # What the VM accounts for: erlang:memory(total) with the tracer (native
+  # memory is outside it), else what the ERTS allocators hold.
+  defp vm_bytes(snap, %{preloaded: true}), do: snap.memory.total || 0
+  defp vm_bytes(snap, _extra), do: snap.memory.allocated || 0
+
+  defp projection(g, steady_ratio, limit, snap) when steady_ratio > 0 and is_map(limit) do
+    case Growth.time_to(g, limit.bytes - (snap.memory.rss || 0)) do
+      nil ->
+        ""
+
+      secs ->
+        "; at this rate the memory limit (#{limit.source}, #{Format.bytes(limit.bytes)}) " <>
+          "is reached in #{Format.age(secs)}"
+    end
+  end
+
+  defp projection(_g, _ratio, _limit, _snap), do: ""
+
+  defp native_next(%{preloaded: true, sites: [_ | _]}, growth) do
+    if growth,
+      do: "Mtrace.report(sort: :growth, window: 10_000) ranks the sites that grow",
+      else: "Mtrace.report() shows which code holds it; compare two reports a few minutes apart"
+  end
+
+  defp native_next(%{preloaded: true}, _growth),
+    do: "Mtrace.olds(20, true) lists the oldest live allocations with their stacks"
+
+  defp native_next(_extra, _growth),
+    do:
       "trace native allocations: add `#{Native.enable_hint()}` to rel/env.sh.eex, " <>
         "restart, then Mtrace.VM.diagnose(window: 60_000)"
-    )
-  end
 
-  defp fragmentation(snap) do
+  defp fragmentation(snap, th) do
     snap.allocators
-    |> Enum.filter(&(&1.usage != nil and &1.usage < @frag_usage))
+    |> Enum.filter(&(&1.usage != nil and &1.usage < th.frag_usage))
     |> Enum.max_by(& &1.wasted, fn -> nil end)
     |> case do
       nil ->
@@ -233,7 +275,7 @@ defmodule Mtrace.VM.MemoryChecks do
       worst ->
         finding(
           :fragmentation,
-          ratio(worst.wasted, @frag_wasted),
+          ratio(worst.wasted, th.frag_wasted),
           "#{worst.allocator} has #{Format.bytes(worst.allocated)} in carriers but uses " <>
             "#{Format.bytes(worst.used)} (#{round(worst.usage * 100)}%)",
           %{worst: worst, allocators: Enum.take(snap.allocators, 5)},

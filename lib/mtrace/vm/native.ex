@@ -55,31 +55,58 @@ defmodule Mtrace.VM.Native do
   end
 
   @doc """
+  A mark on the tracer's table (`Mtrace.mark/0`), or `nil` when the tracer
+  cannot take one.
+
+  ## Example
+
+      Mtrace.VM.Native.mark()
+      #=> %Mtrace.Mark{node: :"app@host", t_ms: 81234567}
+  """
+  @spec mark() :: struct | nil
+  def mark do
+    case call(:mark, []) do
+      {:ok, mark} -> mark
+      _ -> nil
+    end
+  end
+
+  @doc """
   The `n` native call sites holding the most live bytes, or `[]` when the
-  tracer cannot list them.
+  tracer cannot list them. Given a `mark` taken `secs` seconds before, only
+  what was allocated since and is still live, each site with its
+  `growth_per_s` (bytes per second). What the VM allocated before mtrace
+  started (boot, code loading) is left out.
 
   ## Example
 
       Mtrace.VM.Native.sites(3)
       #=> [%{count: 10, bytes: 40960, oldest: 30, newest: 1, frames: [...]}]
   """
-  @spec sites(pos_integer) :: [map]
-  def sites(n) do
+  @spec sites(pos_integer, struct | nil, number | nil) :: [map]
+  def sites(n, mark \\ nil, secs \\ nil) do
+    opts = if mark, do: [limit: n, since: mark], else: [limit: n, boot: false]
+
     with true <- preloaded?(),
-         {:ok, list} when is_list(list) <- sites_call(n) do
+         {:ok, list} when is_list(list) <- sites_call(opts) do
       list
       |> Enum.filter(&is_map/1)
       |> Enum.sort_by(&(-Map.get(&1, :bytes, 0)))
       |> Enum.take(n)
+      |> Enum.map(fn site ->
+        if mark && secs, do: Map.put(site, :growth_per_s, site_bytes(site) / secs), else: site
+      end)
     else
       _ -> []
     end
   end
 
-  # The option set of Mtrace.sites/1 is the tracer's own; a limit is asked
-  # for first and, if the tracer rejects it, the full list is trimmed here.
-  defp sites_call(n) do
-    case call(:sites, [[limit: n]]) do
+  defp site_bytes(site), do: Map.get(site, :est_bytes, Map.get(site, :bytes, 0))
+
+  # The option set of Mtrace.sites/1 is the tracer's own; options are asked
+  # for first and, if the tracer rejects them, the full list is trimmed here.
+  defp sites_call(opts) do
+    case call(:sites, [opts]) do
       {:ok, list} -> {:ok, list}
       :error -> call(:sites, [[]])
     end

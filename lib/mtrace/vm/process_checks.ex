@@ -2,23 +2,11 @@ defmodule Mtrace.VM.ProcessChecks do
   @moduledoc """
   The checks of `Mtrace.VM.diagnose/1` that look at processes: mailbox
   build-up, process leaks and monitor leaks. Thresholds are listed in
-  `Mtrace.VM.Findings`.
+  `Mtrace.VM.Thresholds`.
   """
 
   import Mtrace.VM.Findings, only: [finding: 5, growth_ratio: 4, rate: 2, ratio: 2]
   alias Mtrace.VM.{Format, Procs}
-
-  @mailbox_len 10_000
-  @mailbox_growth 500
-  @mailbox_growth_min 1_000
-  @process_share 0.5
-  @idle_group 10_000
-  @idle_share 0.5
-  @process_growth 100
-  @process_growth_min 1_000
-  @monitors 10_000
-  @monitor_growth 100
-  @monitor_growth_min 1_000
 
   @doc """
   Runs the process checks; `secs` is the window length, or `nil` without one.
@@ -28,16 +16,21 @@ defmodule Mtrace.VM.ProcessChecks do
       snap = Mtrace.VM.Snapshot.take()
       [_mailbox, _processes, _monitors] = Mtrace.VM.ProcessChecks.run(nil, snap, nil)
   """
-  @spec run(Mtrace.VM.Snapshot.t() | nil, Mtrace.VM.Snapshot.t(), number | nil) :: [map | nil]
-  def run(prev, snap, secs) do
-    [mailbox(snap, secs), processes(prev, snap, secs), monitors(snap, secs)]
+  @spec run(
+          Mtrace.VM.Snapshot.t() | nil,
+          Mtrace.VM.Snapshot.t(),
+          number | nil,
+          Mtrace.VM.Thresholds.t()
+        ) :: [map | nil]
+  def run(prev, snap, secs, t \\ Mtrace.VM.Thresholds.defaults()) do
+    [mailbox(snap, secs, t), processes(prev, snap, secs, t), monitors(snap, secs, t)]
   end
 
-  defp mailbox(snap, secs) do
+  defp mailbox(snap, secs, t) do
     {pid, score, per_s, own_per_s} =
-      leader(snap.procs.mql_top, snap.procs.mql_growth, secs, @mailbox_len,
-        growth: @mailbox_growth,
-        min: @mailbox_growth_min
+      leader(snap.procs.mql_top, snap.procs.mql_growth, secs, t.mailbox_len,
+        growth: t.mailbox_growth,
+        min: t.mailbox_growth_min
       )
 
     if pid do
@@ -62,19 +55,19 @@ defmodule Mtrace.VM.ProcessChecks do
     end
   end
 
-  defp processes(prev, snap, secs) do
+  defp processes(prev, snap, secs, t) do
     {count, limit} = snap.counts.processes
     group = snap.procs.idle_groups
     delta = prev && count - elem(prev.counts.processes, 0)
     per_s = delta && rate(delta, secs)
-    share = ratio(count / limit, @process_share)
+    share = ratio(count / limit, t.process_share)
 
     grouped =
       if group,
-        do: min(ratio(group.count, @idle_group), ratio(group.count / count, @idle_share)),
+        do: min(ratio(group.count, t.idle_group), ratio(group.count / count, t.idle_share)),
         else: 0
 
-    growth = growth_ratio(delta, secs, @process_growth, @process_growth_min)
+    growth = growth_ratio(delta, secs, t.process_growth, t.process_growth_min)
     group = group && Map.put(group, :started_as, started_as(group.sample))
 
     summary =
@@ -103,11 +96,11 @@ defmodule Mtrace.VM.ProcessChecks do
     )
   end
 
-  defp monitors(snap, secs) do
+  defp monitors(snap, secs, t) do
     {pid, score, per_s, own_per_s} =
-      leader(snap.procs.monitors_top, snap.procs.monitors_growth, secs, @monitors,
-        growth: @monitor_growth,
-        min: @monitor_growth_min
+      leader(snap.procs.monitors_top, snap.procs.monitors_growth, secs, t.monitors,
+        growth: t.monitor_growth,
+        min: t.monitor_growth_min
       )
 
     if pid do

@@ -4,7 +4,9 @@ defmodule Mtrace.VM.Procs do
   `Mtrace.VM.bin_leak/1`.
 
   Processes are read one at a time with `:erlang.process_info/2`; a process
-  that dies while it is being read is skipped, never an error.
+  that dies while it is being read is skipped, never an error. The process
+  asking (a shell's evaluator, an rpc) is left out: it is the one holding
+  the answers being built.
   """
 
   alias Mtrace.VM.TopN
@@ -126,7 +128,7 @@ defmodule Mtrace.VM.Procs do
   """
   @spec top(attr, pos_integer) :: [{pid, non_neg_integer, info}]
   def top(attr, n) do
-    :erlang.processes()
+    others()
     |> Enum.reduce(TopN.new(n), fn pid, acc ->
       case value(pid, attr) do
         nil -> acc
@@ -148,7 +150,7 @@ defmodule Mtrace.VM.Procs do
     # The first sample has to remember every process; zero values are left
     # out because a missing pid already reads as 0 (as a newborn does).
     before =
-      Enum.reduce(:erlang.processes(), %{}, fn pid, acc ->
+      Enum.reduce(others(), %{}, fn pid, acc ->
         case value(pid, attr) do
           nil -> acc
           0 -> acc
@@ -158,7 +160,7 @@ defmodule Mtrace.VM.Procs do
 
     Process.sleep(ms)
 
-    :erlang.processes()
+    others()
     |> Enum.reduce(TopN.new(n), fn pid, acc ->
       case value(pid, attr) do
         nil -> acc
@@ -188,7 +190,7 @@ defmodule Mtrace.VM.Procs do
         }
   def bin_leak(n) do
     binary_before = binary_memory()
-    before = Enum.reduce(:erlang.processes(), %{}, &count_binaries/2)
+    before = Enum.reduce(others(), %{}, &count_binaries/2)
     gc_all(Map.keys(before))
     binary_after = settled_binary_memory(binary_memory(), 25)
 
@@ -282,6 +284,8 @@ defmodule Mtrace.VM.Procs do
       wait -> :timeout
     end
   end
+
+  defp others, do: List.delete(:erlang.processes(), self())
 
   defp with_info(top) do
     for {pid, value} <- TopN.to_list(top), info = info(pid), info != nil, do: {pid, value, info}

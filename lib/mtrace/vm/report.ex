@@ -20,6 +20,7 @@ defmodule Mtrace.VM.Report do
       counts_line(result.counts),
       native_lines(result.native),
       window_line(result.window),
+      growth_lines(Map.get(result, :growth)),
       "",
       finding_lines(result.findings)
     ]
@@ -59,7 +60,7 @@ defmodule Mtrace.VM.Report do
   defp native_lines(%{preloaded: true, stats: stats, sites: sites}) do
     [
       "native  #{Format.bytes(stats[:live_bytes])} live in " <>
-        "#{Format.int(stats[:live_count] || 0)} malloc allocations; heap " <>
+        "#{Format.count(stats[:live_count] || 0, "block")}; heap " <>
         "#{Format.bytes(stats[:used_bytes])} used, #{Format.bytes(stats[:free_bytes])} free, " <>
         "#{Format.bytes(stats[:mmap_bytes])} mmapped"
       | Enum.map(sites, &site_line/1)
@@ -78,25 +79,33 @@ defmodule Mtrace.VM.Report do
       site
       |> Map.get(:frames, [])
       |> Enum.take(4)
-      |> Enum.map_join(" < ", &frame_text/1)
+      |> Enum.map_join(" <- ", &Mtrace.Frame.label/1)
 
-    "          #{Format.bytes(site[:bytes])} in #{Format.int(site[:count] || 0)} " <>
-      "allocations, oldest #{site[:oldest]} s: #{frames}"
+    "          #{Format.bytes(site[:bytes])} in #{Format.count(site[:count] || 0, "block")}, " <>
+      "oldest #{Format.age(site[:oldest] || 0)}: #{frames}"
   end
 
-  defp frame_text(%{module: _} = frame), do: Mtrace.Frame.name(frame)
+  defp growth_lines(nil), do: []
 
-  defp frame_text(frame) do
-    case frame[:lib] do
-      lib when is_binary(lib) and lib != "" ->
-        "#{Mtrace.Frame.name(frame)} (#{Path.basename(lib)})"
+  defp growth_lines(g) do
+    vm =
+      [:total, :processes, :binary, :ets, :code, :atom]
+      |> Enum.filter(&is_number(g[&1]))
+      |> Enum.map_join(", ", &"#{&1} #{per_s(g[&1])}")
 
-      _ ->
-        Mtrace.Frame.name(frame)
-    end
+    native =
+      case g[:native] do
+        %{} = n -> ["        native " <> Mtrace.VM.Growth.describe(n)]
+        _ -> []
+      end
+
+    ["growth  " <> vm | native]
   end
 
-  defp window_line(nil), do: "window  none: sizes only; pass window: 60_000 to judge growth too"
+  defp per_s(rate) when rate < 0, do: "-#{Format.bytes(-rate)}/s"
+  defp per_s(rate), do: "+#{Format.bytes(rate)}/s"
+
+  defp window_line(nil), do: "window  none: sizes only; pass window: 10_000 to judge growth too"
   defp window_line(ms), do: "window  #{Format.int(ms)} ms: growth judged as well as size"
 
   defp finding_lines([]), do: ["findings: none, the node looks healthy"]

@@ -1,0 +1,166 @@
+defmodule Mtrace.Stats do
+  @moduledoc """
+  What `Mtrace.stats/0` returns: the tracer's counters and figures, all
+  integers, booleans or lists of names, in a struct so that IEx shows them
+  grouped, sizes humanized, instead of 40 keys in no order. It is a map for
+  programs: `stats.live_bytes`, `stats[:live_bytes]`, `%{live_count: n} =
+  stats` and `Map.from_struct/1` all work. `Mtrace.stats/0` documents the
+  fields; a field the preload in use does not report is `nil`.
+
+  ## Example
+
+      iex> stats = %Mtrace.Stats{live_count: 3, live_bytes: 12_288, malloc_cnt: 10, free_cnt: 7}
+      iex> stats[:live_bytes]
+      12288
+      iex> inspect(stats) |> String.split("\\n") |> hd()
+      "#Mtrace.Stats<12.0 KiB live in 3 blocks, 0 dropped"
+  """
+
+  @behaviour Access
+
+  @calls [
+    :malloc_cnt,
+    :calloc_cnt,
+    :realloc_cnt,
+    :reallocarray_cnt,
+    :free_cnt,
+    :posix_memalign_cnt,
+    :aligned_alloc_cnt,
+    :memalign_cnt,
+    :valloc_cnt,
+    :pvalloc_cnt,
+    :strdup_cnt,
+    :strndup_cnt
+  ]
+
+  defstruct @calls ++
+              [
+                :live_count,
+                :live_bytes,
+                :dropped,
+                :replaced,
+                :table_bytes,
+                :stacks,
+                :stack_bytes,
+                :stacks_dropped,
+                :depth,
+                :shards,
+                :enabled,
+                :active,
+                :sample_bytes,
+                :sampled,
+                :est_live_count,
+                :est_live_bytes,
+                :fast_unwind,
+                :unwind_fallbacks,
+                :config_errors,
+                :erlang_frames,
+                :erlang_frames_off,
+                :erlang_stacks,
+                :allocated_bytes,
+                :used_bytes,
+                :free_bytes,
+                :mmap_chunks,
+                :mmap_bytes
+              ]
+
+  @type t :: %__MODULE__{}
+
+  @doc """
+  The struct for the map the NIF returns (keys it does not know are left out).
+
+      iex> %Mtrace.Stats{live_count: 1} = Mtrace.Stats.new(%{live_count: 1, future_key: 2})
+  """
+  @spec new(map) :: t
+  def new(map), do: struct(__MODULE__, map)
+
+  @impl Access
+  def fetch(stats, key), do: Map.fetch(stats, key)
+
+  @impl Access
+  def get_and_update(stats, key, fun), do: Map.get_and_update(stats, key, fun)
+
+  @impl Access
+  def pop(stats, key), do: {Map.get(stats, key), Map.put(stats, key, nil)}
+
+  @doc false
+  def calls, do: @calls
+
+  defimpl Inspect do
+    alias Mtrace.VM.Format
+
+    def inspect(s, _opts) do
+      [
+        "#Mtrace.Stats<" <> live(s),
+        "  calls: " <> calls(s),
+        "  table: #{size(s.table_bytes)}; #{count(s.stacks, "stack")} in #{size(s.stack_bytes)}" <>
+          "; depth #{s.depth}",
+        "  tracking: " <> tracking(s),
+        "  glibc heap: #{size(s.allocated_bytes)} allocated, #{size(s.used_bytes)} used, " <>
+          "#{size(s.free_bytes)} free; #{size(s.mmap_bytes)} in #{count(s.mmap_chunks, "mmap chunk")}>"
+      ]
+      |> Enum.join("\n")
+    end
+
+    defp live(%{sampled: true} = s) do
+      "about #{size(s.est_live_bytes)} live in about #{count(s.est_live_count, "block")} " <>
+        "(a sample of #{count(s.live_count, "block")}, #{size(s.live_bytes)}), " <>
+        losses(s)
+    end
+
+    defp live(s),
+      do: "#{size(s.live_bytes)} live in #{count(s.live_count, "block")}, " <> losses(s)
+
+    defp losses(s) do
+      [
+        {s.dropped || 0, "dropped"},
+        {s.replaced, "replaced"},
+        {s.stacks_dropped, "without a stack"}
+      ]
+      |> Enum.filter(fn {n, what} -> what == "dropped" or (is_integer(n) and n > 0) end)
+      |> Enum.map_join(", ", fn {n, what} -> "#{Format.int(n)} #{what}" end)
+    end
+
+    defp calls(s) do
+      Mtrace.Stats.calls()
+      |> Enum.map(&{&1, Map.get(s, &1)})
+      |> Enum.filter(fn {_k, n} -> is_integer(n) and n > 0 end)
+      |> Enum.map_join(", ", fn {k, n} ->
+        "#{Format.int(n)} #{k |> Atom.to_string() |> String.trim_trailing("_cnt")}"
+      end)
+      |> case do
+        "" -> "none"
+        text -> text
+      end
+    end
+
+    defp tracking(s) do
+      [
+        cond do
+          s.active == false -> "inactive (not a program MTRACE_PROGRAMS names)"
+          s.enabled == false -> "disabled"
+          s.sampled -> "sampling every #{size(s.sample_bytes)}"
+          true -> "lossless"
+        end,
+        if(s.fast_unwind == false, do: "libunwind", else: "own stack walker") <>
+          if(s.unwind_fallbacks, do: " (#{Format.int(s.unwind_fallbacks)} to libunwind)", else: ""),
+        case s.erlang_frames do
+          true -> "Erlang frames on (#{count(s.erlang_stacks, "stack")})"
+          _ -> "Erlang frames " <> (s.erlang_frames_off || "off")
+        end,
+        case s.config_errors do
+          [_ | _] = bad -> "config errors: " <> Enum.join(bad, ", ")
+          _ -> nil
+        end
+      ]
+      |> Enum.reject(&is_nil/1)
+      |> Enum.join("; ")
+    end
+
+    defp size(n) when is_integer(n), do: Format.bytes(n)
+    defp size(_), do: "n/a"
+
+    defp count(n, noun) when is_integer(n), do: Format.count(n, noun)
+    defp count(_, noun), do: "n/a #{noun}s"
+  end
+end

@@ -1,0 +1,124 @@
+defmodule Mtrace.VM.Thresholds do
+  @moduledoc """
+  Every threshold `Mtrace.VM.diagnose/1` judges by, with its default. Each
+  can be overridden with the `thresholds:` option, e.g.
+  `Mtrace.VM.diagnose(window: 5_000, thresholds: [native_growth: 10 * 1024])`.
+
+  | key | default | what reaches it |
+  | --- | --- | --- |
+  | `mailbox_len` | 10_000 | messages waiting in one process |
+  | `mailbox_growth` | 500 | messages/s one mailbox grows by (over at least `mailbox_growth_min`) |
+  | `mailbox_growth_min` | 1_000 | messages of growth below which a window's mailbox growth is noise |
+  | `process_share` | 0.5 | processes as a share of the process limit |
+  | `idle_group` | 10_000 | idle processes sharing initial call and current function ... |
+  | `idle_share` | 0.5 | ... that are also this share of all processes |
+  | `process_growth` | 100 | processes/s the count grows by (over at least `process_growth_min`) |
+  | `process_growth_min` | 1_000 | processes of growth below which it is noise |
+  | `monitors` | 10_000 | monitors held by one process |
+  | `monitor_growth` | 100 | monitors/s one process gains (over at least `monitor_growth_min`) |
+  | `monitor_growth_min` | 1_000 | monitors of growth below which it is noise |
+  | `ets_bytes` | 100 MiB | one table, with the binaries it references |
+  | `ets_share` | 0.5 | one table's share of the VM's memory, when it holds `ets_share_min` or more |
+  | `ets_share_min` | 64 MiB | |
+  | `ets_growth` | 1 MiB | bytes/s one table grows by (over at least `ets_growth_min`) |
+  | `ets_growth_min` | 8 MiB | |
+  | `binary_freed` | 32 MiB | refc binaries a forced GC frees (or `binary_freed_share` of the VM's memory if more) |
+  | `binary_freed_share` | 0.25 | |
+  | `binary_gc_share` | 0.25 | binaries' share of the VM's memory that makes `gc: :auto` run the forced GC ... |
+  | `binary_gc_min` | 16 MiB | ... when they hold at least this much |
+  | `native_bytes` | 256 MiB | native memory (or the VM's own memory if larger) |
+  | `native_vm_ratio` | 2.0 | native memory this many times the VM's own ... |
+  | `native_vm_min` | 64 MiB | ... and at least this much: native memory dwarfs what the VM accounts for |
+  | `native_growth` | 50 KiB | bytes/s native memory grows by, steadily, over a window |
+  | `native_steady` | 0.75 | share of a window's steps (`window_steps`) in which native memory grew for the growth to count as steady (churn goes up and down) |
+  | `window_steps` | 5 | samples of native memory taken across a window |
+  | `frag_usage` | 0.5 | an allocator type used below this share ... |
+  | `frag_wasted` | 64 MiB | ... wasting at least this much |
+
+  ## Example
+
+      iex> Mtrace.VM.Thresholds.merge!([native_growth: 10_240]).native_growth
+      10240
+  """
+
+  @mib 1_048_576
+
+  @defaults %{
+    mailbox_len: 10_000,
+    mailbox_growth: 500,
+    mailbox_growth_min: 1_000,
+    process_share: 0.5,
+    idle_group: 10_000,
+    idle_share: 0.5,
+    process_growth: 100,
+    process_growth_min: 1_000,
+    monitors: 10_000,
+    monitor_growth: 100,
+    monitor_growth_min: 1_000,
+    ets_bytes: 100 * @mib,
+    ets_share: 0.5,
+    ets_share_min: 64 * @mib,
+    ets_growth: 1 * @mib,
+    ets_growth_min: 8 * @mib,
+    binary_freed: 32 * @mib,
+    binary_freed_share: 0.25,
+    binary_gc_share: 0.25,
+    binary_gc_min: 16 * @mib,
+    native_bytes: 256 * @mib,
+    native_vm_ratio: 2.0,
+    native_vm_min: 64 * @mib,
+    native_growth: 50 * 1024,
+    native_steady: 0.75,
+    window_steps: 5,
+    frag_usage: 0.5,
+    frag_wasted: 64 * @mib
+  }
+
+  @typedoc "The thresholds in force, by key (see the table above)."
+  @type t :: %{atom => number}
+
+  @doc """
+  The defaults.
+
+      iex> Mtrace.VM.Thresholds.defaults().native_growth
+      51200
+  """
+  @spec defaults() :: t
+  def defaults, do: @defaults
+
+  @doc """
+  The defaults with `overrides` (a keyword list) applied; an unknown key or
+  a value that is not a positive number raises `ArgumentError`.
+
+      iex> Mtrace.VM.Thresholds.merge!(native_growth: -1)
+      ** (ArgumentError) option :thresholds: native_growth must be a positive number, got: -1
+  """
+  @spec merge!(term) :: t
+  def merge!(overrides) do
+    unless is_list(overrides) and Keyword.keyword?(overrides) do
+      raise ArgumentError,
+            "option :thresholds must be a keyword list, got: #{inspect(overrides)}"
+    end
+
+    Enum.reduce(overrides, @defaults, fn {key, value}, acc ->
+      cond do
+        not Map.has_key?(@defaults, key) ->
+          raise ArgumentError,
+                "option :thresholds: unknown threshold #{inspect(key)}; known: " <>
+                  (@defaults |> Map.keys() |> Enum.sort() |> Enum.map_join(", ", &inspect/1))
+
+        not (is_number(value) and value > 0) ->
+          raise ArgumentError,
+                "option :thresholds: #{key} must be a positive number, got: #{inspect(value)}"
+
+        key == :window_steps and not is_integer(value) ->
+          raise ArgumentError,
+                "option :thresholds: window_steps must be a positive integer, got: " <>
+                  inspect(value)
+
+        true ->
+          Map.put(acc, key, value)
+      end
+    end)
+  end
+end

@@ -1,0 +1,137 @@
+defmodule Mtrace.DiagnoseGrowthTest do
+  # Mtrace.VM.diagnose/1 judging native growth, each case on a fresh peer:
+  # a slow steady leak is found with its rate, a busy node that churns is
+  # healthy, a large static native heap is a finding that is not a leak.
+  use ExUnit.Case, async: false
+  doctest Mtrace.VM.Growth
+  doctest Mtrace.VM.Thresholds
+  doctest Mtrace.VM.Diagnosis
+
+  alias Mtrace.Test.{LeakyNif, NativeScenarios, Remote}
+
+  @moduletag :peer
+  @window 5_000
+
+  setup_all do
+    Remote.distribute!()
+  end
+
+  defp start_peer do
+    {:ok, peer, node} = :peer.start(%{name: :peer.random_name()})
+    :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+    {:ok, _} = :erpc.call(node, Application, :ensure_all_started, [:mtrace])
+    {peer, node}
+  end
+
+  defp stop_peer(peer) do
+    :peer.stop(peer)
+  catch
+    :exit, _ -> :ok
+  end
+
+  # Runs the three scenarios at once, each on its own peer, and returns
+  # what each gave.
+  defp scenarios(cases) do
+    cases
+    |> Task.async_stream(
+      fn {name, fun} ->
+        {peer, node} = start_peer()
+
+        try do
+          {name, fun.(node)}
+        after
+          stop_peer(peer)
+        end
+      end,
+      timeout: 60_000,
+      max_concurrency: length(cases)
+    )
+    |> Map.new(fn {:ok, result} -> result end)
+  end
+
+  defp diagnose(node, opts),
+    do: Mtrace.VM.diagnose([node: node, print: false, gc: false] ++ opts)
+
+  defp native_finding(d),
+    do: Enum.find(d.findings, &(&1.kind in [:native_leak, :native_heap]))
+
+  test "slow leak, churn and a static heap, each judged by diagnose/1" do
+    results =
+      scenarios(
+        slow_leak: fn node ->
+          # 8_700 bytes every 100 ms: ~85 KiB/s, ~300 MiB an hour
+          :ok = :erpc.call(node, NativeScenarios, :slow_leak, [8_700, 100])
+          Process.sleep(500)
+          d = diagnose(node, window: @window)
+          {d, Mtrace.VM.Report.render(d)}
+        end,
+        churn: fn node ->
+          :ok = :erpc.call(node, NativeScenarios, :churn, [])
+          Process.sleep(500)
+          diagnose(node, window: @window)
+        end,
+        static_heap: fn node ->
+          :ok = :erpc.call(node, LeakyNif, :leak, [:malloc, 100, 1024 * 1024])
+          {diagnose(node, []), diagnose(node, window: 2_000)}
+        end
+      )
+
+    # the slow leak: found, with its rate, steadiness, projection and site
+    {leak, text} = results.slow_leak
+    assert leak.verdict == :native_leak, text
+    assert %{kind: :native_leak, evidence: evidence, summary: summary} = native_finding(leak)
+    per_s = evidence.growth.per_s
+    assert per_s > 0.7 * 87_000 and per_s < 1.3 * 87_000, "#{per_s} B/s"
+    assert evidence.growth.ups >= 4
+    assert summary =~ "at this rate the memory limit ("
+    assert [site | _] = evidence.sites
+    assert Enum.any?(site.frames, &(&1[:function] == :leak_loop))
+    assert site.growth_per_s > 0.5 * 87_000
+    assert text =~ "native grew by +"
+    assert text =~ ~r/growth  total [+-]/
+
+    # churn: busy, but healthy
+    churn = results.churn
+    assert churn.verdict == :healthy, Mtrace.VM.Report.render(churn)
+    assert churn.growth.native.steadiness < 0.75 or churn.growth.native.per_s < 50 * 1024
+
+    # a static heap of 100 MiB, some times what the VM accounts for: a
+    # finding without a window, and with one not a leak
+    {no_window, window} = results.static_heap
+    assert %{kind: :native_leak, score: score, summary: summary} = native_finding(no_window)
+    assert score >= 50 and summary =~ "× the"
+    assert window.verdict == :native_heap, Mtrace.VM.Report.render(window)
+  end
+
+  test "thresholds are options: a lower native_growth flags slower growth" do
+    results =
+      scenarios(
+        slow: fn node ->
+          # ~20 KiB/s: below the default 50 KiB/s
+          :ok = :erpc.call(node, NativeScenarios, :slow_leak, [2_000, 100])
+          Process.sleep(300)
+
+          {diagnose(node, window: 3_000),
+           diagnose(node, window: 3_000, thresholds: [native_growth: 5_000])}
+        end
+      )
+
+    {default, lowered} = results.slow
+    assert default.verdict != :native_leak
+    assert lowered.verdict == :native_leak
+  end
+
+  test "report/1 on a node: ten sites by default, boot memory in one line" do
+    %{report: {text, boot_text}} =
+      scenarios(
+        report: fn node ->
+          {ExUnit.CaptureIO.capture_io(fn -> Mtrace.report(node: node, boot: true) end),
+           ExUnit.CaptureIO.capture_io(fn -> Mtrace.report(node: node) end)}
+        end
+      )
+
+    ranks = Regex.scan(~r/^#(\d+) /m, text) |> Enum.map(fn [_, n] -> String.to_integer(n) end)
+    assert ranks == Enum.to_list(1..10)
+    assert boot_text =~ ~r/^Before mtrace started \(VM boot, code loading\): .* not ranked/m
+  end
+end
