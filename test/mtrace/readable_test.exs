@@ -1,0 +1,88 @@
+defmodule Mtrace.ReadableTest do
+  # What people read: the stats as IEx shows them, growth ordering, and the
+  # VM queries leaving out the process that asks.
+  # Not async: the tests read the one allocation table of this VM.
+  use ExUnit.Case, async: false
+  doctest Mtrace.Stats
+  doctest Mtrace.VM.Memory
+
+  alias Mtrace.Test.{ErlangCallers, LeakyNif}
+
+  setup do
+    LeakyNif.fresh_table(&on_exit/1)
+  end
+
+  test "stats: grouped and humanized in IEx, a map of figures for programs" do
+    LeakyNif.leak(:malloc, 3, 4096)
+    stats = Mtrace.stats()
+    text = inspect(stats)
+    lines = String.split(text, "\n")
+
+    assert [
+             "#Mtrace.Stats<" <> live,
+             "  calls: " <> calls,
+             "  table: " <> _,
+             "  tracking: " <> on,
+             "  glibc heap: " <> _
+           ] = lines
+
+    assert live =~ ~r/^[\d.]+ (B|KiB|MiB|GiB) live in [\d_]+ blocks?, [\d_]+ dropped/
+    assert calls =~ ~r/\d malloc/
+    assert on =~ "lossless" and on =~ "Erlang frames on"
+    assert Enum.all?(lines, &(String.length(&1) <= 100)), text
+
+    # for programs: fields, Access, pattern matching, a plain map of values
+    assert is_integer(stats.live_bytes) and stats[:live_bytes] == stats.live_bytes
+    assert %{live_count: n} = stats
+    assert n >= 3
+
+    for {key, value} <- Map.from_struct(stats) do
+      assert is_integer(value) or is_boolean(value) or is_list(value) or is_binary(value) or
+               is_nil(value),
+             "#{key}: #{inspect(value)}"
+    end
+  end
+
+  test "sort: :growth ranks what grew over a window, with each site's rate" do
+    parent = self()
+
+    leaker =
+      spawn(fn ->
+        send(parent, :started)
+        grow = fn grow -> ErlangCallers.append(2) && Process.sleep(50) && grow.(grow) end
+        grow.(grow)
+      end)
+
+    on_exit(fn -> Process.exit(leaker, :kill) end)
+    assert_receive :started
+    ErlangCallers.audit(50)
+    sites = Mtrace.sites(sort: :growth, window: 500, lib: "leaky_nif")
+
+    report =
+      ExUnit.CaptureIO.capture_io(fn ->
+        Mtrace.report(sort: :growth, window: 300, lib: "leaky_nif", frames: 4)
+      end)
+
+    Process.exit(leaker, :kill)
+
+    # audit's 50 blocks came before the window: only append grew
+    assert [%{growth_per_s: rate, frames: frames} | _] = sites
+    assert Enum.any?(frames, &(&1[:function] == :append))
+    refute Enum.any?(sites, fn s -> Enum.any?(s.frames, &(&1[:function] == :audit)) end)
+    # about 2 blocks of 1000 bytes every 50 ms
+    assert rate > 10_000 and rate < 80_000, "#{rate} B/s"
+
+    # the report shows the rate next to the size, and the Erlang caller
+    assert report =~ ~r/^#1  .* in \d+ blocks  \+[\d.]+ KiB\/s \(\+[\d.]+ MiB\/h\)/m
+    assert report =~ "Mtrace.Test.ErlangCallers.append/1"
+  end
+
+  test "VM queries leave out the process that asks" do
+    # a process with more memory than any other: this one
+    hoard = :binary.copy("x", 32 * 1024 * 1024) |> :binary.bin_to_list() |> Enum.take(2_000_000)
+    pids = for {pid, _, _} <- Mtrace.VM.top(:memory, 10_000), do: pid
+    refute self() in pids
+    assert length(hoard) == 2_000_000
+    assert [] == for({pid, _, _} <- Mtrace.VM.window(:memory, 10_000, 10), pid == self(), do: pid)
+  end
+end
