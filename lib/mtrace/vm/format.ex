@@ -151,4 +151,66 @@ defmodule Mtrace.VM.Format do
     sign = if per_s < 0, do: "-", else: "+"
     "#{sign}#{bytes(abs(per_s))}/s (#{sign}#{bytes(abs(per_s) * 3600)}/h)"
   end
+
+  @doc """
+  A line broken at spaces to fit `width` columns (default 80). Each
+  continuation is indented under the line's text: past its own indentation
+  and its label (a first word followed by two spaces, as in
+  `"memory  ..."`), or two spaces deeper where there is no label. Words
+  longer than a line stay whole.
+
+  ## Example
+
+      iex> Mtrace.VM.Format.wrap("native  grew by +82.9 KiB/s, up in 5 of 5 steps", 30)
+      ["native  grew by +82.9 KiB/s,", "        up in 5 of 5 steps"]
+  """
+  @spec wrap(String.t(), pos_integer) :: [String.t()]
+  def wrap(line, width \\ 80) do
+    {lead, label, rest} = split_lead(line)
+    pad = String.duplicate(" ", String.length(lead) + max(String.length(label), 2))
+
+    rest
+    |> String.split(" ", trim: true)
+    |> glue_units()
+    |> Enum.reduce([lead <> label], fn word, [current | done] ->
+      cond do
+        String.trim(current) == "" or String.ends_with?(current, "  ") ->
+          [current <> word | done]
+
+        String.length(current) + 1 + String.length(word) <= width ->
+          [current <> " " <> word | done]
+
+        true ->
+          [pad <> word, current | done]
+      end
+    end)
+    |> Enum.reverse()
+  end
+
+  # "12.7 MiB" and "+82.9 KiB/s" stay on one line.
+  defp glue_units(words) do
+    words
+    |> Enum.reduce([], fn word, acc ->
+      case acc do
+        [prev | done] when is_binary(prev) ->
+          if Regex.match?(~r/^[KMG]?i?B(\/[sh])?\W*$/, word),
+            do: [prev <> " " <> word | done],
+            else: [word | acc]
+
+        [] ->
+          [word]
+      end
+    end)
+    |> Enum.reverse()
+  end
+
+  defp split_lead(line) do
+    trimmed = String.trim_leading(line)
+    lead = String.duplicate(" ", String.length(line) - String.length(trimmed))
+
+    case Regex.run(~r/^(\S+  )(.*)$/s, trimmed) do
+      [_, label, rest] -> {lead, label, rest}
+      _ -> {lead, "", trimmed}
+    end
+  end
 end

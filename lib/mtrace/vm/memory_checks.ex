@@ -189,7 +189,7 @@ defmodule Mtrace.VM.MemoryChecks do
       )
 
     times_vm =
-      if is_integer(bytes) and vm > 0,
+      if is_integer(bytes) and vm > 0 and bytes >= vm,
         do: ", #{Float.round(bytes / vm, 1)}× the #{Format.bytes(vm)} the VM accounts for",
         else: ""
 

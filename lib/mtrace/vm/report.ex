@@ -25,6 +25,7 @@ defmodule Mtrace.VM.Report do
       finding_lines(result.findings)
     ]
     |> List.flatten()
+    |> Enum.flat_map(&Format.wrap/1)
     |> Enum.join("\n")
   end
 
