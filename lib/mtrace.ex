@@ -95,13 +95,14 @@ defmodule Mtrace do
   sampling they are equal.
   """
   @type site :: %{
-          count: non_neg_integer(),
-          bytes: non_neg_integer(),
-          est_count: non_neg_integer(),
-          est_bytes: non_neg_integer(),
-          oldest: non_neg_integer(),
-          newest: non_neg_integer(),
-          frames: [frame_map()]
+          required(:count) => non_neg_integer(),
+          required(:bytes) => non_neg_integer(),
+          required(:est_count) => non_neg_integer(),
+          required(:est_bytes) => non_neg_integer(),
+          required(:oldest) => non_neg_integer(),
+          required(:newest) => non_neg_integer(),
+          required(:frames) => [frame_map()],
+          optional(:growth_per_s) => float()
         }
 
   @typedoc """
@@ -113,8 +114,11 @@ defmodule Mtrace do
     * `min_size: b`, `max_size: b` — blocks of at least / at most `b` bytes;
     * `lib: "substring"` — only stacks with a frame in an object (shared
       library or executable) whose path contains the substring;
+    * `boot: false` — leaves out what was allocated before the mtrace
+      application started (VM boot, code loading);
     * `demangle: false` — C++ names left mangled (they are demangled by default);
-    * `node: node` — run on that node over distributed Erlang;
+    * `node: node` — run on that node over distributed Erlang (a query
+      given a mark from another node runs there);
     * `timeout: ms` — how long to wait for `node` (default 300_000).
   """
   @type query_opt ::
@@ -124,6 +128,7 @@ defmodule Mtrace do
           | {:min_size, non_neg_integer()}
           | {:max_size, non_neg_integer()}
           | {:lib, String.t()}
+          | {:boot, boolean()}
           | {:demangle, boolean()}
           | {:node, node()}
           | {:timeout, timeout()}
@@ -204,8 +209,12 @@ defmodule Mtrace do
 
   Options (besides those of `t:query_opt/0`):
 
-    * `sort:` — `:bytes` (default), `:count`, or `:oldest` (oldest allocation
-      first);
+    * `sort:` — `:bytes` (default), `:count`, `:oldest` (oldest allocation
+      first), or `:growth`: what was allocated since the `since:` mark (or
+      the `window:`) and is still live, by bytes, each site with its
+      `growth_per_s` (bytes per second since the mark);
+    * `window: ms` — takes a mark where the table is, waits `ms`, and
+      queries since it;
     * `limit:` — how many sites (default 10), or `:all`.
 
   Each site is `%{count, bytes, oldest, newest, frames}` (`t:site/0`); ages
@@ -220,8 +229,12 @@ defmodule Mtrace do
       #=>               lib: "/srv/app/lib/leaky-0.1.0/priv/leaky.so", inlined: false,
       #=>               addr: 140210745012345, offset: 4665}, ...]}]
   """
-  @spec sites([query_opt() | {:sort, :bytes | :count | :oldest} | {:limit, pos_integer() | :all}]) ::
-          [site()]
+  @spec sites([
+          query_opt()
+          | {:sort, :bytes | :count | :oldest | :growth}
+          | {:limit, pos_integer() | :all}
+          | {:window, pos_integer()}
+        ]) :: [site()]
   def sites(opts \\ []) do
     o = Options.parse!(opts, @site_defaults, "sites/1")
     {o, opts} = after_window(o, opts, "sites/1")
@@ -249,8 +262,11 @@ defmodule Mtrace do
   @doc """
   Prints the top sites as a readable table: live bytes and blocks with
   humanized sizes and ages, then one line per frame, `symbol (file:line)
-  lib`. Takes the options of `sites/1` (with `demangle: true` by default) plus
-  `frames:` (frames shown per site, default 8). Returns `:ok`.
+  lib`. Takes the options of `sites/1` (top 10 by default) plus `frames:`
+  (frames shown per site, default 8). What was allocated before the mtrace
+  application started (VM boot, code loading) is summed in one line rather
+  than ranked, unless `boot: true`. With `sort: :growth` each site shows its
+  rate. Returns `:ok`.
 
       Mtrace.report(limit: 3)
       # prints:

@@ -66,8 +66,7 @@ defmodule Mtrace.Report do
 
   # Boot-time memory is real but rarely the leak: one line, not ranked.
   defp boot(%{count: count} = boot) when count > 0 do
-    "Before mtrace started (VM boot, code loading): #{size(boot)}; " <>
-      "not ranked below (boot: true ranks it)\n"
+    "Boot (before mtrace started): #{size(boot)}, not ranked (boot: true)\n"
   end
 
   defp boot(_), do: []
