@@ -77,6 +77,20 @@ defmodule Mtrace.ReadableTest do
     assert report =~ "Mtrace.Test.ErlangCallers.append/1"
   end
 
+  test "sites name C++ functions demangled by default" do
+    # loading a module makes the JIT (C++) allocate
+    Code.put_compiler_option(:ignore_module_conflict, true)
+    on_exit(fn -> Code.put_compiler_option(:ignore_module_conflict, false) end)
+    Code.compile_string("defmodule Mtrace.ReadableTest.Loaded, do: def(f, do: 1)")
+
+    symbols = for s <- Mtrace.sites(limit: :all), f <- s.frames, is_binary(f.symbol), do: f.symbol
+    assert Enum.any?(symbols, &String.starts_with?(&1, "beamasm_metadata_update("))
+    refute Enum.any?(symbols, &String.starts_with?(&1, "_Z"))
+
+    mangled = for s <- Mtrace.sites(limit: :all, demangle: false), f <- s.frames, do: f.symbol
+    assert Enum.any?(mangled, &(is_binary(&1) and String.starts_with?(&1, "_Z")))
+  end
+
   test "VM queries leave out the process that asks" do
     # a process with more memory than any other: this one
     hoard = :binary.copy("x", 32 * 1024 * 1024) |> :binary.bin_to_list() |> Enum.take(2_000_000)
