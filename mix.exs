@@ -84,7 +84,8 @@ defmodule Mtrace.MixProject do
   end
 
   def application do
-    [mod: {Mtrace.Application, []}, extra_applications: [:logger]]
+    # tools: instrument, which reads the VM's allocation tags (Mtrace.VM.nif_memory/1).
+    [mod: {Mtrace.Application, []}, extra_applications: [:logger, :tools]]
   end
 
   defp elixirc_paths(:test), do: ["lib", "test/support"]

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "nif.h"
 #include "symbols.h"
@@ -127,6 +128,35 @@ static int vm_boundary(const struct mt_frame_info *f) {
            strstr(f->symbol, "erts_call_dirty_nif");
 }
 
+/* The running executable (beam.smp), as the symbolizer names objects. */
+static const char *vm_executable(void) {
+    static char path[MT_SYM_TEXT];
+    static int known;
+    if (!known) {
+        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+        path[n > 0 ? n : 0] = 0;
+        known = 1;
+    }
+    return path;
+}
+
+/* A frame of the VM's allocators or of the API a NIF or driver allocates
+ * through (enif_alloc_resource, driver_alloc, ...): with +MRe false or
+ * +MBe false they reach malloc, and the frame worth showing first is the
+ * NIF's own, below them. */
+static int vm_allocator(const struct mt_frame_info *f) {
+    static const char *const prefixes[] = {"erts_sys_alloc", "erts_sys_realloc", "erts_alloc",
+                                           "erts_realloc",   "erts_alcu_",       "erts_bin_",
+                                           "enif_",          "driver_",          "sys_alloc",
+                                           "sys_realloc"};
+    if (!*f->lib || strcmp(f->lib, vm_executable()))
+        return 0;
+    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
+        if (!strncmp(f->symbol, prefixes[i], strlen(prefixes[i])))
+            return 1;
+    return 0;
+}
+
 /* A stack as a list, innermost first: its native frames, then its Erlang
  * frames (if any) from the NIF itself outwards.  With maps: a frame map per
  * level of inlined code at each address, then one for the function that
@@ -144,7 +174,7 @@ static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle, 
             env, maps ? mt_erlang_frame_map(env, &erl[i]) : mt_erlang_frame_pair(env, &erl[i]),
             list);
     struct mt_frame_info info[MAX_INLINE];
-    uint32_t shown = depth;
+    uint32_t first = 0, shown = depth;
     for (uint32_t i = 0; n_erl && i < depth; i++) {
         int n = mt_symbols_resolve(ips[i], 0, info, MAX_INLINE);
         if (n > 0 && vm_boundary(&info[n - 1])) {
@@ -152,7 +182,10 @@ static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle, 
             break;
         }
     }
-    for (uint32_t i = shown; i-- > 0;) {
+    while (first + 1 < shown && mt_symbols_resolve(ips[first], 0, info, MAX_INLINE) > 0 &&
+           vm_allocator(&info[0]))
+        first++;
+    for (uint32_t i = shown; i-- > first;) {
         int n = mt_symbols_resolve(ips[i], demangle, info, MAX_INLINE);
         if (maps) {
             for (int k = n; k-- > 0;)

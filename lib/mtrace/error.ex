@@ -16,6 +16,8 @@ defmodule Mtrace.Error do
           | :timeout
           | :not_loaded
           | :remote
+          | :no_tools
+          | :off
   @type t :: %__MODULE__{message: String.t(), reason: reason()}
 
   @doc false

@@ -22,7 +22,7 @@ defmodule Mtrace.VM do
       Mtrace.VM.diagnose(window: 60_000)   # judge growth over a minute as well
   """
 
-  alias Mtrace.VM.{Alloc, Args, Counts, Diagnose, ETS, Memory, Procs}
+  alias Mtrace.VM.{Alloc, Args, Counts, Diagnose, ETS, Memory, NifMemory, Procs}
 
   @typedoc "How a process is named in results: see `top/2`."
   @type proc_info :: Procs.info()
@@ -188,6 +188,67 @@ defmodule Mtrace.VM do
   """
   @spec counts() :: Counts.t()
   def counts, do: Counts.read()
+
+  @doc """
+  Memory NIFs and drivers hold in the VM's own allocators, by module and
+  kind, largest first: `enif_alloc` blocks (`:enif_alloc`), resources
+  (`:resource`) and `enif_alloc_binary` binaries (`:binary`). This memory
+  never reaches malloc, so the native tracer does not see it; the VM tags
+  it with the module that allocated it (see `Mtrace.VM.NifMemory`).
+
+  Each row is `%{module, kind, count, bytes, bytes_min, bytes_max}`: counts
+  are exact, bytes estimated from the VM's size classes (within a factor of
+  1.5, bounded by `bytes_min`/`bytes_max`).
+
+  Options:
+
+    * `window: ms` — read twice, `ms` apart, and rank by growth: each row
+      gains `growth_per_s` (bytes per second) and `count_delta`;
+    * `limit: n` — rows returned (default 10).
+
+  Raises `Mtrace.Error` (reason `:no_tools`) when the `tools` application
+  is missing from the release, and (reason `:off`) when the VM runs with
+  `+MRe false +MBe false`, where this memory goes through malloc and
+  `Mtrace.report/1` shows it with its stacks.
+
+  ## Example
+
+      Mtrace.VM.nif_memory(window: 10_000, limit: 2)
+      #=> [%{module: :leaky_nif, kind: :enif_alloc, count: 10240, bytes: 81_264_640,
+      #=>    growth_per_s: 819_200.0, count_delta: 1024, ...},
+      #=>  %{module: :leaky_nif, kind: :resource, count: 1000, bytes: 12_288_000, ...}]
+  """
+  @spec nif_memory(keyword) :: [map]
+  def nif_memory(opts \\ []) do
+    o = Args.opts!(opts, [window: nil, limit: 10], "Mtrace.VM.nif_memory/1")
+    limit = Args.pos_int!(o.limit, "option :limit")
+    first = nif_rows!()
+
+    rows =
+      case o.window do
+        nil ->
+          first
+
+        window ->
+          ms = Args.pos_int!(Args.ms!(window, "option :window"), "option :window")
+          Process.sleep(ms)
+          NifMemory.growth(first, nif_rows!(), ms / 1000)
+      end
+
+    Enum.take(rows, limit)
+  end
+
+  defp nif_rows! do
+    case NifMemory.read() do
+      {:ok, rows} ->
+        rows
+
+      {:error, reason} ->
+        raise Mtrace.Error,
+          reason: reason,
+          message: "Mtrace.VM.nif_memory/1: " <> NifMemory.explain(reason)
+    end
+  end
 
   @doc """
   Per ERTS allocator type: bytes in carriers (`:allocated`), bytes handed out

@@ -24,4 +24,6 @@ defmodule Mtrace.Test.LeakyNif do
   def churn(_count, _size), do: :erlang.nif_error(:nif_not_loaded)
   def free_kept, do: :erlang.nif_error(:nif_not_loaded)
   def leak_threads(_threads, _per_thread, _size), do: :erlang.nif_error(:nif_not_loaded)
+  def leak_enif(_kind, _count, _size), do: :erlang.nif_error(:nif_not_loaded)
+  def churn_enif(_count, _size), do: :erlang.nif_error(:nif_not_loaded)
 end

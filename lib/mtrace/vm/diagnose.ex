@@ -5,7 +5,8 @@ defmodule Mtrace.VM.Diagnose do
   collects native evidence, judges, and prints.
   """
 
-  alias Mtrace.VM.{Args, Findings, Memory, MemoryChecks, Native, Procs, Report, Snapshot}
+  alias Mtrace.VM.{Args, Findings, Memory, MemoryChecks, Native, NifMemory, Procs, Report}
+  alias Mtrace.VM.Snapshot
   alias Mtrace.VM.Thresholds
 
   @defaults [print: true, window: nil, node: nil, gc: :auto, timeout: 300_000, thresholds: []]
@@ -56,13 +57,20 @@ defmodule Mtrace.VM.Diagnose do
     # otherwise RSS outside the allocators stands in for them.
     traced = first.memory.native != nil
 
-    {prev, snap, series, mark} =
+    {prev, snap, series, mark, nif} =
       if o.window do
         mark = if traced, do: Native.mark()
-        series = sample_native(traced, o.window, th.window_steps)
-        {first, Snapshot.take(first), series, mark}
+        samples = sample(traced, o.window, th.window_steps)
+        series = Enum.map(samples, &elem(&1, 0))
+
+        nif = %{
+          series: Enum.map(samples, &ok_rows(elem(&1, 1))),
+          now: elem(List.last(samples), 1)
+        }
+
+        {first, Snapshot.take(first), series, mark, nif}
       else
-        {nil, first, nil, nil}
+        {nil, first, nil, nil, %{series: nil, now: NifMemory.read()}}
       end
 
     bin_leak =
@@ -82,7 +90,8 @@ defmodule Mtrace.VM.Diagnose do
         sites: sites,
         thresholds: th,
         native_series: series,
-        limit: Memory.limit()
+        limit: Memory.limit(),
+        nif: nif
       })
 
     %Mtrace.VM.Diagnosis{
@@ -93,19 +102,25 @@ defmodule Mtrace.VM.Diagnose do
       memory: snap.memory,
       counts: snap.counts,
       growth: prev && growth(prev, snap, secs, series),
-      native: %{preloaded: preloaded, stats: snap.memory.native, sites: sites}
+      native: %{preloaded: preloaded, stats: snap.memory.native, sites: sites},
+      nif: nif.now
     }
   end
 
-  # The native figure at the start and after each of `steps` even steps.
-  defp sample_native(traced, window, steps) do
+  defp ok_rows({:ok, rows}), do: rows
+  defp ok_rows(_), do: nil
+
+  # The native figure and the NIF memory rows at the start and after each
+  # of `steps` even steps.
+  defp sample(traced, window, steps) do
     step = max(div(window, steps), 1)
-    first = Memory.native_sample(traced)
+    read = fn -> {Memory.native_sample(traced), NifMemory.read()} end
+    first = read.()
 
     rest =
       for _ <- 1..steps do
         Process.sleep(step)
-        Memory.native_sample(traced)
+        read.()
       end
 
     [first | rest]

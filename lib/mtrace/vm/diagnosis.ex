@@ -12,7 +12,9 @@ defmodule Mtrace.VM.Diagnosis do
     * `growth` — with a window, bytes per second for each category of
       `:erlang.memory/0` (`:total`, `:processes`, `:binary`, `:ets`,
       `:code`, `:atom`) and `:native`, a `Mtrace.VM.Growth` of native
-      memory sampled across the window; `nil` without one.
+      memory sampled across the window; `nil` without one;
+    * `nif` — `{:ok, rows}` of `Mtrace.VM.NifMemory.read/0` (memory NIFs
+      hold in the VM's allocators), or `{:error, reason}`.
 
   ## Example
 
@@ -28,7 +30,8 @@ defmodule Mtrace.VM.Diagnosis do
             memory: %{},
             counts: %{},
             growth: nil,
-            native: %{}
+            native: %{},
+            nif: nil
 
   @type t :: %__MODULE__{
           verdict: atom,
@@ -38,7 +41,8 @@ defmodule Mtrace.VM.Diagnosis do
           memory: map,
           counts: map,
           growth: map | nil,
-          native: map
+          native: map,
+          nif: {:ok, [map]} | {:error, atom} | nil
         }
 
   defimpl Inspect do

@@ -27,6 +27,7 @@ defmodule Mtrace.VM.Findings do
   | `:binary_leak` | a forced GC freeing `binary_freed` of binaries, or `binary_freed_share` of the VM's memory if larger (without the GC, binaries holding half of the VM's memory score at most 45) | — |
   | `:native_leak` | `native_bytes` (or the VM's own memory if larger) of native memory, or `native_vm_min`+ that is `native_vm_ratio` times what the VM accounts for: the tracer's live malloc bytes, or RSS outside the ERTS allocators when it is not preloaded | native memory growing *steadily* by `native_growth`/s: sampled `window_steps` times across the window, it went up in at least `native_steady` of the steps |
   | `:native_heap` | with a window, the same sizes when native memory did not grow steadily: large, but not leaking while it was watched | — |
+  | `:nif_alloc_leak` | one NIF module holding `nif_bytes` in the VM's allocators (enif_alloc, resources, binaries: `Mtrace.VM.nif_memory/1`), or `nif_share_min`+ that is `nif_share` of the VM's memory | that memory growing by `nif_growth`/s |
   | `:fragmentation` | an allocator type used below `frag_usage`, wasting `frag_wasted` | — |
 
   Growth below a minimum over the whole window (`*_growth_min`) is ignored
@@ -38,7 +39,7 @@ defmodule Mtrace.VM.Findings do
   process leak inflates memory everywhere else as a consequence.
   """
 
-  alias Mtrace.VM.{MemoryChecks, ProcessChecks, Snapshot}
+  alias Mtrace.VM.{MemoryChecks, NifChecks, ProcessChecks, Snapshot}
 
   @typedoc "One finding of `Mtrace.VM.diagnose/1`."
   @type finding :: %{
@@ -57,6 +58,7 @@ defmodule Mtrace.VM.Findings do
     :monitor_leak,
     :binary_leak,
     :ets_growth,
+    :nif_alloc_leak,
     :native_leak,
     :native_heap,
     :fragmentation
@@ -82,7 +84,8 @@ defmodule Mtrace.VM.Findings do
     thresholds = Map.get(extra, :thresholds, Mtrace.VM.Thresholds.defaults())
 
     (ProcessChecks.run(prev, snap, secs, thresholds) ++
-       MemoryChecks.run(prev, snap, secs, extra))
+       MemoryChecks.run(prev, snap, secs, extra) ++
+       [NifChecks.run(extra[:nif], secs, snap.memory, thresholds)])
     |> Enum.reject(&is_nil/1)
     |> Enum.filter(&(&1.score >= @listed))
     |> Enum.sort_by(&{-&1.score, Enum.find_index(@priority, fn k -> k == &1.kind end)})

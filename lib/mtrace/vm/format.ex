@@ -101,10 +101,18 @@ defmodule Mtrace.VM.Format do
       "1 block"
       iex> Mtrace.VM.Format.count(3072, "block")
       "3_072 blocks"
+      iex> Mtrace.VM.Format.count(2, "binary")
+      "2 binaries"
   """
   @spec count(integer, String.t()) :: String.t()
   def count(1, noun), do: "1 " <> noun
-  def count(n, noun), do: int(n) <> " " <> noun <> "s"
+  def count(n, noun), do: int(n) <> " " <> plural(noun)
+
+  defp plural(noun) do
+    if String.ends_with?(noun, "y") and not String.ends_with?(noun, ["ay", "ey", "oy", "uy"]),
+      do: String.slice(noun, 0..-2//1) <> "ies",
+      else: noun <> "s"
+  end
 
   @doc """
   An age (or any duration) in seconds, to the two largest units.
@@ -208,7 +216,7 @@ defmodule Mtrace.VM.Format do
     trimmed = String.trim_leading(line)
     lead = String.duplicate(" ", String.length(line) - String.length(trimmed))
 
-    case Regex.run(~r/^(\S+  )(.*)$/s, trimmed) do
+    case Regex.run(~r/^(\S+ {2,})(.*)$/s, trimmed) do
       [_, label, rest] -> {lead, label, rest}
       _ -> {lead, "", trimmed}
     end

@@ -19,6 +19,7 @@ defmodule Mtrace.VM.Report do
       memory_lines(result.memory),
       counts_line(result.counts),
       native_lines(result.native),
+      nif_lines(Map.get(result, :nif)),
       window_line(result.window),
       growth_lines(Map.get(result, :growth)),
       "",
@@ -85,6 +86,22 @@ defmodule Mtrace.VM.Report do
     "          #{Format.bytes(site[:bytes])} in #{Format.count(site[:count] || 0, "block")}, " <>
       "oldest #{Format.age(site[:oldest] || 0)}: #{frames}"
   end
+
+  defp nif_lines({:ok, []}), do: ["nif     no NIF or driver holds memory in the VM's allocators"]
+
+  defp nif_lines({:ok, rows}) do
+    shown =
+      rows
+      |> Enum.take(3)
+      |> Enum.map_join("; ", fn r ->
+        "#{inspect(r.module)} ~#{Format.bytes(r.bytes)} in #{Mtrace.VM.NifChecks.held_count(r)}"
+      end)
+
+    ["nif     " <> shown <> if(length(rows) > 3, do: "; ...", else: "")]
+  end
+
+  defp nif_lines({:error, reason}), do: ["nif     " <> Mtrace.VM.NifMemory.explain(reason)]
+  defp nif_lines(_), do: []
 
   defp growth_lines(nil), do: []
 

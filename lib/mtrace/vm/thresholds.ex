@@ -30,8 +30,13 @@ defmodule Mtrace.VM.Thresholds do
   | `native_vm_ratio` | 2.0 | native memory this many times the VM's own ... |
   | `native_vm_min` | 64 MiB | ... and at least this much: native memory dwarfs what the VM accounts for |
   | `native_growth` | 50 KiB | bytes/s native memory grows by, steadily, over a window |
-  | `native_steady` | 0.75 | share of a window's steps (`window_steps`) in which native memory grew for the growth to count as steady (churn goes up and down) |
+  | `native_steady` | 0.75 | share of a window's steps (`window_steps`) in which native memory, or a NIF module's memory in the VM's allocators, grew for the growth to count as steady (churn goes up and down) |
   | `window_steps` | 5 | samples of native memory taken across a window |
+  | `nif_bytes` | 64 MiB | one NIF module's memory in the VM's allocators (enif_alloc, resources, binaries) |
+  | `nif_share` | 0.25 | ... or this share of the VM's memory, when it is at least `nif_share_min` |
+  | `nif_share_min` | 16 MiB | |
+  | `nif_growth` | 50 KiB | bytes/s one module's memory there grows by, steadily (and by at least `nif_growth_min` over the window) |
+  | `nif_growth_min` | 1 MiB | |
   | `frag_usage` | 0.5 | an allocator type used below this share ... |
   | `frag_wasted` | 64 MiB | ... wasting at least this much |
 
@@ -70,6 +75,11 @@ defmodule Mtrace.VM.Thresholds do
     native_growth: 50 * 1024,
     native_steady: 0.75,
     window_steps: 5,
+    nif_bytes: 64 * @mib,
+    nif_share: 0.25,
+    nif_share_min: 16 * @mib,
+    nif_growth: 50 * 1024,
+    nif_growth_min: 1 * @mib,
     frag_usage: 0.5,
     frag_wasted: 64 * @mib
   }
