@@ -41,13 +41,19 @@ ln -sfn "$priv" "$app/priv"
 
 pre="LD_PRELOAD=$priv/mtrace.so"
 churn() { # churn [ENV=VALUE...] -> prints the workload's wall ms
-    env "$@" erl -noshell -pa "$build" -run vm_churn main "$nif" "$pairs" |
+    env "$@" erl -noshell -pa "$build" -run vm_churn main "$nif" "$pairs" malloc |
+        awk '/^wall_ms/ { print $2 }'
+}
+churn_enif() { # churn_enif ERL_FLAGS [ENV=VALUE...]: enif_alloc churn under those VM flags
+    flags=$1
+    shift
+    env "$@" ERL_FLAGS="$flags" erl -noshell -pa "$build" -run vm_churn main "$nif" "$pairs" enif |
         awk '/^wall_ms/ { print $2 }'
 }
 churn_nif() { # churn_nif FRAMES [ENV=VALUE...]: with mtrace's NIF; FRAMES = true|false expected
     want=$1
     shift
-    env "$@" erl -noshell -pa "$build" -run vm_churn main "$nif" "$pairs" "$app/ebin" |
+    env "$@" erl -noshell -pa "$build" -run vm_churn main "$nif" "$pairs" malloc "$app/ebin" |
         awk -v want="$want" '
             /^erlang_frames/ { on = $2 }
             /^wall_ms/ { ms = $2 }
@@ -72,6 +78,9 @@ while [ "$r" -le "$rounds" ]; do
     sample churn_pre churn_nif false "$pre" MTRACE_ERLANG=0
     sample churn_erl churn_nif true "$pre"
     sample churn_sampling churn "$pre" MTRACE_SAMPLE_BYTES=524288
+    sample enif_bare churn_enif ""
+    sample enif_routed churn_enif "+MRe false"
+    sample enif_routed_pre churn_enif "+MRe false" "$pre"
     b=1
     while [ "$b" -le "$boots" ]; do
         sample boot_bare boot
@@ -96,6 +105,12 @@ END {
         "(16-1040 bytes, live window 4096) in a dirty CPU NIF while 4 Erlang processes pass maps " \
         "and binaries until it ends; boot: erl -noshell -eval '"'"'halt().'"'"', exec to exit.\n",
         rounds, rounds * boots, pairs
+    print ""
+    print "| enif_alloc churn in a dirty NIF (bench/vm.sh), wall ms | driver_alloc | +MRe false (glibc malloc) | +MRe false, preloaded |"
+    print "|---|---|---|---|"
+    printf "| same pairs, same sizes | %.0f ms (1.00x) | %.0f ms (%.2fx) | %.0f ms (%.2fx) |\n", med["enif_bare"],
+        med["enif_routed"], med["enif_routed"] / med["enif_bare"], med["enif_routed_pre"], med["enif_routed_pre"] / med["enif_bare"]
+    print ""
     printf "Erlang frames cost %+.1f ns per malloc made in the NIF (median with them on minus off, " \
         "over %d malloc calls made under vm_churn:main/1).\n",
         (med["churn_erl"] - med["churn_pre"]) * 1e6 / pairs, pairs

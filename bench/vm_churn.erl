@@ -5,38 +5,41 @@
 %% Given mtrace's own ebin directory, it first loads mtrace's NIF (which
 %% turns on Erlang frames unless MTRACE_ERLANG=0) and prints
 %% "erlang_frames true|false".
-%%   erl -noshell -pa BUILD -run vm_churn main NIF_PATH_WITHOUT_SO PAIRS [MTRACE_EBIN]
+%% MODE is malloc (malloc/free) or enif (enif_alloc/enif_free).
+%%   erl -noshell -pa BUILD -run vm_churn main NIF_PATH_WITHOUT_SO PAIRS MODE [MTRACE_EBIN]
 -module(vm_churn).
 -export([main/1]).
 
 -define(WORKERS, 4).
 
-main([Nif, PairsArg, MtraceEbin]) ->
+main([Nif, PairsArg, Mode, MtraceEbin]) ->
     true = code:add_patha(MtraceEbin),
     {module, Native} = code:ensure_loaded('Elixir.Mtrace.Native'),
     #{erlang_frames := On} = Native:stats(),
     io:format("erlang_frames ~p~n", [On]),
-    main([Nif, PairsArg]);
-main([Nif, PairsArg]) ->
+    main([Nif, PairsArg, Mode]);
+main([Nif, PairsArg, Mode]) ->
     Pairs = list_to_integer(PairsArg),
+    Churn = list_to_atom(case Mode of "malloc" -> "churn"; "enif" -> "churn_enif" end),
     load_nif(Nif),
     T0 = erlang:monotonic_time(millisecond),
     Workers = [spawn_monitor(fun() -> work(spawn_link(fun echo/0), 0) end)
                || _ <- lists:seq(1, ?WORKERS)],
-    ok = mtrace_bench_churn:churn(Pairs),
+    ok = mtrace_bench_churn:Churn(Pairs),
     [Pid ! stop || {Pid, _} <- Workers],
     [receive {'DOWN', Ref, process, _, normal} -> ok end || {_, Ref} <- Workers],
     io:format("wall_ms ~b~n", [erlang:monotonic_time(millisecond) - T0]),
     halt().
 
 %% A NIF library loads into the module that calls load_nif/2, and its
-%% ERL_NIF_INIT names that module; compiling the three-line stub here keeps
+%% ERL_NIF_INIT names that module; compiling the few-line stub here keeps
 %% the benchmark to one .erl file.
 load_nif(Path) ->
     Src = ["-module(mtrace_bench_churn).",
-           "-export([load/1, churn/1]).",
+           "-export([load/1, churn/1, churn_enif/1]).",
            "load(Path) -> erlang:load_nif(Path, 0).",
-           "churn(_Pairs) -> erlang:nif_error(not_loaded)."],
+           "churn(_Pairs) -> erlang:nif_error(not_loaded).",
+           "churn_enif(_Pairs) -> erlang:nif_error(not_loaded)."],
     Forms = [begin
                  {ok, Tokens, _} = erl_scan:string(S),
                  {ok, Form} = erl_parse:parse_form(Tokens),

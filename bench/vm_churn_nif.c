@@ -5,7 +5,8 @@
  * the preload's cost shows up in beam.smp itself, next to ordinary Erlang
  * work, rather than in a standalone C program (bench/churn.c).
  * A live window of 4096 blocks; each step frees a random one and mallocs a
- * replacement of 16..1040 bytes.  Returns ok.
+ * replacement of 16..1040 bytes.  Returns ok.  churn_enif(Pairs) does the
+ * same with enif_alloc/enif_free.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -21,8 +22,10 @@ static inline uint64_t next(uint64_t *s) {
     return *s;
 }
 
-static ERL_NIF_TERM churn(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
-    (void)argc;
+/* The same churn through malloc/free, or through enif_alloc/enif_free (the
+ * VM's driver_alloc, or malloc with +MRe false). */
+static ERL_NIF_TERM churn_with(ErlNifEnv *env, const ERL_NIF_TERM argv[], void *(*alloc)(size_t),
+                               void (*release)(void *)) {
     ErlNifUInt64 pairs;
     if (!enif_get_uint64(env, argv[0], &pairs))
         return enif_make_badarg(env);
@@ -34,19 +37,32 @@ static ERL_NIF_TERM churn(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     for (ErlNifUInt64 i = 0; i < pairs; i++) {
         uint64_t r = next(&rng);
         size_t k = r & (WINDOW - 1);
-        free(window[k]);
-        char *p = malloc(16 + (r >> 16) % 1025);
+        if (window[k])
+            release(window[k]);
+        char *p = alloc(16 + (r >> 16) % 1025);
         if (p)
             p[0] = (char)r; /* touch it, as a real user would */
         window[k] = p;
     }
     for (size_t k = 0; k < WINDOW; k++)
-        free(window[k]);
+        if (window[k])
+            release(window[k]);
     free(window);
     return enif_make_atom(env, "ok");
 }
 
+static ERL_NIF_TERM churn(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
+    (void)argc;
+    return churn_with(env, argv, malloc, free);
+}
+
+static ERL_NIF_TERM churn_enif(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
+    (void)argc;
+    return churn_with(env, argv, enif_alloc, enif_free);
+}
+
 /* Dirty: a multi-second NIF must not block a normal scheduler. */
-static ErlNifFunc funcs[] = {{"churn", 1, churn, ERL_NIF_DIRTY_JOB_CPU_BOUND}};
+static ErlNifFunc funcs[] = {{"churn", 1, churn, ERL_NIF_DIRTY_JOB_CPU_BOUND},
+                             {"churn_enif", 1, churn_enif, ERL_NIF_DIRTY_JOB_CPU_BOUND}};
 
 ERL_NIF_INIT(mtrace_bench_churn, funcs, NULL, NULL, NULL, NULL)

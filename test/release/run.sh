@@ -18,7 +18,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 app="$root/examples/leaky_app"
 rel="$app/_build/prod/rel/leaky_app"
 bin="$rel/bin/leaky_app"
-total=4
+total=5
 passed=0
 failed=0
 started=0
@@ -217,7 +217,16 @@ else
     fail "no leaked block's stack names the Erlang caller LeakyApp.Leaker.handle_info/2"
 fi
 
-# 4. The node stops.
+# 4. NIF memory in the VM's allocators is readable: the release has tools.
+if out=$(rpc 'IO.puts("nif_memory=#{is_list(Mtrace.VM.nif_memory())}")') &&
+    echo "$out" | grep -qx 'nif_memory=true'; then
+    pass "Mtrace.VM.nif_memory() answers (the tools application is in the release)"
+else
+    echo "$out"
+    fail "Mtrace.VM.nif_memory() failed in the release"
+fi
+
+# 5. The node stops.
 if out=$(limit 30 "$bin" stop </dev/null 2>&1) && wait_gone 15 &&
     ! rpc 'IO.puts(:ok)' >/dev/null; then
     stopped=1

@@ -39,7 +39,8 @@ defmodule Mtrace.VM.NifChecks do
   def run(_nif, _secs, _memory, _th), do: nil
 
   defp judge(module, rows, series, secs, memory, th) do
-    bytes = rows |> Enum.map(& &1.bytes) |> Enum.sum()
+    # Judged on the lower bounds of the size classes: never more than is held.
+    bytes = rows |> Enum.map(& &1.bytes_min) |> Enum.sum()
     total = memory[:total] || 0
 
     # each kind's growth across the window's steps; only steady growth counts
@@ -73,10 +74,18 @@ defmodule Mtrace.VM.NifChecks do
   end
 
   defp bytes_of(rows, module, kind) do
-    Enum.find_value(rows, 0, &(&1.module == module and &1.kind == kind and &1.bytes))
+    Enum.find_value(rows, 0, &(&1.module == module and &1.kind == kind and &1.bytes_min))
   end
 
-  defp held(row), do: "~#{Format.bytes(row.bytes)} in #{held_count(row)}"
+  @doc """
+  A row in words: its lower bound of bytes (the size classes of the VM's
+  histograms only bound each block) and its count.
+
+      iex> Mtrace.VM.NifChecks.held(%{kind: :resource, count: 1000, bytes_min: 8_192_000})
+      "at least 7.8 MiB in 1_000 resources"
+  """
+  @spec held(map) :: String.t()
+  def held(row), do: "at least #{Format.bytes(row.bytes_min)} in #{held_count(row)}"
 
   @doc """
   A row's count with the name of its kind.

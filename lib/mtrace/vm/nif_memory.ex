@@ -9,9 +9,10 @@ defmodule Mtrace.VM.NifMemory do
   The VM tags each block of `driver_alloc` and `binary_alloc` with the NIF
   module or driver that allocated it; `:instrument.allocations/1` (the
   `tools` application) reads those tags, with a size histogram per module
-  and kind. Counts are exact; bytes are estimated from the histogram (each
-  block counted at the middle of its size class, so within a factor of 1.5;
-  `bytes_min`/`bytes_max` bound the truth).
+  and kind. Counts are exact; bytes are bounded by the histogram's size
+  classes (powers of two): `bytes_min` counts each block at the bottom of
+  its class, `bytes_max` at the top, `bytes` in the middle (within a
+  factor of 1.5 of the truth). Human outputs say "at least `bytes_min`".
 
   Kinds: `:enif_alloc` (`enif_alloc`, driver_alloc's `nif_internal`),
   `:resource` (`enif_alloc_resource`, and binaries made with

@@ -94,7 +94,7 @@ defmodule Mtrace.VM.Report do
       rows
       |> Enum.take(3)
       |> Enum.map_join("; ", fn r ->
-        "#{inspect(r.module)} ~#{Format.bytes(r.bytes)} in #{Mtrace.VM.NifChecks.held_count(r)}"
+        "#{inspect(r.module)} #{Mtrace.VM.NifChecks.held(r)}"
       end)
 
     ["nif     " <> shown <> if(length(rows) > 3, do: "; ...", else: "")]
