@@ -11,7 +11,12 @@ defmodule Mtrace.VM do
   do not explain, and, when the `mtrace.so` malloc tracer is preloaded, the
   native heap itself (`Mtrace.stats/0`, `Mtrace.sites/1`).
 
-  Everything here uses only the Erlang/Elixir standard library, reads
+  Memory NIFs hold in the VM's own allocators (`enif_alloc`, resources,
+  binaries), which the malloc tracer cannot see, is named by NIF module and
+  kind by `nif_memory/1`.
+
+  Everything here uses only the Erlang/OTP standard library (`instrument`
+  of `tools` for `nif_memory/1`), reads
   processes one at a time, and skips processes and tables that disappear
   while being read. Nothing here needs the native tracer: without it, native
   figures are `nil` and `diagnose/1` explains how to enable it.
@@ -294,9 +299,18 @@ defmodule Mtrace.VM do
       1 MiB/s);
     * `:binary_leak` — refc binaries dominate memory and a forced GC frees a
       lot of them (32 MiB, or a quarter of the VM's memory if more);
-    * `:native_leak` — native memory of 256 MiB (or more than the VM's own):
-      the tracer's live malloc bytes when preloaded, otherwise RSS outside
-      the ERTS allocators; or growing by 1 MiB/s;
+    * `:native_leak` — native memory of 256 MiB (or more than the VM's
+      own), or 64 MiB+ that is twice what the VM accounts for: the tracer's
+      live malloc bytes when preloaded, otherwise RSS outside the ERTS
+      allocators; or, over a window, growing steadily by 50 KiB/s (up in
+      most of the window's steps, with the rate and a projection to the
+      memory limit);
+    * `:native_heap` — over a window, native memory of those sizes that
+      did not grow steadily: large, but not leaking while watched;
+    * `:nif_alloc_leak` — a NIF module holding 64 MiB (or a quarter of the
+      VM's memory) in the VM's own allocators through `enif_alloc`,
+      resources or binaries (`nif_memory/1`), or growing there steadily by
+      50 KiB/s;
     * `:fragmentation` — an allocator type less than half used, wasting 64 MiB;
     * `:healthy` — nothing reached its threshold.
 
@@ -313,11 +327,14 @@ defmodule Mtrace.VM do
       be loaded there) and print the report here;
     * `:timeout` — how long to wait for `:node`, in ms (default 300_000,
       plus the window), or `:infinity`;
-    * `:print` — print the report (default `true`).
+    * `:print` — print the report (default `true`);
+    * `:thresholds` — overrides of any threshold, as a keyword list (see
+      `Mtrace.VM.Thresholds` for all of them and their defaults).
 
-  Cost: one `Process.info/2` per process per sample, `bin_leak/1` when binaries
-  dominate, and the window's sleep. Safe on a production node, but not free
-  on one with millions of processes.
+  Cost: one `Process.info/2` per process per sample, a read of the VM's
+  allocation tags (`nif_memory/1`) per window step, `bin_leak/1` when
+  binaries dominate, and the window's sleep. Safe on a production node, but
+  not free on one with millions of processes.
 
   ## Example
 
