@@ -292,6 +292,38 @@ defmodule Mtrace do
   end
 
   @doc """
+  A view that refreshes every `interval` until you type `q` and Enter:
+  memory at a glance (RSS, the VM's categories, the native heap and its
+  rate, NIF memory in the VM's allocators), the native sites that grew most
+  since the last refresh with their rate and the Erlang code that called
+  them, and the processes whose memory grew most. It fits the terminal
+  (80×24 and up). In a local IEx it redraws in place; where ANSI escapes are
+  off (a remote shell, `bin/app remote`) each refresh is printed below the
+  last. A node that stops answering is said so on the screen, and asked
+  again at the next refresh. Returns `:ok`.
+
+  Options:
+
+    * `interval:` — ms between refreshes (default 2000, at least 100);
+    * `node:` — the node to watch (mtrace loaded there), default this one;
+    * `rows:` — sites and processes listed (default 5, fewer if the
+      terminal is short);
+    * `ansi:` — `true`/`false` to force redrawing in place or not;
+    * `refreshes:` — stop by itself after this many (default `:infinity`);
+    * `timeout:` — ms to wait for `node` each refresh (default 10_000).
+
+  `bin/mtrace-top NODE [COOKIE]` runs it from a terminal, as a hidden node.
+
+      Mtrace.top(interval: 1_000)
+      # mtrace top app@host  every 1.0s  q + Enter quits          14:20:01 UTC
+      # RSS 81.2 MiB  VM 25.1 MiB: processes 5.2 MiB, binary 107.7 KiB, ...
+      # native 10.4 MiB in 1_320 blocks  +82.9 KiB/s (+291.6 MiB/h)
+      # ...
+  """
+  @spec top(keyword()) :: :ok
+  def top(opts \\ []), do: Mtrace.Top.run(opts)
+
+  @doc """
   Writes the live sites to `path`, for other tools:
 
     * `format: :folded` (default) — collapsed stacks, one line per stack,

@@ -49,6 +49,13 @@ defmodule Mtrace.Test.ErlangCallers do
   # The NIF call is this function's last: no frame of `tail` stays behind.
   defp tail(n), do: LeakyNif.leak(:malloc, n, 1000)
 
+  # Leaks 4 blocks every 50 ms from append/1, until killed.
+  def leak_forever do
+    append(4)
+    Process.sleep(50)
+    leak_forever()
+  end
+
   # n tasks at once, a quarter on each path (two of them through dirty
   # and normal calls of outer/2), each leaking `blocks` blocks.
   def concurrently(n, blocks) do

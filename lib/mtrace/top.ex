@@ -1,0 +1,249 @@
+defmodule Mtrace.Top do
+  @moduledoc """
+  The refreshing view of `Mtrace.top/1`: a renderer process samples the
+  watched node every interval (`Mtrace.Top.Sample`, run there) and draws
+  the screen, while the calling process waits for `q` and Enter on its
+  input. With ANSI escapes (a local IEx) the screen is redrawn in place;
+  without them (a remote shell, a pipe) each refresh is printed below the
+  previous one, headed by a rule. A node that stops answering is reported
+  on the screen and asked again at the next refresh: the view never raises
+  once it runs.
+  """
+
+  alias Mtrace.Top.Sample
+  alias Mtrace.VM.{Args, Format}
+
+  @defaults [interval: 2_000, node: nil, rows: 5, ansi: nil, refreshes: :infinity, timeout: 10_000]
+
+  @doc """
+  Runs the view; see `Mtrace.top/1`. Returns `:ok` when the user quits or
+  after `refreshes` refreshes.
+
+  ## Example
+
+      Mtrace.Top.run(interval: 500, refreshes: 2, ansi: false)
+      #=> :ok
+  """
+  @spec run(keyword) :: :ok
+  def run(opts) do
+    o = check!(Args.opts!(opts, @defaults, "Mtrace.top/1"))
+    caller = self()
+    renderer = spawn_link(fn -> refresh_loop(o, caller, nil, 0) end)
+    reader = spawn_link(fn -> read_keys(caller) end)
+    wait(renderer, reader)
+  end
+
+  defp check!(o) do
+    Args.pos_int!(o.interval, "option :interval")
+
+    if o.interval < 100,
+      do: raise(ArgumentError, "option :interval must be at least 100 ms, got: #{o.interval}")
+
+    Args.pos_int!(o.rows, "option :rows")
+    Args.pos_int!(o.timeout, "option :timeout")
+    Args.one_of!(o.ansi, [nil, true, false], "option :ansi")
+    unless o.refreshes == :infinity, do: Args.pos_int!(o.refreshes, "option :refreshes")
+    node = o.node || node()
+
+    unless is_atom(node),
+      do: raise(ArgumentError, "option :node must be a node name (atom), got: #{inspect(node)}")
+
+    reachable!(node, o.timeout)
+    ansi = if o.ansi == nil, do: IO.ANSI.enabled?(), else: o.ansi
+    %{o | node: node, ansi: ansi}
+  end
+
+  defp reachable!(node, _timeout) when node == node(), do: :ok
+
+  defp reachable!(node, timeout) do
+    case Mtrace.Remote.call(node, :code, :ensure_loaded, [Sample], timeout) do
+      {:module, Sample} ->
+        :ok
+
+      _ ->
+        raise ArgumentError,
+              "option :node: mtrace is not loaded on #{inspect(node)} (include it in that " <>
+                "node's release)"
+    end
+  rescue
+    e in Mtrace.Error -> reraise ArgumentError, "option :node: " <> e.message, __STACKTRACE__
+  end
+
+  defp wait(renderer, reader) do
+    receive do
+      {:top_input, line} when is_binary(line) ->
+        if String.trim(line) in ["q", "Q"],
+          do: stop([renderer, reader]),
+          else: wait(renderer, reader)
+
+      {:top_input, _eof} ->
+        # no more input (a closed stdin): the view runs until `refreshes`
+        wait(renderer, reader)
+
+      :top_done ->
+        stop([renderer, reader])
+    end
+  end
+
+  defp stop(pids) do
+    for pid <- pids do
+      Process.unlink(pid)
+      Process.exit(pid, :kill)
+    end
+
+    :ok
+  end
+
+  # Each line typed, until q: other lines are ignored.
+  defp read_keys(caller) do
+    line = IO.gets("")
+    send(caller, {:top_input, line})
+
+    if is_binary(line) and String.trim(line) not in ["q", "Q"], do: read_keys(caller)
+  end
+
+  defp refresh_loop(o, caller, state, done) do
+    {screen, state} =
+      case sample(o, state) do
+        {:ok, s} -> {render(s, o, size()), s.state}
+        {:error, message} -> {render_error(o, message, size()), state}
+      end
+
+    IO.write(if o.ansi, do: [IO.ANSI.home(), IO.ANSI.clear(), screen], else: ["\n", screen])
+
+    if o.refreshes != :infinity and done + 1 >= o.refreshes do
+      send(caller, :top_done)
+    else
+      Process.sleep(o.interval)
+      refresh_loop(o, caller, state, done + 1)
+    end
+  end
+
+  defp sample(%{node: node} = o, state) when node == node(), do: {:ok, Sample.take(state, o.rows)}
+
+  defp sample(o, state) do
+    {:ok, Mtrace.Remote.call(o.node, Sample, :take, [state, o.rows], o.timeout)}
+  rescue
+    e in Mtrace.Error -> {:error, e.message}
+  end
+
+  defp size do
+    cols = with {:ok, c} <- :io.columns(), do: c, else: (_ -> 80)
+    rows = with {:ok, r} <- :io.rows(), do: r, else: (_ -> 24)
+    {cols, rows}
+  end
+
+  @doc """
+  The screen for sample `s` in a terminal of `{columns, rows}`: lines cut
+  to the width, sections cut to the height (one row is left for typing).
+
+  ## Example
+
+      s = Mtrace.Top.Sample.take(nil, 5)
+      Mtrace.Top.render(s, %{interval: 2000, ansi: false}, {80, 24}) |> IO.puts()
+  """
+  @spec render(Sample.t(), map, {pos_integer, pos_integer}) :: iodata
+  def render(s, o, {cols, rows}) do
+    head = [title(s.node, o, cols) | memory_lines(s)]
+    sites = section("native sites growing fastest", site_lines(s))
+    procs = section("processes growing fastest", proc_lines(s))
+    room = max(rows - 1 - length(head), 0)
+    {sites, procs} = fit(sites, procs, room)
+
+    (head ++ sites ++ procs)
+    |> Enum.map(&cut(&1, cols))
+    |> Enum.map(&[&1, "\n"])
+  end
+
+  defp render_error(o, message, {cols, _rows}) do
+    [title(o.node, o, cols), "", "the node is not answering: " <> message, "trying again..."]
+    |> Enum.map(&[cut(&1, cols), "\n"])
+  end
+
+  defp title(node, o, cols) do
+    left = "mtrace top #{node}  every #{o.interval / 1000}s  q + Enter quits"
+    time = Time.utc_now() |> Time.truncate(:second) |> Time.to_string()
+    pad = max(cols - String.length(left) - String.length(time) - 4, 1)
+    left <> String.duplicate(" ", pad) <> time <> " UTC"
+  end
+
+  defp memory_lines(%{memory: m} = s) do
+    vm =
+      if m.total,
+        do:
+          "  VM #{Format.bytes(m.total)}: processes #{Format.bytes(m.processes)}, binary " <>
+            "#{Format.bytes(m.binary)}, ets #{Format.bytes(m.ets)}, code #{Format.bytes(m.code)}",
+        else: "  VM: erlang:memory/0 not available here"
+
+    native =
+      case m.native do
+        %{live_bytes: bytes, live_count: count} ->
+          "native #{Format.bytes(bytes)} in #{Format.count(count, "block")}" <>
+            if(s.native_per_s, do: "  #{Format.rate(s.native_per_s)}", else: "")
+
+        _ ->
+          "native: not traced (start the node with mtrace.so in LD_PRELOAD)"
+      end
+
+    ["RSS #{Format.bytes(m.rss)}" <> vm, native | nif_line(s.nif)]
+  end
+
+  defp nif_line([]), do: []
+
+  defp nif_line([top | _] = rows) do
+    more = if length(rows) > 1, do: " (+#{length(rows) - 1} more)", else: ""
+    ["NIF allocs #{inspect(top.module)} #{Mtrace.VM.NifChecks.held(top)}#{more}"]
+  end
+
+  defp nif_line({:error, _}), do: []
+
+  defp section(_title, []), do: []
+  defp section(title, lines), do: ["", title | lines]
+
+  defp site_lines(%{secs: nil}), do: ["  (growth shows from the next refresh on)"]
+
+  defp site_lines(%{sites: []}), do: ["  none: no native memory allocated since the last refresh is held"]
+
+  defp site_lines(%{sites: sites}) do
+    Enum.map(sites, fn site ->
+      "  #{rate(site.growth_per_s)}  #{Format.count(site.count, "block")}  " <> stack(site.frames)
+    end)
+  end
+
+  # Frame 0, and the Erlang code that called the NIF (or frame 1) outside it.
+  defp stack([first | rest]) do
+    caller =
+      case Enum.filter(rest, &Mtrace.Frame.erlang?/1) do
+        [_nif, caller | _] -> caller
+        [nif] -> nif
+        [] -> List.first(rest)
+      end
+
+    if caller,
+      do: Mtrace.Frame.name(first) <> " < " <> Mtrace.Frame.label(caller),
+      else: Mtrace.Frame.label(first)
+  end
+
+  defp stack([]), do: "[no stack]"
+
+  defp proc_lines(%{secs: nil}), do: []
+  defp proc_lines(%{procs: []}), do: []
+
+  defp proc_lines(%{procs: procs}) do
+    Enum.map(procs, fn {pid, bytes, per_s, info} ->
+      "  #{rate(per_s)}  #{Format.bytes(bytes)}  #{Format.process(pid, info)}"
+    end)
+  end
+
+  defp rate(per_s), do: String.pad_leading("+#{Format.bytes(per_s)}/s", 12)
+
+  # Sites first, then processes, within the rows there are.
+  defp fit(sites, procs, room) do
+    sites = Enum.take(sites, room)
+    {sites, Enum.take(procs, max(room - length(sites), 0))}
+  end
+
+  defp cut(line, cols) do
+    if String.length(line) > cols, do: String.slice(line, 0, cols - 1) <> "…", else: line
+  end
+end

@@ -1,0 +1,92 @@
+defmodule Mtrace.Top.Sample do
+  @moduledoc """
+  What one refresh of `Mtrace.top/1` shows, taken on the node watched (the
+  view itself may run elsewhere): memory at a glance, the native sites that
+  grew since the previous refresh, and the processes whose memory grew
+  most. `take/2` is given the previous sample's `:state` to measure growth
+  against; the first refresh has nothing to compare with.
+  """
+
+  alias Mtrace.VM.{Memory, Native, NifMemory, Procs}
+
+  @typedoc "One refresh; see the module documentation."
+  @type t :: %{
+          node: node,
+          at_ms: integer,
+          secs: float | nil,
+          memory: map,
+          nif: [map] | {:error, atom},
+          sites: [map],
+          procs: [{pid, integer, integer, term}],
+          state: map
+        }
+
+  @doc """
+  A sample, growth measured against `state` (`nil` the first time); `n`
+  rows of sites and processes at most.
+
+  ## Example
+
+      first = Mtrace.Top.Sample.take(nil, 5)
+      second = Mtrace.Top.Sample.take(first.state, 5)
+      second.secs > 0
+      #=> true
+  """
+  @spec take(map | nil, pos_integer) :: t
+  def take(state, n) do
+    at = System.monotonic_time(:millisecond)
+    secs = state && max(at - state.at_ms, 1) / 1000
+    memory = Memory.read()
+    mark = if memory.native, do: Native.mark()
+    procs = process_memory()
+
+    %{
+      node: node(),
+      at_ms: at,
+      secs: secs,
+      memory: memory,
+      native_per_s: native_rate(state, memory, secs),
+      nif: nif_rows(n),
+      sites: if(state && state.mark, do: Native.sites(n, state.mark, secs), else: []),
+      procs: growing(state, procs, secs, n),
+      state: %{at_ms: at, mark: mark, procs: procs, native: native_bytes(memory)}
+    }
+  end
+
+  defp native_bytes(%{native: %{live_bytes: bytes}}), do: bytes
+  defp native_bytes(_memory), do: nil
+
+  defp native_rate(%{native: before}, memory, secs) when is_integer(before) do
+    case native_bytes(memory) do
+      now when is_integer(now) -> (now - before) / secs
+      _ -> nil
+    end
+  end
+
+  defp native_rate(_state, _memory, _secs), do: nil
+
+  defp nif_rows(n) do
+    case NifMemory.read() do
+      {:ok, rows} -> Enum.take(rows, n)
+      {:error, reason} -> {:error, reason}
+    end
+  end
+
+  # Every other process's memory: the watcher leaves itself out.
+  defp process_memory do
+    for pid <- Process.list(), pid != self(), into: %{} do
+      {pid, Procs.value(pid, :memory) || 0}
+    end
+  end
+
+  defp growing(nil, _procs, _secs, _n), do: []
+
+  defp growing(state, procs, secs, n) do
+    procs
+    |> Enum.map(fn {pid, bytes} -> {pid, bytes, bytes - Map.get(state.procs, pid, bytes)} end)
+    |> Enum.filter(fn {_pid, _bytes, delta} -> delta > 0 end)
+    |> Enum.sort_by(fn {_pid, _bytes, delta} -> -delta end)
+    |> Enum.take(n)
+    |> Enum.map(fn {pid, bytes, delta} -> {pid, bytes, delta / secs, Procs.info(pid)} end)
+  end
+end

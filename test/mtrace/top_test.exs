@@ -1,0 +1,151 @@
+defmodule Mtrace.TopTest do
+  # Mtrace.top/1: the plain view (remote shells), bad options, a node that
+  # goes away, and the real thing in a terminal: IEx and bin/mtrace-top run
+  # under tmux, read back with capture-pane.
+  # Not async: it reads the one allocation table of this VM.
+  use ExUnit.Case, async: false
+
+  import ExUnit.CaptureIO
+  alias Mtrace.Test.{ErlangCallers, LeakyNif, Remote}
+
+  setup do
+    LeakyNif.fresh_table(&on_exit/1)
+  end
+
+  # A process that leaks from ErlangCallers.append/1 until killed.
+  defp leaker do
+    pid = spawn(&ErlangCallers.leak_forever/0)
+    on_exit(fn -> Process.exit(pid, :kill) end)
+    pid
+  end
+
+  test "plain view: one screen per refresh, the growing site with its rate and caller" do
+    leaker()
+    out = capture_io(fn -> assert :ok = Mtrace.top(interval: 300, refreshes: 3, ansi: false) end)
+    screens = String.split(out, ~r/^mtrace top /m, trim: true)
+    assert length(screens) == 3
+    refute out =~ "\e["
+    assert Enum.all?(String.split(out, "\n"), &(String.length(&1) <= 80)), out
+    last = List.last(screens)
+    assert last =~ ~r/^native [\d.]+ \w+ in [\d_]+ blocks/m
+    assert last =~ "native sites growing fastest"
+    assert last =~ ~r/^ +\+[\d.]+ KiB\/s  [\d_]+ blocks  fixture_leak_malloc < Mtrace.Test.ErlangCallers.append\/1/m
+    assert last =~ "processes growing fastest"
+  end
+
+  test "bad options raise ArgumentError naming the option" do
+    for {opts, message} <- [
+          {[interval: 0], "option :interval"},
+          {[interval: 50], "option :interval"},
+          {[rows: -1], "option :rows"},
+          {[ansi: :maybe], "option :ansi"},
+          {[node: "app@host"], "option :node"},
+          {[node: :absent@nowhere], "option :node"},
+          {[refreshes: 0], "option :refreshes"},
+          {[bogus: 1], "unknown option :bogus"}
+        ] do
+      error = assert_raise ArgumentError, fn -> Mtrace.top(opts) end
+      assert error.message =~ message, inspect(opts)
+    end
+  end
+
+  @tag :peer
+  test "a node that goes away is said so on the screen, and the view goes on" do
+    Remote.distribute!()
+    {:ok, peer, node} = :peer.start(%{name: :peer.random_name()})
+    :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+
+    out =
+      capture_io(fn ->
+        task = Task.async(fn -> Mtrace.top(node: node, interval: 400, refreshes: 3, ansi: false) end)
+        Process.sleep(200)
+        :peer.stop(peer)
+        assert :ok = Task.await(task, 20_000)
+      end)
+
+    assert out =~ "mtrace top #{node}"
+    assert out =~ "the node is not answering"
+  end
+
+  # ---- in a terminal ---------------------------------------------------------------------
+
+  defp tmux(args), do: System.cmd("tmux", args, stderr_to_stdout: true)
+
+  defp screen(session) do
+    {text, 0} = tmux(["capture-pane", "-p", "-t", session])
+    text
+  end
+
+  # Polls the pane until `fun` accepts it (at most ~20 s).
+  defp until(session, fun, tries \\ 100) do
+    text = screen(session)
+
+    cond do
+      fun.(text) -> text
+      tries == 0 -> flunk("tmux pane never showed what was expected:\n" <> text)
+      true -> Process.sleep(200) && until(session, fun, tries - 1)
+    end
+  end
+
+  defp with_tmux(command, fun) do
+    if System.find_executable("tmux") == nil do
+      IO.puts(:stderr, "skipped: tmux is not installed (Debian: apt-get install tmux)")
+    else
+      session = "mtrace_top_#{System.unique_integer([:positive])}"
+      {_, 0} = tmux(["new-session", "-d", "-s", session, "-x", "80", "-y", "24", command])
+
+      try do
+        fun.(session)
+      after
+        tmux(["kill-session", "-t", session])
+      end
+    end
+  end
+
+  @tag :tmux
+  test "in IEx under tmux: redraws in place, shows the growing site, q gives the shell back" do
+    preload = Path.expand("priv/mtrace.so")
+    build = System.get_env("MTRACE_BUILD", "_build/c")
+
+    command =
+      "cd #{File.cwd!()} && MIX_ENV=test MTRACE_BUILD=#{build} LD_PRELOAD=#{preload} iex -S mix"
+
+    with_tmux(command, fn s ->
+      until(s, &(&1 =~ "iex(1)>"))
+
+      tmux(["send-keys", "-t", s, "spawn(&Mtrace.Test.ErlangCallers.leak_forever/0)", "Enter"])
+      tmux(["send-keys", "-t", s, "Mtrace.top(interval: 500)", "Enter"])
+
+      first = until(s, &(&1 =~ ~r/\+[\d.]+ KiB\/s  [\d_]+ blocks  fixture_leak_malloc/))
+      assert first =~ ~r/^mtrace top \S+  every 0.5s  q \+ Enter quits/m
+      assert first =~ "Mtrace.Test.ErlangCallers.append/1"
+      # redrawn in place: one title on the screen, and its clock moves on
+      assert length(Regex.scan(~r/^mtrace top /m, first)) == 1
+      [clock] = Regex.run(~r/\d\d:\d\d:\d\d UTC/, first)
+      until(s, &(not (&1 =~ clock) and &1 =~ "UTC"))
+
+      tmux(["send-keys", "-t", s, "q", "Enter"])
+      until(s, &(&1 =~ ~r/^:ok$/m and &1 =~ ~r/iex\(\d+\)> *$/m))
+      tmux(["send-keys", "-t", s, "IO.puts(:shell_back)", "Enter"])
+      until(s, &(&1 =~ ~r/^shell_back$/m))
+    end)
+  end
+
+  @tag :tmux
+  @tag :peer
+  test "bin/mtrace-top attaches to a node from a terminal, as a hidden node" do
+    Remote.distribute!()
+    {:ok, peer, node} = :peer.start(%{name: :peer.random_name()})
+    on_exit(fn -> :peer.stop(peer) end)
+    :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+    cookie = Node.get_cookie()
+
+    with_tmux("bin/mtrace-top #{node} #{cookie} 500", fn s ->
+      text = until(s, &(&1 =~ "processes growing fastest" or &1 =~ "native"))
+      assert text =~ "mtrace top #{node}"
+      # hidden: the peer does not count the watcher among its nodes
+      assert :erpc.call(node, Node, :list, []) == [node()]
+      tmux(["send-keys", "-t", s, "q", "Enter"])
+    end)
+  end
+end
