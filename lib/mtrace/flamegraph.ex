@@ -46,6 +46,10 @@ defmodule Mtrace.Flamegraph do
   @background "#f8f8f8"
   @max_locations 3
 
+  # Click to zoom, reset, search: a script kept in the SVG itself.
+  @external_resource Path.join(__DIR__, "flamegraph/interactive.js")
+  @script File.read!(Path.join(__DIR__, "flamegraph/interactive.js"))
+
   @doc """
   A standalone SVG flame graph of `sites`, as iodata.
 
@@ -173,12 +177,16 @@ defmodule Mtrace.Flamegraph do
     ctx = %{weight: opts[:weight], total: total, scale: scale}
 
     [
-      svg_open(width, height),
+      svg_open(width, height, pad),
       heading(opts[:title], width),
       text(width / 2, 44, "middle", total_line(tree, opts[:weight])),
+      controls(width, pad),
       ~s(<g font-family="monospace" font-size="#{@font_size}">\n),
       boxes(tree, pad, 0, ctx),
-      "</g>\n</svg>\n"
+      "</g>\n",
+      ~s(<script type="text/ecmascript"><![CDATA[\n),
+      @script,
+      "]]></script>\n</svg>\n"
     ]
   end
 
@@ -186,18 +194,19 @@ defmodule Mtrace.Flamegraph do
     width = opts[:width]
 
     [
-      svg_open(width, 80),
+      svg_open(width, 80, 0),
       heading(opts[:title], width),
       text(width / 2, 50, "middle", "no live allocations"),
       "</svg>\n"
     ]
   end
 
-  defp svg_open(width, height) do
+  defp svg_open(width, height, pad) do
     [
       ~s(<?xml version="1.0" encoding="UTF-8" standalone="no"?>\n),
       ~s(<svg xmlns="http://www.w3.org/2000/svg" version="1.1" ),
-      ~s(width="#{width}" height="#{height}" viewBox="0 0 #{width} #{height}">\n),
+      ~s(width="#{width}" height="#{height}" viewBox="0 0 #{width} #{height}" ),
+      ~s(data-pad="#{num(pad)}" data-char-width="#{num(@char_width)}">\n),
       ~s(<rect x="0" y="0" width="#{width}" height="#{height}" fill="#{@background}"/>\n)
     ]
   end
@@ -206,6 +215,17 @@ defmodule Mtrace.Flamegraph do
     [
       ~s(<g font-family="sans-serif" font-size="17">),
       text(width / 2, 22, "middle", title),
+      "</g>\n"
+    ]
+  end
+
+  # "Reset zoom" (shown once zoomed), "Search" and the matched share.
+  defp controls(width, pad) do
+    [
+      ~s(<g font-family="sans-serif" font-size="14" style="cursor:pointer">),
+      ~s(<text id="reset" x="#{num(pad)}" y="22" style="display:none">Reset zoom</text>),
+      ~s(<text id="search" x="#{num(width - pad)}" y="22" text-anchor="end">Search</text>),
+      ~s(<text id="matched" x="#{num(width - pad)}" y="44" text-anchor="end"></text>),
       "</g>\n"
     ]
   end
@@ -240,7 +260,9 @@ defmodule Mtrace.Flamegraph do
 
   defp box(node, x, y, width, ctx) do
     [
-      "<g><title>",
+      ~s(<g class="f" data-name="),
+      escape(node.name),
+      ~s("><title>),
       escape(hover_text(node, ctx)),
       "</title>",
       ~s(<rect x="#{num(x)}" y="#{y}" width="#{num(width)}" height="#{@box_height}" ),

@@ -13,7 +13,14 @@ defmodule Mtrace.Top do
   alias Mtrace.Top.Sample
   alias Mtrace.VM.{Args, Format}
 
-  @defaults [interval: 2_000, node: nil, rows: 5, ansi: nil, refreshes: :infinity, timeout: 10_000]
+  @defaults [
+    interval: 2_000,
+    node: nil,
+    rows: 5,
+    ansi: nil,
+    refreshes: :infinity,
+    timeout: 10_000
+  ]
 
   @doc """
   Runs the view; see `Mtrace.top/1`. Returns `:ok` when the user quits or
@@ -172,7 +179,7 @@ defmodule Mtrace.Top do
       if m.total,
         do:
           "  VM #{Format.bytes(m.total)}: processes #{Format.bytes(m.processes)}, binary " <>
-            "#{Format.bytes(m.binary)}, ets #{Format.bytes(m.ets)}, code #{Format.bytes(m.code)}",
+            "#{Format.bytes(m.binary)}, ets #{Format.bytes(m.ets)}",
         else: "  VM: erlang:memory/0 not available here"
 
     native =
@@ -202,7 +209,8 @@ defmodule Mtrace.Top do
 
   defp site_lines(%{secs: nil}), do: ["  (growth shows from the next refresh on)"]
 
-  defp site_lines(%{sites: []}), do: ["  none: no native memory allocated since the last refresh is held"]
+  defp site_lines(%{sites: []}),
+    do: ["  none: no native memory allocated since the last refresh is held"]
 
   defp site_lines(%{sites: sites}) do
     Enum.map(sites, fn site ->
@@ -220,14 +228,14 @@ defmodule Mtrace.Top do
       end
 
     if caller,
-      do: Mtrace.Frame.name(first) <> " < " <> Mtrace.Frame.label(caller),
+      do: Mtrace.Frame.name(first) <> " <- " <> Mtrace.Frame.label(caller),
       else: Mtrace.Frame.label(first)
   end
 
   defp stack([]), do: "[no stack]"
 
   defp proc_lines(%{secs: nil}), do: []
-  defp proc_lines(%{procs: []}), do: []
+  defp proc_lines(%{procs: []}), do: ["  none grew since the last refresh"]
 
   defp proc_lines(%{procs: procs}) do
     Enum.map(procs, fn {pid, bytes, per_s, info} ->

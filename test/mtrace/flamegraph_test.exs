@@ -240,7 +240,8 @@ defmodule Mtrace.FlamegraphTest do
       svg = render([site(["main"], 1536, 3)], title: "leaks on node@host")
 
       doc = parse!(svg)
-      assert [heading] = texts(doc, "/svg/g/text")
+      # the heading, then the controls: reset (hidden until zoomed), search, matched share
+      assert [heading, "Reset zoom", "Search", ""] = texts(doc, "/svg/g/text")
       assert [total] = texts(doc, "/svg/text")
 
       assert heading == "leaks on node@host"
