@@ -9,6 +9,7 @@ RUN apt-get update \
       make bmake gcc libc6-dev ca-certificates procps \
       erlang-nox erlang-dev elixir \
       libunwind-dev libdw-dev libelf-dev clang-format valgrind \
+      tmux chromium nodejs npm \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
