@@ -41,13 +41,13 @@ defmodule Mtrace.Top do
   end
 
   defp check!(o) do
-    Args.pos_int!(o.interval, "option :interval")
+    Args.pos_int!(Args.ms!(o.interval, "option :interval"), "option :interval")
 
     if o.interval < 100,
       do: raise(ArgumentError, "option :interval must be at least 100 ms, got: #{o.interval}")
 
     Args.pos_int!(o.rows, "option :rows")
-    Args.pos_int!(o.timeout, "option :timeout")
+    Args.pos_int!(Args.ms!(o.timeout, "option :timeout"), "option :timeout")
     Args.one_of!(o.ansi, [nil, true, false], "option :ansi")
     unless o.refreshes == :infinity, do: Args.pos_int!(o.refreshes, "option :refreshes")
     node = o.node || node()

@@ -629,10 +629,48 @@ defmodule Mtrace.RobustnessTest do
 
       "VM.diagnose/1" ->
         {Mtrace.VM, :diagnose, [short_windows(opts_or_term(diagnose_opts()))]}
+
+      "VM.nif_memory/1" ->
+        {Mtrace.VM, :nif_memory, [short_windows(opts_or_term(nif_memory_opts()))]}
+
+      "top/1" ->
+        {Mtrace, :top, [short_intervals(opts_or_term(top_opts()))]}
     end
   end
 
+  defp nif_memory_opts do
+    %{
+      window: fn -> Enum.random([1, 5, TermGen.integer()]) end,
+      limit: fn -> Enum.random([1, 10, TermGen.integer()]) end
+    }
+  end
+
+  defp top_opts do
+    %{
+      interval: fn -> Enum.random([100, 150, TermGen.integer()]) end,
+      rows: fn -> Enum.random([1, 5, TermGen.integer()]) end,
+      ansi: fn -> Enum.random([true, false, nil]) end,
+      node: fn -> Enum.random([nil, node(), :not_a_node]) end,
+      timeout: fn -> Enum.random([1000, TermGen.integer()]) end
+    }
+  end
+
+  # Valid intervals kept short, and the view stopped after one refresh.
+  defp short_intervals(opts) when is_list(opts) do
+    if proper_list?(opts) and Keyword.keyword?(opts) do
+      Enum.map(opts, fn
+        {:interval, ms} when is_integer(ms) and ms >= 100 and ms < 1 <<< 32 -> {:interval, 100}
+        other -> other
+      end) ++ [refreshes: 1]
+    else
+      opts
+    end
+  end
+
+  defp short_intervals(other), do: other
+
   defp invoke(Mtrace.Watch, :start_link, [opts]), do: start_watch(opts)
+  defp invoke(Mtrace, :top, [opts]) when is_list(opts), do: quiet_top(opts)
   defp invoke(m, f, args), do: apply(m, f, args)
 
   # The outcomes a call may have: a value, ArgumentError or Mtrace.Error.
@@ -690,7 +728,9 @@ defmodule Mtrace.RobustnessTest do
     {"VM.window/3", 300},
     {"VM.bin_leak/1", 100},
     {"VM.ets_top/0..2", 300},
-    {"VM.diagnose/1", 200}
+    {"VM.diagnose/1", 200},
+    {"VM.nif_memory/1", 100},
+    {"top/1", 100}
   ]
 
   for {target, cases} <- @fuzz do
@@ -814,7 +854,9 @@ defmodule Mtrace.RobustnessTest do
                sites: 0,
                sites: 1,
                stats: 0,
-               stats: 1
+               stats: 1,
+               top: 0,
+               top: 1
              )
 
     assert Enum.sort(Mtrace.Native.__info__(:functions)) ==
@@ -853,7 +895,10 @@ defmodule Mtrace.RobustnessTest do
              [:intervals, :min_growth, :limit]},
             {"Watch.start_link", &start_watch/1, [:name]},
             {"VM.diagnose", &Mtrace.VM.diagnose([{:print, false} | &1]),
-             [:gc, :print, :node, :timeout]}
+             [:gc, :print, :node, :timeout]},
+            {"VM.nif_memory", &Mtrace.VM.nif_memory/1, [:window, :limit]},
+            # one refresh, so that a number taken as such does not keep it running
+            {"top", &quiet_top/1, [:interval, :node, :rows, :ansi, :timeout]}
           ],
           key <- keys do
         {"#{label}(#{key}: addr)", fn -> call.([{key, a}]) end}
@@ -886,6 +931,8 @@ defmodule Mtrace.RobustnessTest do
       {"VM.ets_top(addr)", fn -> Mtrace.VM.ets_top(a) end},
       {"VM.ets_top(1, addr)", fn -> Mtrace.VM.ets_top(1, a) end},
       {"VM.diagnose(addr)", fn -> Mtrace.VM.diagnose(a) end},
+      {"VM.nif_memory(addr)", fn -> Mtrace.VM.nif_memory(a) end},
+      {"top(addr)", fn -> Mtrace.top(a) end},
       {"Native.olds(addr, false, {0, 0, 0, 0})",
        fn -> Mtrace.Native.olds(a, false, {0, 0, 0, 0}) end},
       {"Native.olds(1, addr, _)", fn -> Mtrace.Native.olds(1, a, {0, 0, 0, 0}) end},
@@ -1259,6 +1306,12 @@ defmodule Mtrace.RobustnessTest do
   end
 
   # ---- helpers ----------------------------------------------------------------------------
+
+  defp quiet_top(opts) do
+    capture_io(fn -> send(self(), {:top, Mtrace.top(opts ++ [refreshes: 1])}) end)
+    assert_received {:top, result}
+    result
+  end
 
   defp tmp_dir(what) do
     dir = Path.join(System.tmp_dir!(), "mtrace_#{what}_#{System.unique_integer([:positive])}")
