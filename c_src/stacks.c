@@ -215,25 +215,26 @@ uint32_t mt_stack_capture(uint32_t depth) {
     return last_id;
 }
 
-uint32_t mt_stack_get(uint32_t id, uintptr_t *ips, uint32_t max) {
+/* The record of a published id, or NULL. */
+static const struct stack_rec *published(uint32_t id) {
     if (id == MTRACE_NO_STACK || id >= atomic_load_explicit(&next_id, memory_order_acquire))
-        return 0;
-    const struct stack_rec *r = rec_of(id);
-    if (!r)
-        return 0;
-    uint32_t n = r->depth < max ? r->depth : max;
-    memcpy(ips, r->ips, n * sizeof(uintptr_t));
+        return NULL;
+    return rec_of(id);
+}
+
+uint32_t mt_stack_get(uint32_t id, uintptr_t *ips, uint32_t max) {
+    const struct stack_rec *r = published(id);
+    uint32_t n = r ? (r->depth < max ? r->depth : max) : 0;
+    if (n)
+        memcpy(ips, r->ips, n * sizeof(uintptr_t));
     return n;
 }
 
 uint32_t mt_stack_erl(uint32_t id, struct mtrace_erl_frame *out, uint32_t max) {
-    if (id == MTRACE_NO_STACK || id >= atomic_load_explicit(&next_id, memory_order_acquire))
-        return 0;
-    const struct stack_rec *r = rec_of(id);
-    if (!r)
-        return 0;
-    uint32_t n = r->erl < max ? r->erl : max;
-    memcpy(out, erl_names(r), n * sizeof *out);
+    const struct stack_rec *r = published(id);
+    uint32_t n = r ? (r->erl < max ? r->erl : max) : 0;
+    if (n)
+        memcpy(out, erl_names(r), n * sizeof *out);
     return n;
 }
 

@@ -214,7 +214,8 @@ defmodule Mtrace.Top do
 
   defp site_lines(%{sites: sites}) do
     Enum.map(sites, fn site ->
-      "  #{rate(site.growth_per_s)}  #{Format.count(site.count, "block")}  " <> stack(site.frames)
+      "  #{rate(site.growth_per_s)}  +#{Format.bytes(site.est_bytes)} in " <>
+        "#{Format.count(site.est_count, "block")}  " <> stack(site.frames)
     end)
   end
 

@@ -12,37 +12,12 @@ defmodule Mtrace.DiagnoseGrowthTest do
   @moduletag :peer
   @window 5_000
 
-  setup_all do
-    Remote.distribute!()
-  end
-
-  defp start_peer do
-    {:ok, peer, node} = :peer.start(%{name: :peer.random_name()})
-    :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
-    {:ok, _} = :erpc.call(node, Application, :ensure_all_started, [:mtrace])
-    {peer, node}
-  end
-
-  defp stop_peer(peer) do
-    :peer.stop(peer)
-  catch
-    :exit, _ -> :ok
-  end
-
   # Runs the three scenarios at once, each on its own peer, and returns
   # what each gave.
   defp scenarios(cases) do
     cases
     |> Task.async_stream(
-      fn {name, fun} ->
-        {peer, node} = start_peer()
-
-        try do
-          {name, fun.(node)}
-        after
-          stop_peer(peer)
-        end
-      end,
+      fn {name, fun} -> {name, Remote.with_peer(fun)} end,
       timeout: 60_000,
       max_concurrency: length(cases)
     )

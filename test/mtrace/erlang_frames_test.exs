@@ -184,11 +184,8 @@ defmodule Mtrace.ErlangFramesTest do
 
   @tag :peer
   test "8 schedulers of concurrent NIF calls, normal and dirty: exact counts per Erlang path" do
-    Remote.distribute!()
-    args = Enum.map(~w(+S 8:8 +SDcpu 8:8), &String.to_charlist/1)
-    {:ok, peer, node} = :peer.start(%{name: :peer.random_name(), args: args})
-    on_exit(fn -> :peer.stop(peer) end)
-    :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+    {peer, node} = Remote.start_peer(~w(+S 8:8 +SDcpu 8:8))
+    on_exit(fn -> Remote.stop_peer(peer) end)
     assert 8 = :erpc.call(node, :erlang, :system_info, [:schedulers_online])
     :erpc.call(node, Mtrace, :reset, [])
 

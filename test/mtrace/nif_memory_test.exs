@@ -11,27 +11,6 @@ defmodule Mtrace.NifMemoryTest do
 
   @moduletag :peer
 
-  setup_all do
-    Remote.distribute!()
-  end
-
-  defp with_peer(args, fun) do
-    args = Enum.map(args, &String.to_charlist/1)
-    {:ok, peer, node} = :peer.start(%{name: :peer.random_name(), args: args})
-
-    try do
-      :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
-      {:ok, _} = :erpc.call(node, Application, :ensure_all_started, [:mtrace])
-      fun.(node)
-    after
-      try do
-        :peer.stop(peer)
-      catch
-        :exit, _ -> :ok
-      end
-    end
-  end
-
   defp leak(node, kind, count, size),
     do: :ok = :erpc.call(node, LeakyNif, :leak_enif, [kind, count, size])
 
@@ -41,7 +20,7 @@ defmodule Mtrace.NifMemoryTest do
   defp rows(node), do: :erpc.call(node, Mtrace.VM, :nif_memory, [[limit: 100]])
 
   test "each kind is named by module, with exact counts; diagnose names module and kind" do
-    with_peer([], fn node ->
+    Remote.with_peer(fn node ->
       leak(node, :enif_alloc, 10_240, 8_000)
       leak(node, :resource, 1_000, 10_000)
       leak(node, :binary, 200, 5_000)
@@ -69,7 +48,7 @@ defmodule Mtrace.NifMemoryTest do
   end
 
   test "a window gives growth per module and kind; allocating and freeing stays healthy" do
-    with_peer([], fn node ->
+    Remote.with_peer(fn node ->
       :ok = :erpc.call(node, LeakyNif, :churn_enif, [20_000, 4096])
       grower = :erpc.call(node, :erlang, :spawn, [Mtrace.Test.EnifScenarios, :grow, [64 * 1024]])
       assert is_pid(grower)
@@ -95,7 +74,7 @@ defmodule Mtrace.NifMemoryTest do
   end
 
   test "+MRe false +MBe false: through malloc, the NIF's own function first, exact counts" do
-    with_peer(~w(+MRe false +MBe false), fn node ->
+    Remote.with_peer(~w(+MRe false +MBe false), fn node ->
       :erpc.call(node, Mtrace, :reset, [])
       leak(node, :enif_alloc, 100, 800)
       leak(node, :resource, 50, 1_000)

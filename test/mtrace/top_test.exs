@@ -31,7 +31,7 @@ defmodule Mtrace.TopTest do
     assert last =~ "native sites growing fastest"
 
     assert last =~
-             ~r/^ +\+[\d.]+ KiB\/s  [\d_]+ blocks  fixture_leak_malloc <- Mtrace.Test.ErlangCall/m
+             ~r/^ +\+[\d.]+ KiB\/s  \+[\d.]+ KiB in [\d_]+ blocks  fixture_leak_malloc <- Mtrace.Test/m
 
     assert last =~ "processes growing fastest"
   end
@@ -54,9 +54,7 @@ defmodule Mtrace.TopTest do
 
   @tag :peer
   test "a node that goes away is said so on the screen, and the view goes on" do
-    Remote.distribute!()
-    {:ok, peer, node} = :peer.start(%{name: :peer.random_name()})
-    :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+    {peer, node} = Remote.start_peer()
 
     out =
       capture_io(fn ->
@@ -121,9 +119,11 @@ defmodule Mtrace.TopTest do
       tmux(["send-keys", "-t", s, "spawn(&Mtrace.Test.ErlangCallers.leak_forever/0)", "Enter"])
       tmux(["send-keys", "-t", s, "Mtrace.top(interval: 500)", "Enter"])
 
-      first = until(s, &(&1 =~ ~r/\+[\d.]+ KiB\/s  [\d_]+ blocks  fixture_leak_malloc/))
+      first =
+        until(s, &(&1 =~ ~r/\+[\d.]+ KiB\/s  \+[\d.]+ KiB in [\d_]+ blocks  fixture_leak_malloc/))
+
       assert first =~ ~r/^mtrace top \S+  every 0.5s  q \+ Enter quits/m
-      assert first =~ "fixture_leak_malloc <- Mtrace.Test.ErlangCall"
+      assert first =~ "fixture_leak_malloc <- Mtrace.Test"
       # redrawn in place: one title on the screen, and its clock moves on
       assert length(Regex.scan(~r/^mtrace top /m, first)) == 1
       [clock] = Regex.run(~r/\d\d:\d\d:\d\d UTC/, first)
@@ -139,10 +139,8 @@ defmodule Mtrace.TopTest do
   @tag :tmux
   @tag :peer
   test "bin/mtrace-top attaches to a node from a terminal, as a hidden node" do
-    Remote.distribute!()
-    {:ok, peer, node} = :peer.start(%{name: :peer.random_name()})
-    on_exit(fn -> :peer.stop(peer) end)
-    :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+    {peer, node} = Remote.start_peer()
+    on_exit(fn -> Remote.stop_peer(peer) end)
     cookie = Node.get_cookie()
 
     with_tmux("bin/mtrace-top #{node} #{cookie} 500", fn s ->

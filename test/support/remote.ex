@@ -14,6 +14,34 @@ defmodule Mtrace.Test.Remote do
     :ok
   end
 
+  # A fresh peer (erl arguments `args`) with this node's code paths and the
+  # mtrace application started: the node a test judges from the outside.
+  def start_peer(args \\ []) do
+    distribute!()
+    args = Enum.map(args, &String.to_charlist/1)
+    {:ok, peer, node} = :peer.start(%{name: :peer.random_name(), args: args})
+    :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+    {:ok, _} = :erpc.call(node, Application, :ensure_all_started, [:mtrace])
+    {peer, node}
+  end
+
+  def stop_peer(peer) do
+    :peer.stop(peer)
+  catch
+    :exit, _ -> :ok
+  end
+
+  # Runs fun.(node) on a fresh peer, stopped afterwards whatever happens.
+  def with_peer(args \\ [], fun) do
+    {peer, node} = start_peer(args)
+
+    try do
+      fun.(node)
+    after
+      stop_peer(peer)
+    end
+  end
+
   def preloaded_and_error do
     message =
       try do
