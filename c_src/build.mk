@@ -11,7 +11,7 @@ PRELOAD_SRC = c_src/interpose.c c_src/table.c c_src/stacks.c c_src/query.c c_src
 	c_src/sampling.c c_src/unwind.c c_src/eh_frame.c c_src/counters.c c_src/erlang_frames.c
 PRELOAD_HDR = c_src/mtrace_api.h c_src/table.h c_src/stacks.h c_src/interpose.h \
 	c_src/config.h c_src/spinlock.h c_src/sampling.h c_src/unwind.h c_src/eh_frame.h c_src/counters.h \
-	c_src/query.h c_src/topn.h c_src/erlang_frames.h
+	c_src/query.h c_src/topn.h c_src/erlang_frames.h c_src/dwarf_cfi.h
 NIF_SRC = c_src/nif.c c_src/nif_query.c c_src/nif_erlang.c c_src/symbols.c c_src/dwarf_lines.c
 SYM_SRC = c_src/symbols.c c_src/dwarf_lines.c
 SYM_HDR = c_src/symbols.h c_src/dwarf_lines.h

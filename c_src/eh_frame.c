@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "dwarf_cfi.h"
+
 enum { REG_RBP = 6, REG_RSP = 7, REG_RA = 16 };
 
 /* ---- reading .eh_frame -------------------------------------------------- */
@@ -67,56 +69,56 @@ static uint64_t fixed(struct cursor *c, size_t n) {
 
 /* A pointer in DW_EH_PE encoding; datarel is relative to base. */
 static uint64_t encoded(struct cursor *c, uint8_t enc, uintptr_t base) {
-    if (enc == 0xff) /* omit */
+    if (enc == DW_EH_PE_omit)
         return 0;
     uintptr_t at = (uintptr_t)c->p;
     uint64_t v;
-    switch (enc & 0x0f) {
-    case 0x00:
+    switch (enc & DW_EH_PE_FORMAT_MASK) {
+    case DW_EH_PE_absptr:
         v = fixed(c, 8);
         break;
-    case 0x01:
+    case DW_EH_PE_uleb128:
         v = uleb(c);
         break;
-    case 0x02:
+    case DW_EH_PE_udata2:
         v = fixed(c, 2);
         break;
-    case 0x03:
+    case DW_EH_PE_udata4:
         v = fixed(c, 4);
         break;
-    case 0x04:
+    case DW_EH_PE_udata8:
         v = fixed(c, 8);
         break;
-    case 0x09:
+    case DW_EH_PE_sleb128:
         v = (uint64_t)sleb(c);
         break;
-    case 0x0a:
+    case DW_EH_PE_sdata2:
         v = (uint64_t)(int64_t)(int16_t)fixed(c, 2);
         break;
-    case 0x0b:
+    case DW_EH_PE_sdata4:
         v = (uint64_t)(int64_t)(int32_t)fixed(c, 4);
         break;
-    case 0x0c:
+    case DW_EH_PE_sdata8:
         v = fixed(c, 8);
         break;
     default:
         c->bad = 1;
         return 0;
     }
-    switch (enc & 0x70) {
-    case 0x00:
+    switch (enc & DW_EH_PE_APPL_MASK) {
+    case DW_EH_PE_absptr:
         break;
-    case 0x10:
+    case DW_EH_PE_pcrel:
         v += at;
-        break; /* pcrel */
-    case 0x30:
+        break;
+    case DW_EH_PE_datarel:
         v += base;
-        break; /* datarel */
+        break;
     default:
         c->bad = 1;
         return 0;
     }
-    if (enc & 0x80) /* indirect: never used for code addresses */
+    if (enc & DW_EH_PE_indirect) /* never used for code addresses */
         c->bad = 1;
     return v;
 }
@@ -169,7 +171,8 @@ static int parse_cie(const uint8_t *at, struct cie *cie) {
             else if (*k == 'L')
                 fixed(&a, 1);
             else if (*k == 'P')
-                encoded(&a, (uint8_t)(fixed(&a, 1) & 0x7f), 0); /* personality: skipped */
+                encoded(&a, (uint8_t)(fixed(&a, 1) & ~DW_EH_PE_indirect),
+                        0); /* personality: skipped */
             else if (*k == 'S')
                 return 0; /* signal frame: libunwind knows how */
             else
@@ -202,109 +205,109 @@ static int run(struct cursor *c, const struct cie *cie, struct state *s, const s
     while (c->p < c->end && !c->bad) {
         uint8_t op = *c->p++;
         uint64_t reg, delta = 0;
-        switch (op & 0xc0) {
-        case 0x40:
-            delta = (op & 0x3f) * cie->code_align;
+        switch (op & DW_CFA_HIGH_MASK) {
+        case DW_CFA_advance_loc:
+            delta = (op & DW_CFA_LOW_MASK) * cie->code_align;
             goto advance;
-        case 0x80:
-            set_rule(s, op & 0x3f, R_OFFSET, (int64_t)uleb(c) * cie->data_align);
+        case DW_CFA_offset:
+            set_rule(s, op & DW_CFA_LOW_MASK, R_OFFSET, (int64_t)uleb(c) * cie->data_align);
             continue;
-        case 0xc0:
-            reg = op & 0x3f;
+        case DW_CFA_restore:
+            reg = op & DW_CFA_LOW_MASK;
             set_rule(s, reg, reg == REG_RBP ? init->bp : init->ra,
                      reg == REG_RBP ? init->bp_off : init->ra_off);
             continue;
         }
         switch (op) {
-        case 0x00:
-            continue; /* nop */
-        case 0x01:
+        case DW_CFA_nop:
+            continue;
+        case DW_CFA_set_loc:
             *loc = encoded(c, cie->fde_enc, 0);
             if (*loc > target)
                 return 1;
             continue;
-        case 0x02:
+        case DW_CFA_advance_loc1:
             delta = fixed(c, 1) * cie->code_align;
             goto advance;
-        case 0x03:
+        case DW_CFA_advance_loc2:
             delta = fixed(c, 2) * cie->code_align;
             goto advance;
-        case 0x04:
+        case DW_CFA_advance_loc4:
             delta = fixed(c, 4) * cie->code_align;
             goto advance;
-        case 0x05:
+        case DW_CFA_offset_extended:
             reg = uleb(c);
             set_rule(s, reg, R_OFFSET, (int64_t)uleb(c) * cie->data_align);
             continue;
-        case 0x06:
+        case DW_CFA_restore_extended:
             reg = uleb(c);
             set_rule(s, reg, reg == REG_RBP ? init->bp : init->ra,
                      reg == REG_RBP ? init->bp_off : init->ra_off);
             continue;
-        case 0x07:
+        case DW_CFA_undefined:
             set_rule(s, uleb(c), R_UNDEF, 0);
             continue;
-        case 0x08:
+        case DW_CFA_same_value:
             set_rule(s, uleb(c), R_SAME, 0);
             continue;
-        case 0x09: /* register: only harmless for registers we do not follow */
+        case DW_CFA_register: /* register: only harmless for registers we do not follow */
             reg = uleb(c);
             uleb(c);
             if (reg == REG_RBP || reg == REG_RA)
                 return 0;
             continue;
-        case 0x0a:
+        case DW_CFA_remember_state:
             if (depth == 8)
                 return 0;
             stack[depth++] = *s;
             continue;
-        case 0x0b:
+        case DW_CFA_restore_state:
             if (depth == 0)
                 return 0;
             *s = stack[--depth];
             continue;
-        case 0x0c:
+        case DW_CFA_def_cfa:
             s->cfa_reg = uleb(c);
             s->cfa_off = (int64_t)uleb(c);
             continue;
-        case 0x0d:
+        case DW_CFA_def_cfa_register:
             s->cfa_reg = uleb(c);
             continue;
-        case 0x0e:
+        case DW_CFA_def_cfa_offset:
             s->cfa_off = (int64_t)uleb(c);
             continue;
-        case 0x10: /* expression */
-        case 0x16: /* val_expression */
+        case DW_CFA_expression:
+        case DW_CFA_val_expression:
             reg = uleb(c);
             c->p += uleb(c);
             if (reg == REG_RBP || reg == REG_RA || reg == REG_RSP || c->p > c->end)
                 return 0;
             continue;
-        case 0x11:
+        case DW_CFA_offset_extended_sf:
             reg = uleb(c);
             set_rule(s, reg, R_OFFSET, sleb(c) * cie->data_align);
             continue;
-        case 0x12:
+        case DW_CFA_def_cfa_sf:
             s->cfa_reg = uleb(c);
             s->cfa_off = sleb(c) * cie->data_align;
             continue;
-        case 0x13:
+        case DW_CFA_def_cfa_offset_sf:
             s->cfa_off = sleb(c) * cie->data_align;
             continue;
-        case 0x14: /* val_offset */
-        case 0x15: /* val_offset_sf */
+        case DW_CFA_val_offset:
+        case DW_CFA_val_offset_sf:
             reg = uleb(c);
-            if (op == 0x14)
+            if (op == DW_CFA_val_offset)
                 uleb(c);
             else
                 sleb(c);
             if (reg == REG_RBP || reg == REG_RA)
                 return 0;
             continue;
-        case 0x2e:
+        case DW_CFA_GNU_args_size:
             uleb(c);
             continue; /* GNU_args_size */
-        case 0x2f:
+        case DW_CFA_GNU_negative_offset_extended:
             reg = uleb(c);
             set_rule(s, reg, R_OFFSET, -(int64_t)uleb(c) * cie->data_align);
             continue;
@@ -360,7 +363,7 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
     }
     /* .eh_frame_hdr: version, three encodings, then a sorted search table. */
     const uint8_t *h = f.hdr;
-    if (h[0] != 1 || h[3] != 0x3b) /* table of datarel sdata4 pairs */
+    if (h[0] != 1 || h[3] != (DW_EH_PE_datarel | DW_EH_PE_sdata4)) /* a table of such pairs */
         return;
     struct cursor c = {h + 4, h + 4 + 16, 0};
     encoded(&c, h[1], (uintptr_t)h); /* eh_frame_ptr: not needed */
@@ -393,7 +396,7 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
     if (!parse_cie(id_at - cie_off, &cie))
         return;
     uintptr_t begin = (uintptr_t)encoded(&d, cie.fde_enc, 0);
-    uintptr_t range = (uintptr_t)encoded(&d, cie.fde_enc & 0x0f, 0);
+    uintptr_t range = (uintptr_t)encoded(&d, cie.fde_enc & DW_EH_PE_FORMAT_MASK, 0);
     if (d.bad)
         return;
     if (target < begin || target >= begin + range) {
