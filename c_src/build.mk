@@ -162,12 +162,12 @@ $(BUILD)/asan_test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVA
 	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) $(DW_CFLAGS) -Ic_src -o $@ test/c/test_symbols.c $(SYM_SRC) $(DW_LIBS)
 
 $(BUILD)/test_unwind: test/c/test_unwind.c test/c/check.h c_src/unwind.c c_src/unwind.h \
-		c_src/eh_frame.c c_src/eh_frame.h $(MAKEVARS)
+		c_src/eh_frame.c c_src/eh_frame.h c_src/dwarf_cfi.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_unwind.c c_src/unwind.c c_src/eh_frame.c -lunwind $(DL_LIBS) -lpthread
 
 $(BUILD)/asan_test_unwind: test/c/test_unwind.c test/c/check.h c_src/unwind.c c_src/unwind.h \
-		c_src/eh_frame.c c_src/eh_frame.h $(MAKEVARS)
+		c_src/eh_frame.c c_src/eh_frame.h c_src/dwarf_cfi.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_unwind.c c_src/unwind.c c_src/eh_frame.c -lunwind $(DL_LIBS) -lpthread
 
