@@ -49,7 +49,7 @@ defmodule Mtrace.NifMemoryTest do
 
   test "a window gives growth per module and kind; allocating and freeing stays healthy" do
     Remote.with_peer(fn node ->
-      :ok = :erpc.call(node, LeakyNif, :churn_enif, [20_000, 4096])
+      :ok = :erpc.call(node, LeakyNif, :churn_enif, [2_000, 4096])
       grower = :erpc.call(node, :erlang, :spawn, [Mtrace.Test.EnifScenarios, :grow, [64 * 1024]])
       assert is_pid(grower)
 

@@ -10,10 +10,11 @@ defmodule Mtrace.Test.EnifScenarios do
     grow(bytes)
   end
 
-  # enif_alloc, resources and binaries made and given back, as fast as it can.
+  # enif_alloc, resources and binaries made and given back, 2,000 of each
+  # every 10 ms, in short NIF calls on a normal scheduler.
   def churn do
-    LeakyNif.churn_enif(2_000, 4096)
-    Process.sleep(1)
+    for _ <- 1..10, do: LeakyNif.churn_enif(200, 4096)
+    Process.sleep(10)
     churn()
   end
 end

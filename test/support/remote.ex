@@ -8,7 +8,11 @@ defmodule Mtrace.Test.Remote do
       # net_kernel needs epmd and does not start it itself.
       System.cmd("epmd", ["-daemon"])
       name = :"mtrace_test_#{System.unique_integer([:positive])}"
-      {:ok, _} = :net_kernel.start([name, :shortnames])
+      # several tests' tasks may get here at once: one of them starts it
+      case :net_kernel.start([name, :shortnames]) do
+        {:ok, _} -> :ok
+        {:error, {:already_started, _}} -> :ok
+      end
     end
 
     :ok
