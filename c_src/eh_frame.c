@@ -439,9 +439,9 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
 
 #else
 
-void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out) {
-    (void)target;
-    out->kind = 0; /* not modelled here */
+void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loads) {
+    (void)target, (void)loads;
+    out->kind = 0; /* not modelled here: the walker hands every stack to libunwind */
 }
 
 #endif
