@@ -1,5 +1,8 @@
 # The one description of how mtrace's C is built, included by both the GNU
-# Makefile and Makefile.bsd through a sub-make.  Portable subset only: no
+# Makefile and Makefile.bsd through a sub-make.  Two binaries: c_src/preload/
+# builds priv/mtrace.so, c_src/nif/ builds priv/mtrace_nif.so; all they
+# share is c_src/mtrace_api.h (the NIF is built without the preload's
+# headers on its include path).  Portable subset only: no
 # pattern rules, no $(shell), no conditionals; $@ is the only automatic variable.
 # Callers pass PRIV (output dir), BUILD (scratch dir) and MAKEVARS.
 
@@ -7,15 +10,15 @@ include $(MAKEVARS)
 
 CFLAGS_ALL = $(BASE_CFLAGS) $(WARN_CFLAGS) $(EXTRA_CFLAGS)
 
-PRELOAD_SRC = c_src/interpose.c c_src/table.c c_src/stacks.c c_src/query.c c_src/sites.c c_src/config.c \
-	c_src/sampling.c c_src/unwind.c c_src/eh_frame.c c_src/counters.c c_src/erlang_frames.c
-PRELOAD_HDR = c_src/mtrace_api.h c_src/table.h c_src/stacks.h c_src/interpose.h \
-	c_src/config.h c_src/spinlock.h c_src/sampling.h c_src/unwind.h c_src/eh_frame.h c_src/counters.h \
-	c_src/query.h c_src/topn.h c_src/erlang_frames.h c_src/dwarf_cfi.h
-NIF_SRC = c_src/nif.c c_src/nif_query.c c_src/nif_erlang.c c_src/symbols.c c_src/dwarf_lines.c
-SYM_SRC = c_src/symbols.c c_src/dwarf_lines.c
-SYM_HDR = c_src/symbols.h c_src/dwarf_lines.h
-NIF_HDR = c_src/mtrace_api.h c_src/nif.h $(SYM_HDR)
+PRELOAD_SRC = c_src/preload/interpose.c c_src/preload/table.c c_src/preload/stacks.c c_src/preload/query.c c_src/preload/sites.c c_src/preload/config.c \
+	c_src/preload/sampling.c c_src/preload/unwind.c c_src/preload/eh_frame.c c_src/preload/counters.c c_src/preload/erlang_frames.c
+PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/table.h c_src/preload/stacks.h c_src/preload/interpose.h \
+	c_src/preload/config.h c_src/preload/spinlock.h c_src/preload/sampling.h c_src/preload/unwind.h c_src/preload/eh_frame.h c_src/preload/counters.h \
+	c_src/preload/query.h c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/dwarf_cfi.h
+NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_erlang.c c_src/nif/symbols.c c_src/nif/dwarf_lines.c
+SYM_SRC = c_src/nif/symbols.c c_src/nif/dwarf_lines.c
+SYM_HDR = c_src/nif/symbols.h c_src/nif/dwarf_lines.h
+NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h $(SYM_HDR)
 
 # test_interpose* run with the preload (test/c/run.sh); MTRACE_STRESS=1 in the
 # environment makes some of them run longer.
@@ -29,8 +32,8 @@ ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_te
 VALGRIND_TESTS = $(BUILD)/test_table $(BUILD)/test_query $(BUILD)/test_config $(BUILD)/test_symbols
 DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so
 # The read side without the interposer, for test_query.
-QUERY_SRC = c_src/query.c c_src/sites.c c_src/table.c c_src/stacks.c c_src/unwind.c \
-	c_src/eh_frame.c c_src/sampling.c c_src/erlang_frames.c
+QUERY_SRC = c_src/preload/query.c c_src/preload/sites.c c_src/preload/table.c c_src/preload/stacks.c c_src/preload/unwind.c \
+	c_src/preload/eh_frame.c c_src/preload/sampling.c c_src/preload/erlang_frames.c
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 # The preload cannot run under ASan (both replace malloc), but it can under UBSan.
 UBSAN_FLAGS = -fsanitize=undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -40,11 +43,11 @@ all: $(PRIV)/mtrace.so $(PRIV)/mtrace_nif.so
 
 $(PRIV)/mtrace.so: $(PRELOAD_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(PRIV)
-	$(CC) $(CFLAGS_ALL) $(PRELOAD_CFLAGS) $(SO_LDFLAGS) -o $@ $(PRELOAD_SRC) $(PRELOAD_LIBS)
+	$(CC) $(CFLAGS_ALL) $(PRELOAD_CFLAGS) -Ic_src $(SO_LDFLAGS) -o $@ $(PRELOAD_SRC) $(PRELOAD_LIBS)
 
 $(PRIV)/mtrace_nif.so: $(NIF_SRC) $(NIF_HDR) $(MAKEVARS)
 	@mkdir -p $(PRIV)
-	$(CC) $(CFLAGS_ALL) $(NIF_CFLAGS) -I$(ERTS_INCLUDE) $(NIF_LDFLAGS) -o $@ $(NIF_SRC) $(NIF_LIBS)
+	$(CC) $(CFLAGS_ALL) $(NIF_CFLAGS) -Ic_src -I$(ERTS_INCLUDE) $(NIF_LDFLAGS) -o $@ $(NIF_SRC) $(NIF_LIBS)
 
 # Test NIF for ExUnit: leaks on purpose from static functions.
 fixtures: $(BUILD)/leaky_nif.so
@@ -70,79 +73,79 @@ ctest-valgrind: $(VALGRIND_TESTS) $(BUILD)/symbols_fixture.so
 
 $(BUILD)/ubsan/mtrace.so: $(PRELOAD_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)/ubsan
-	$(CC) $(CFLAGS_ALL) $(UBSAN_FLAGS) $(PRELOAD_CFLAGS) $(SO_LDFLAGS) -o $@ $(PRELOAD_SRC) $(PRELOAD_LIBS)
+	$(CC) $(CFLAGS_ALL) $(UBSAN_FLAGS) $(PRELOAD_CFLAGS) -Ic_src $(SO_LDFLAGS) -o $@ $(PRELOAD_SRC) $(PRELOAD_LIBS)
 
-$(BUILD)/test_table: test/c/test_table.c test/c/check.h c_src/table.c c_src/table.h \
-		c_src/sampling.c c_src/sampling.h $(MAKEVARS)
+$(BUILD)/test_table: test/c/test_table.c test/c/check.h c_src/preload/table.c c_src/preload/table.h \
+		c_src/preload/sampling.c c_src/preload/sampling.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_table.c c_src/table.c c_src/sampling.c -lpthread -lm
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_table.c c_src/preload/table.c c_src/preload/sampling.c -lpthread -lm
 
-$(BUILD)/asan_test_table: test/c/test_table.c test/c/check.h c_src/table.c c_src/table.h \
-		c_src/sampling.c c_src/sampling.h $(MAKEVARS)
+$(BUILD)/asan_test_table: test/c/test_table.c test/c/check.h c_src/preload/table.c c_src/preload/table.h \
+		c_src/preload/sampling.c c_src/preload/sampling.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_table.c c_src/table.c c_src/sampling.c -lpthread -lm
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_table.c c_src/preload/table.c c_src/preload/sampling.c -lpthread -lm
 
-$(BUILD)/test_config: test/c/test_config.c test/c/check.h c_src/config.c c_src/config.h $(MAKEVARS)
+$(BUILD)/test_config: test/c/test_config.c test/c/check.h c_src/preload/config.c c_src/preload/config.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_config.c c_src/config.c
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_config.c c_src/preload/config.c
 
-$(BUILD)/test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h c_src/erlang_frames.c \
-		c_src/erlang_frames.h c_src/mtrace_api.h $(MAKEVARS)
+$(BUILD)/test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h c_src/preload/erlang_frames.c \
+		c_src/preload/erlang_frames.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_erlang_frames.c c_src/erlang_frames.c
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_erlang_frames.c c_src/preload/erlang_frames.c
 
-$(BUILD)/asan_test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h c_src/erlang_frames.c \
-		c_src/erlang_frames.h c_src/mtrace_api.h $(MAKEVARS)
+$(BUILD)/asan_test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h c_src/preload/erlang_frames.c \
+		c_src/preload/erlang_frames.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_erlang_frames.c c_src/erlang_frames.c
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_erlang_frames.c c_src/preload/erlang_frames.c
 
-$(BUILD)/asan_test_config: test/c/test_config.c test/c/check.h c_src/config.c c_src/config.h $(MAKEVARS)
+$(BUILD)/asan_test_config: test/c/test_config.c test/c/check.h c_src/preload/config.c c_src/preload/config.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_config.c c_src/config.c
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_config.c c_src/preload/config.c
 
 $(BUILD)/test_interpose: test/c/test_interpose.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -O1 -fno-inline -fno-optimize-sibling-calls -fno-builtin -Ic_src -o $@ test/c/test_interpose.c $(DL_LIBS) -lpthread -rdynamic
+	$(CC) $(CFLAGS_ALL) -O1 -fno-inline -fno-optimize-sibling-calls -fno-builtin -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_interpose.c $(DL_LIBS) -lpthread -rdynamic
 
 $(BUILD)/test_interpose_sampling: test/c/test_interpose_sampling.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_interpose_sampling.c $(DL_LIBS)
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_interpose_sampling.c $(DL_LIBS)
 
 $(BUILD)/test_query: test/c/test_query.c test/c/check.h $(QUERY_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_query.c $(QUERY_SRC) $(PRELOAD_LIBS)
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_query.c $(QUERY_SRC) $(PRELOAD_LIBS)
 
 $(BUILD)/asan_test_query: test/c/test_query.c test/c/check.h $(QUERY_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_query.c $(QUERY_SRC) $(PRELOAD_LIBS)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_query.c $(QUERY_SRC) $(PRELOAD_LIBS)
 
 $(BUILD)/test_interpose_libc: test/c/test_interpose_libc.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_libc.c $(DL_LIBS)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_interpose_libc.c $(DL_LIBS)
 
 $(BUILD)/test_interpose_stress: test/c/test_interpose_stress.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_stress.c $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_interpose_stress.c $(DL_LIBS) -lpthread
 
 $(BUILD)/test_interpose_concurrent: test/c/test_interpose_concurrent.c test/c/check.h c_src/mtrace_api.h \
 		$(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_concurrent.c $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_interpose_concurrent.c $(DL_LIBS) -lpthread
 
 $(BUILD)/test_interpose_fork: test/c/test_interpose_fork.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_fork.c $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_interpose_fork.c $(DL_LIBS) -lpthread
 
 $(BUILD)/test_interpose_dlopen: test/c/test_interpose_dlopen.c test/c/check.h c_src/mtrace_api.h \
 		$(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -fno-optimize-sibling-calls -Ic_src -o $@ \
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -fno-optimize-sibling-calls -Ic_src -Ic_src/preload -Ic_src/nif -o $@ \
 		test/c/test_interpose_dlopen.c $(SYM_SRC) $(DW_LIBS)
 
 # Defines its own mmap, which the preload then uses: exported with -rdynamic.
 $(BUILD)/test_interpose_growth: test/c/test_interpose_growth.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_growth.c $(DL_LIBS) -rdynamic
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_interpose_growth.c $(DL_LIBS) -rdynamic
 
 # One source, two frame sizes, the same code layout (see dl_fixture.c).
 $(BUILD)/dl_fixture_a.so: test/c/dl_fixture.c $(MAKEVARS)
@@ -155,21 +158,21 @@ $(BUILD)/dl_fixture_b.so: test/c/dl_fixture.c $(MAKEVARS)
 
 $(BUILD)/test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -o $@ test/c/test_symbols.c $(SYM_SRC) $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) $(DW_LIBS)
 
 $(BUILD)/asan_test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) $(DW_CFLAGS) -Ic_src -o $@ test/c/test_symbols.c $(SYM_SRC) $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) $(DW_LIBS)
 
-$(BUILD)/test_unwind: test/c/test_unwind.c test/c/check.h c_src/unwind.c c_src/unwind.h \
-		c_src/eh_frame.c c_src/eh_frame.h c_src/dwarf_cfi.h $(MAKEVARS)
+$(BUILD)/test_unwind: test/c/test_unwind.c test/c/check.h c_src/preload/unwind.c c_src/preload/unwind.h \
+		c_src/preload/eh_frame.c c_src/preload/eh_frame.h c_src/preload/dwarf_cfi.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_unwind.c c_src/unwind.c c_src/eh_frame.c -lunwind $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind.c c_src/preload/unwind.c c_src/preload/eh_frame.c -lunwind $(DL_LIBS) -lpthread
 
-$(BUILD)/asan_test_unwind: test/c/test_unwind.c test/c/check.h c_src/unwind.c c_src/unwind.h \
-		c_src/eh_frame.c c_src/eh_frame.h c_src/dwarf_cfi.h $(MAKEVARS)
+$(BUILD)/asan_test_unwind: test/c/test_unwind.c test/c/check.h c_src/preload/unwind.c c_src/preload/unwind.h \
+		c_src/preload/eh_frame.c c_src/preload/eh_frame.h c_src/preload/dwarf_cfi.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -o $@ test/c/test_unwind.c c_src/unwind.c c_src/eh_frame.c -lunwind $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind.c c_src/preload/unwind.c c_src/preload/eh_frame.c -lunwind $(DL_LIBS) -lpthread
 
 $(BUILD)/symbols_fixture.so: test/c/symbols_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
@@ -181,12 +184,12 @@ bench-c: all $(BUILD)/query_bench $(BUILD)/churn $(BUILD)/symbols_bench
 
 $(BUILD)/churn: bench/churn.c c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -fno-optimize-sibling-calls -Ic_src -o $@ bench/churn.c $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) -fno-optimize-sibling-calls -Ic_src -Ic_src/preload -Ic_src/nif -o $@ bench/churn.c $(DL_LIBS) -lpthread
 
 $(BUILD)/symbols_bench: bench/symbols_bench.c bench/hundred_sites.h $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -o $@ bench/symbols_bench.c $(SYM_SRC) $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ bench/symbols_bench.c $(SYM_SRC) $(DW_LIBS)
 
 $(BUILD)/query_bench: bench/query_bench.c bench/hundred_sites.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ bench/query_bench.c $(DL_LIBS)
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ bench/query_bench.c $(DL_LIBS)

@@ -1,8 +1,8 @@
 /*
- * Tests for c_src/symbols.c.
+ * Tests for c_src/nif/symbols.c.
  *
- *   gcc -std=gnu11 -O2 -g -DMT_HAVE_LIBDW -Ic_src test/c/test_symbols.c c_src/symbols.c \
- *       c_src/dwarf_lines.c -ldw -lelf -ldl -lpthread -o test_symbols
+ *   gcc -std=gnu11 -O2 -g -DMT_HAVE_LIBDW -Ic_src -Ic_src/nif test/c/test_symbols.c \
+ *       c_src/nif/symbols.c c_src/nif/dwarf_lines.c -ldw -lelf -ldl -lpthread -o test_symbols
  *   ./test_symbols [libsymbols_fixture.so | directory holding symbols_fixture.so]
  *
  * Without either, the fixture library is built from symbols_fixture.c next to this file with

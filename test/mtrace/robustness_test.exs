@@ -1051,7 +1051,7 @@ defmodule Mtrace.RobustnessTest do
   # {environment, figures of stats it must give, config_errors}. README,
   # "Configuration": garbage falls back to the default, out-of-range values
   # are clamped (depth 1..128), and a value that is not understood is named
-  # in config_errors. c_src/config.c takes only digits as a depth: "-1" is
+  # in config_errors. c_src/preload/config.c takes only digits as a depth: "-1" is
   # not understood (default 32, named), "100000" and "0" are numbers out of
   # range (clamped, not named).
   @env_cases [
