@@ -161,7 +161,10 @@ defmodule Mtrace.VM do
   end
 
   @doc """
-  The `n` largest ETS tables, by `:memory` (bytes) or `:size` (objects).
+  The `n` largest ETS tables, by `:memory` (bytes) or `:size` (objects):
+  `ets_top(by, n)`, in the order of `top/2` (and recon's). The earlier order
+  `ets_top(n, by)` still works, and either argument may be left out
+  (`ets_top(5)`, `ets_top(:size)`).
 
   Returns `[{table, value, [name: name, owner: pid, size: objects,
   memory_bytes: bytes]}]`. Binaries over 64 bytes stored in a table live
@@ -169,12 +172,24 @@ defmodule Mtrace.VM do
 
   ## Example
 
-      Mtrace.VM.ets_top(2)
+      Mtrace.VM.ets_top(:memory, 2)
       #=> [{:sessions, 120_000_000, [name: :sessions, owner: #PID<0.300.0>, size: 1_000_000, memory_bytes: 120_000_000]},
       #=>  {:ac_tab, 8_000, [name: :ac_tab, owner: #PID<0.44.0>, size: 6, memory_bytes: 8_000]}]
   """
-  @spec ets_top(pos_integer, :memory | :size) :: [{:ets.table(), non_neg_integer, ETS.info()}]
-  def ets_top(n \\ 10, by \\ :memory) do
+  # ets_top/2's second argument when it is left out (nil is a wrong `by`).
+  @unset :"$mtrace_unset"
+
+  @spec ets_top(:memory | :size | pos_integer, pos_integer | :memory | :size) :: [
+          {:ets.table(), non_neg_integer, ETS.info()}
+        ]
+  def ets_top(by_or_n \\ :memory, n_or_by \\ @unset)
+
+  def ets_top(by, @unset) when by in [:memory, :size], do: ets_top_by(by, 10)
+  def ets_top(by, n) when by in [:memory, :size], do: ets_top_by(by, n)
+  def ets_top(n, @unset), do: ets_top_by(:memory, n)
+  def ets_top(n, by), do: ets_top_by(by, n)
+
+  defp ets_top_by(by, n) do
     ETS.top(Args.pos_int!(n, "n"), Args.one_of!(by, [:memory, :size], "by"))
   end
 

@@ -74,6 +74,9 @@ defmodule Mtrace.VMTest do
              ]
 
       assert [{:mtrace_vm_test_table, 50_000, _}] = VM.ets_top(1, :size)
+      # top/2's order, (attr, n), and the attribute alone
+      assert [{:mtrace_vm_test_table, 50_000, _}] = VM.ets_top(:size, 1)
+      assert [{:mtrace_vm_test_table, ^bytes, _} | _] = VM.ets_top(:memory)
     end
 
     test "a preloaded tracer's figures reach memory/0 and diagnose/1" do

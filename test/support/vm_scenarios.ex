@@ -119,7 +119,8 @@ defmodule Mtrace.VMScenarios do
       fat: fat,
       binaries: binaries,
       mailbox: mailbox(3_000),
-      burner: start(fn -> burn(5_000_000) end),
+      # well above what building the fat process's list costs (~5M reductions)
+      burner: start(fn -> burn(20_000_000) end),
       monitors: start(fn -> for _ <- 1..500, do: Process.monitor(monitor_target) end),
       links: start(fn -> for _ <- 1..300, do: spawn_link(&worker_loop/0) end)
     }
