@@ -11,7 +11,7 @@ defmodule Mtrace.RobustnessTest do
   import Bitwise
   import ExUnit.CaptureIO
   alias Mtrace.{Frame, Mark}
-  alias Mtrace.Test.{LeakyNif, ShellProbe, TermGen}
+  alias Mtrace.Test.{LeakyNif, Remote, ShellProbe, TermGen}
 
   @moduletag :capture_log
   # A call that hangs is given up on after 20 s and reported with the rest,
@@ -1030,19 +1030,13 @@ defmodule Mtrace.RobustnessTest do
   defp charlist_or_false(false), do: false
   defp charlist_or_false(value), do: to_charlist(value)
 
-  defp stop_peer(peer) do
-    :peer.stop(peer)
-  catch
-    :exit, _ -> :ok
-  end
-
   defp with_peer(env, fun) do
     {peer, node} = start_peer(env)
 
     try do
       fun.(node)
     after
-      stop_peer(peer)
+      Remote.stop_peer(peer)
     end
   end
 

@@ -373,7 +373,7 @@ defmodule Mtrace.VMTest do
 
     test "a node without mtrace loaded is named in the error" do
       {:ok, peer, node} = :peer.start_link(%{name: :peer.random_name()})
-      on_exit(fn -> stop_peer(peer) end)
+      on_exit(fn -> Mtrace.Test.Remote.stop_peer(peer) end)
 
       error = assert_raise ArgumentError, fn -> VM.diagnose(node: node, print: false) end
       assert error.message =~ "Mtrace.VM is not loaded on node #{inspect(node)}"
@@ -401,18 +401,11 @@ defmodule Mtrace.VMTest do
         env: env
       })
 
-    on_exit(fn -> stop_peer(peer) end)
+    on_exit(fn -> Mtrace.Test.Remote.stop_peer(peer) end)
     # This node's code paths hold mtrace and the test support modules.
     :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
     {:module, @scenarios} = :erpc.call(node, :code, :ensure_loaded, [@scenarios])
     node
-  end
-
-  defp stop_peer(peer) do
-    :peer.stop(peer)
-  catch
-    # Already gone with the test process it was linked to.
-    :exit, _ -> :ok
   end
 end
 
