@@ -2,7 +2,8 @@
  * Cost of mt_symbols_resolve() (c_src/nif/symbols.c), the symbolizer behind the NIF's reports.
  *
  *   cc -std=gnu11 -O2 -g -DMT_HAVE_LIBDW -Ic_src -Ic_src/nif -o symbols_bench \
- *       bench/symbols_bench.c c_src/nif/symbols.c c_src/nif/dwarf_lines.c -ldw -lelf -ldl -lpthread
+ *       bench/symbols_bench.c c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c \
+ *       c_src/nif/dwarf_lines.c -ldw -lelf -ldl -lpthread
  *   ./symbols_bench
  *
  * Addresses: the return addresses of 100 call sites in this program, and 16 bytes into each of

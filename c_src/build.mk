@@ -15,9 +15,9 @@ PRELOAD_SRC = c_src/preload/interpose.c c_src/preload/table.c c_src/preload/stac
 PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/table.h c_src/preload/stacks.h c_src/preload/interpose.h \
 	c_src/preload/config.h c_src/preload/spinlock.h c_src/preload/sampling.h c_src/preload/unwind.h c_src/preload/eh_frame.h c_src/preload/counters.h \
 	c_src/preload/query.h c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/dwarf_cfi.h
-NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_erlang.c c_src/nif/symbols.c c_src/nif/dwarf_lines.c
-SYM_SRC = c_src/nif/symbols.c c_src/nif/dwarf_lines.c
-SYM_HDR = c_src/nif/symbols.h c_src/nif/dwarf_lines.h
+NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_erlang.c $(SYM_SRC)
+SYM_SRC = c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/dwarf_lines.c
+SYM_HDR = c_src/nif/symbols.h c_src/nif/elf_symtab.h c_src/nif/demangle.h c_src/nif/dwarf_lines.h
 NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h $(SYM_HDR)
 
 # test_interpose* run with the preload (test/c/run.sh); MTRACE_STRESS=1 in the

@@ -2,7 +2,8 @@
  * Tests for c_src/nif/symbols.c.
  *
  *   gcc -std=gnu11 -O2 -g -DMT_HAVE_LIBDW -Ic_src -Ic_src/nif test/c/test_symbols.c \
- *       c_src/nif/symbols.c c_src/nif/dwarf_lines.c -ldw -lelf -ldl -lpthread -o test_symbols
+ *       c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/dwarf_lines.c \
+ *       -ldw -lelf -ldl -lpthread -o test_symbols
  *   ./test_symbols [libsymbols_fixture.so | directory holding symbols_fixture.so]
  *
  * Without either, the fixture library is built from symbols_fixture.c next to this file with
