@@ -103,8 +103,11 @@ static struct capture_cache *thread_cache(void) {
 
 uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
     *unchanged = 0;
+    /* Whether the cache holds the previous capture; from here on it holds
+     * this one, or none. */
+    int was_previous = cache && cache->valid;
     if (cache)
-        cache->valid = 0; /* from here on it describes this capture, or none */
+        cache->valid = 0;
     if (atomic_load_explicit(&state, memory_order_acquire) != ERL_ON || !max)
         return 0;
     const char *esdp = sched;
@@ -129,8 +132,11 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
     struct capture_cache *c = thread_cache();
     if (c && c->stop == stop && c->hend == hend && c->current == current && c->max == max &&
         !memcmp(stop, c->words, c->scanned * sizeof *stop)) {
+        /* The words scanned are the same, so are the frames; they are the
+         * previous capture's only if no capture without frames came between. */
         memcpy(pcs, c->pcs, c->n * sizeof *pcs);
-        c->valid = *unchanged = 1;
+        *unchanged = was_previous;
+        c->valid = 1;
         return c->n;
     }
     uint32_t n = 0;

@@ -99,6 +99,7 @@ defmodule Mtrace.Stats do
         "  glibc heap: #{size(s.allocated_bytes)} allocated, #{size(s.used_bytes)} used, " <>
           "#{size(s.free_bytes)} free; #{size(s.mmap_bytes)} in #{count(s.mmap_chunks, "mmap chunk")}>"
       ]
+      |> Enum.flat_map(&Format.wrap/1)
       |> Enum.join("\n")
     end
 

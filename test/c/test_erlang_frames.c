@@ -148,9 +148,16 @@ int main(void) {
     CHECK(f.module == 0 && f.function == 0 && f.line == 0);
 
     /* not in a NIF, an implausible stack: nothing */
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
     put(sched_data, 16, NULL);
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);
     put(sched_data, 16, (void *)1);
+    /* the same frames again, but a capture without any came between: they
+     * are not the previous capture's */
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+    CHECK_EQ(same, 0);
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+    CHECK_EQ(same, 1);
     put(process, 24, hend);
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);
     put(process, 24, stop);

@@ -195,15 +195,17 @@ defmodule Mtrace.VM.Format do
     |> Enum.reverse()
   end
 
-  # "12.7 MiB" and "+82.9 KiB/s" stay on one line.
+  # "12.7 MiB", "+82.9 KiB/s" and "26 posix_memalign" stay on one line: a
+  # number and what it counts are not parted.
   defp glue_units(words) do
     words
     |> Enum.reduce([], fn word, acc ->
       case acc do
         [prev | done] when is_binary(prev) ->
-          if Regex.match?(~r/^[KMG]?i?B(\/[sh])?\W*$/, word),
-            do: [prev <> " " <> word | done],
-            else: [word | acc]
+          if Regex.match?(~r/^[KMG]?i?B(\/[sh])?\W*$/, word) or
+               Regex.match?(~r/(^|\s)\(?[+-]?[\d_.]+$/, prev),
+             do: [prev <> " " <> word | done],
+             else: [word | acc]
 
         [] ->
           [word]
