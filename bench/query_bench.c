@@ -60,19 +60,19 @@ int main(int argc, char **argv) {
     double fill = now_s() - t0;
 
     struct mtrace_stats s;
-    api->stats(&s);
+    api->stats(&s, sizeof s);
     struct mtrace_alloc out[10];
     struct mtrace_site top[10];
     double olds_s[REPS], sites_s[REPS], stats_s[REPS];
     for (int r = 0; r < REPS; r++) {
         t0 = now_s();
-        api->olds(out, 10, NULL);
+        query_olds(api, NULL, out, 10);
         olds_s[r] = now_s() - t0;
         t0 = now_s();
-        api->sites(top, 10, NULL, MTRACE_BY_BYTES, NULL);
+        query_sites(api, NULL, top, 10, MTRACE_BY_BYTES, NULL);
         sites_s[r] = now_s() - t0;
         t0 = now_s();
-        api->stats(&s);
+        api->stats(&s, sizeof s);
         stats_s[r] = now_s() - t0;
     }
     printf("| live entries | %llu |\n", (unsigned long long)s.live_count);

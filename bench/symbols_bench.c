@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "symbols.h"
+#include "../test/c/objects_api.h"
 
 #define MAX_ADDRS 512
 #define MAX_OBJS 16
@@ -100,6 +101,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int main(void) {
+    mt_symbols_use(&objects_only);
     static uintptr_t addrs[MAX_ADDRS];
     static struct mt_frame_info fr[MT_SYM_MAX_FRAMES];
     static struct obj objs[MAX_OBJS];

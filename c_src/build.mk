@@ -10,11 +10,19 @@ include $(MAKEVARS)
 
 CFLAGS_ALL = $(BASE_CFLAGS) $(WARN_CFLAGS) $(EXTRA_CFLAGS)
 
-PRELOAD_SRC = c_src/preload/interpose.c c_src/preload/table.c c_src/preload/stacks.c c_src/preload/query.c c_src/preload/sites.c c_src/preload/config.c \
-	c_src/preload/sampling.c c_src/preload/unwind.c c_src/preload/eh_frame.c c_src/preload/counters.c c_src/preload/erlang_frames.c
-PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/table.h c_src/preload/stacks.h c_src/preload/interpose.h \
-	c_src/preload/config.h c_src/preload/spinlock.h c_src/preload/sampling.h c_src/preload/unwind.h c_src/preload/eh_frame.h c_src/preload/counters.h \
-	c_src/preload/query.h c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/dwarf_cfi.h
+# The preload: the exported hooks, then the tracker and what it records
+# into, then the read side and the contract.
+PRELOAD_SRC = c_src/preload/hooks.c $(TRACKER_SRC)
+TRACKER_SRC = c_src/preload/tracker.c c_src/preload/libc.c c_src/preload/counters.c \
+	c_src/preload/sampling.c $(READ_SRC)
+READ_SRC = c_src/preload/api.c c_src/preload/query.c c_src/preload/sites.c c_src/preload/table.c \
+	c_src/preload/stacks.c c_src/preload/state.c c_src/preload/config.c c_src/preload/estimate.c \
+	c_src/preload/unwind.c c_src/preload/eh_frame.c c_src/preload/objects.c c_src/preload/erlang_frames.c
+PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/state.h c_src/preload/tracker.h c_src/preload/libc.h \
+	c_src/preload/table.h c_src/preload/stacks.h c_src/preload/config.h c_src/preload/spinlock.h \
+	c_src/preload/sampling.h c_src/preload/estimate.h c_src/preload/hash.h c_src/preload/unwind.h \
+	c_src/preload/eh_frame.h c_src/preload/objects.h c_src/preload/counters.h c_src/preload/query.h \
+	c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/dwarf_cfi.h
 NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_erlang.c $(SYM_SRC)
 SYM_SRC = c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/dwarf_lines.c
 SYM_HDR = c_src/nif/symbols.h c_src/nif/elf_symtab.h c_src/nif/demangle.h c_src/nif/dwarf_lines.h
@@ -31,9 +39,13 @@ ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_te
 	$(BUILD)/asan_test_symbols $(BUILD)/asan_test_unwind $(BUILD)/asan_test_erlang_frames
 VALGRIND_TESTS = $(BUILD)/test_table $(BUILD)/test_query $(BUILD)/test_config $(BUILD)/test_symbols
 DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so
-# The read side without the interposer, for test_query.
-QUERY_SRC = c_src/preload/query.c c_src/preload/sites.c c_src/preload/table.c c_src/preload/stacks.c c_src/preload/unwind.c \
-	c_src/preload/eh_frame.c c_src/preload/sampling.c c_src/preload/erlang_frames.c
+# The preload without its exported hooks, for test_query; parts for the
+# tests of single parts.
+QUERY_SRC = $(TRACKER_SRC)
+STATE_SRC = c_src/preload/state.c c_src/preload/config.c
+TABLE_SRC = c_src/preload/table.c c_src/preload/estimate.c $(STATE_SRC)
+ERLANG_FRAMES_SRC = c_src/preload/erlang_frames.c $(STATE_SRC)
+UNWIND_SRC = c_src/preload/unwind.c c_src/preload/eh_frame.c c_src/preload/objects.c
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 # The preload cannot run under ASan (both replace malloc), but it can under UBSan.
 UBSAN_FLAGS = -fsanitize=undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -75,29 +87,27 @@ $(BUILD)/ubsan/mtrace.so: $(PRELOAD_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)/ubsan
 	$(CC) $(CFLAGS_ALL) $(UBSAN_FLAGS) $(PRELOAD_CFLAGS) -Ic_src $(SO_LDFLAGS) -o $@ $(PRELOAD_SRC) $(PRELOAD_LIBS)
 
-$(BUILD)/test_table: test/c/test_table.c test/c/check.h c_src/preload/table.c c_src/preload/table.h \
-		c_src/preload/sampling.c c_src/preload/sampling.h $(MAKEVARS)
+$(BUILD)/test_table: test/c/test_table.c test/c/check.h $(TABLE_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_table.c c_src/preload/table.c c_src/preload/sampling.c -lpthread -lm
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_table.c $(TABLE_SRC) -lpthread -lm
 
-$(BUILD)/asan_test_table: test/c/test_table.c test/c/check.h c_src/preload/table.c c_src/preload/table.h \
-		c_src/preload/sampling.c c_src/preload/sampling.h $(MAKEVARS)
+$(BUILD)/asan_test_table: test/c/test_table.c test/c/check.h $(TABLE_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_table.c c_src/preload/table.c c_src/preload/sampling.c -lpthread -lm
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_table.c $(TABLE_SRC) -lpthread -lm
 
 $(BUILD)/test_config: test/c/test_config.c test/c/check.h c_src/preload/config.c c_src/preload/config.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_config.c c_src/preload/config.c
 
-$(BUILD)/test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h c_src/preload/erlang_frames.c \
-		c_src/preload/erlang_frames.h c_src/mtrace_api.h $(MAKEVARS)
+$(BUILD)/test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h $(ERLANG_FRAMES_SRC) \
+		$(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_erlang_frames.c c_src/preload/erlang_frames.c
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_erlang_frames.c $(ERLANG_FRAMES_SRC)
 
-$(BUILD)/asan_test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h c_src/preload/erlang_frames.c \
-		c_src/preload/erlang_frames.h c_src/mtrace_api.h $(MAKEVARS)
+$(BUILD)/asan_test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h $(ERLANG_FRAMES_SRC) \
+		$(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_erlang_frames.c c_src/preload/erlang_frames.c
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_erlang_frames.c $(ERLANG_FRAMES_SRC)
 
 $(BUILD)/asan_test_config: test/c/test_config.c test/c/check.h c_src/preload/config.c c_src/preload/config.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
@@ -156,23 +166,21 @@ $(BUILD)/dl_fixture_b.so: test/c/dl_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -DFIXTURE_FRAME=65536 $(SO_LDFLAGS) -o $@ test/c/dl_fixture.c
 
-$(BUILD)/test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
+$(BUILD)/test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) c_src/preload/objects.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) c_src/preload/objects.c $(DW_LIBS)
 
-$(BUILD)/asan_test_symbols: test/c/test_symbols.c $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
+$(BUILD)/asan_test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) c_src/preload/objects.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) c_src/preload/objects.c $(DW_LIBS)
 
-$(BUILD)/test_unwind: test/c/test_unwind.c test/c/check.h c_src/preload/unwind.c c_src/preload/unwind.h \
-		c_src/preload/eh_frame.c c_src/preload/eh_frame.h c_src/preload/dwarf_cfi.h $(MAKEVARS)
+$(BUILD)/test_unwind: test/c/test_unwind.c test/c/check.h $(UNWIND_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind.c c_src/preload/unwind.c c_src/preload/eh_frame.c -lunwind $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind.c $(UNWIND_SRC) -lunwind $(DL_LIBS) -lpthread
 
-$(BUILD)/asan_test_unwind: test/c/test_unwind.c test/c/check.h c_src/preload/unwind.c c_src/preload/unwind.h \
-		c_src/preload/eh_frame.c c_src/preload/eh_frame.h c_src/preload/dwarf_cfi.h $(MAKEVARS)
+$(BUILD)/asan_test_unwind: test/c/test_unwind.c test/c/check.h $(UNWIND_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind.c c_src/preload/unwind.c c_src/preload/eh_frame.c -lunwind $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind.c $(UNWIND_SRC) -lunwind $(DL_LIBS) -lpthread
 
 $(BUILD)/symbols_fixture.so: test/c/symbols_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
@@ -186,9 +194,10 @@ $(BUILD)/churn: bench/churn.c c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-optimize-sibling-calls -Ic_src -Ic_src/preload -Ic_src/nif -o $@ bench/churn.c $(DL_LIBS) -lpthread
 
-$(BUILD)/symbols_bench: bench/symbols_bench.c bench/hundred_sites.h $(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
+$(BUILD)/symbols_bench: bench/symbols_bench.c bench/hundred_sites.h test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) \
+		c_src/preload/objects.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ bench/symbols_bench.c $(SYM_SRC) $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ bench/symbols_bench.c $(SYM_SRC) c_src/preload/objects.c $(DW_LIBS)
 
 $(BUILD)/query_bench: bench/query_bench.c bench/hundred_sites.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)

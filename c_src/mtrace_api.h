@@ -1,12 +1,13 @@
 /*
  * The contract between the preloaded tracer (priv/mtrace.so) and its readers
- * (the NIF, C tests, benchmarks).
+ * (the NIF, C tests, benchmarks): the only thing they share.
  *
- * The preload exports one versioned symbol, MTRACE_API_SYMBOL, a pointer to
- * a struct mtrace_api.  Readers find it with dlsym(RTLD_DEFAULT, ...), so the
- * preload never links against erl_nif and can be loaded into any program.
- * Fields are only ever appended: a reader checks `size` before using a field
- * added after version 1.
+ * The preload exports one versioned symbol, MTRACE_API_SYMBOL, a struct
+ * mtrace_api of function pointers.  Readers find it with
+ * dlsym(RTLD_DEFAULT, ...), so the preload never links against erl_nif and
+ * can be loaded into any program.  A reader built for another version finds
+ * no symbol of its name and can say so.  Within a version, structs only grow
+ * at their end: a reader checks `size` before using a later member.
  */
 #ifndef MTRACE_API_H
 #define MTRACE_API_H
@@ -14,8 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MTRACE_API_SYMBOL "mtrace_api_v1"
-#define MTRACE_API_VERSION 1
+#define MTRACE_API_SYMBOL "mtrace_api_v2"
+#define MTRACE_API_VERSION 2
 
 /* Interposed functions, in the order of mtrace_stats.calls[]. */
 enum mtrace_fn {
@@ -41,13 +42,24 @@ enum mtrace_fn {
             "memalign", "valloc", "pvalloc", "strdup", "strndup"                                   \
     }
 
-/* Stack id 0 means "no stack": the stack store was full or unwinding failed. */
+/* Stack id 0 means "no stack": the stack store was full or unwinding failed.
+ * Ids are dense (1, 2, 3, ... as stacks are first seen) and fit in 24 bits. */
 #define MTRACE_NO_STACK 0u
+#define MTRACE_STACK_ID_BITS 24
+#define MTRACE_MAX_STACK_ID ((1u << MTRACE_STACK_ID_BITS) - 1)
 
 /* Largest MTRACE_DEPTH accepted; larger values are clamped. */
 #define MTRACE_MAX_DEPTH 128
 
-/* One live allocation, as a query reports it. */
+/* What a call that can fail returns. */
+enum mtrace_result {
+    MTRACE_OK = 0,
+    MTRACE_ERR_ARGUMENT = -1,  /* a NULL that must not be, an unknown order, a short struct */
+    MTRACE_ERR_NO_MEMORY = -2, /* scratch memory for the query could not be mapped */
+    MTRACE_ERR_REFUSED = -3,   /* erlang_frames: MTRACE_ERLANG=0, or another layout is kept */
+};
+
+/* One live allocation, as olds reports it. */
 struct mtrace_alloc {
     uint64_t addr;
     uint64_t size;
@@ -56,16 +68,43 @@ struct mtrace_alloc {
     uint32_t reserved;
 };
 
-/* Which allocations a query considers; zero-initialised means "all". */
-struct mtrace_filter {
-    uint64_t min_t_ms; /* allocated at or after (0 = no bound) */
-    uint64_t max_t_ms; /* allocated at or before (0 = no bound) */
-    uint64_t min_size; /* 0 = no bound */
-    uint64_t max_size; /* 0 = no bound */
+/* Live allocations grouped by their stack: a leak site, as sites reports it. */
+struct mtrace_site {
+    uint32_t stack_id;
+    uint32_t reserved;
+    uint64_t count;       /* live allocations made by this stack */
+    uint64_t bytes;       /* their sizes, summed */
+    uint64_t oldest_t_ms; /* time of the oldest of them */
+    uint64_t newest_t_ms; /* time of the newest */
+    /* All live allocations of this stack, estimated from the samples when
+     * sampling (MTRACE_SAMPLE_BYTES); equal to count and bytes otherwise.
+     * Sites are ranked by these. */
+    uint64_t est_count;
+    uint64_t est_bytes;
 };
 
+/* How results are ranked.  sites: most bytes, most blocks, or oldest block
+ * first.  olds: oldest first, or largest first (MTRACE_BY_BYTES). */
+enum mtrace_order { MTRACE_BY_BYTES = 0, MTRACE_BY_COUNT = 1, MTRACE_BY_OLDEST = 2 };
+
+/* A query: which allocations it considers (every bound inclusive), how the
+ * answer is ranked and how long it may be.  MTRACE_QUERY_ALL considers every
+ * allocation; narrow it by setting members. */
+struct mtrace_query {
+    uint64_t min_t_ms, max_t_ms; /* allocated within [min, max], on the table's clock */
+    uint64_t min_size, max_size; /* requested size within [min, max] */
+    const uint64_t *stack_set;   /* bit i (word i / 64, bit i % 64) keeps stack id i; NULL = all */
+    uint64_t stack_set_bits;     /* ids at or beyond this many bits are not kept */
+    uint64_t limit;              /* at most this many results are written */
+    uint32_t order;              /* enum mtrace_order */
+    uint32_t reserved;
+};
+#define MTRACE_QUERY_ALL(order_, limit_)                                                           \
+    ((struct mtrace_query){0, UINT64_MAX, 0, UINT64_MAX, NULL, 0, (limit_), (order_), 0})
+
+/* Every figure the preload keeps; cheap to read (no table scan). */
 struct mtrace_stats {
-    uint64_t calls[MT_FN_COUNT]; /* interposed calls seen while tracking */
+    uint64_t calls[MT_FN_COUNT]; /* hooked calls seen while tracking */
     uint64_t live_count;         /* allocations in the table */
     uint64_t live_bytes;         /* their requested sizes, summed */
     uint64_t dropped;            /* allocations that could not be recorded */
@@ -79,13 +118,7 @@ struct mtrace_stats {
     uint32_t enabled;            /* tracking currently on */
     uint32_t active;             /* this process tracks at all (MTRACE_PROGRAMS) */
     uint32_t shards;             /* table shards (locks) */
-};
-
-/* Figures added after the first release, read through api->more_stats.
- * Fields are only appended; the preload writes at most the size it is given,
- * and a reader zeroes the struct first. */
-struct mtrace_more_stats {
-    uint64_t sample_bytes;   /* MTRACE_SAMPLE_BYTES in effect; 0 = lossless */
+    uint64_t sample_bytes;       /* MTRACE_SAMPLE_BYTES in effect; 0 = lossless */
     uint64_t est_live_count; /* live allocations estimated from the samples (exact if lossless) */
     uint64_t est_live_bytes; /* their bytes, estimated likewise */
     /* MTRACE_ variables whose value was not understood (and fell back to the
@@ -97,6 +130,20 @@ struct mtrace_more_stats {
     uint32_t erlang_allowed;   /* 0 = MTRACE_ERLANG=0 turned them off */
     uint64_t erlang_stacks;    /* interned stacks that carry Erlang frames */
 };
+
+/* A loaded object (the program, a shared library), as the dynamic loader
+ * lists it.  path points into the loader's memory: valid while the object
+ * stays loaded. */
+struct mtrace_object {
+    const char *path; /* "" for the main program */
+    uintptr_t base;   /* load bias: run-time address = base + link-time address */
+    uintptr_t lo, hi; /* the loadable segment holding the address asked for, [lo, hi) */
+    const void *phdr; /* its program headers (ElfW(Phdr)[phnum]) */
+    uint32_t phnum;
+    uint32_t index;      /* its place in the loader's list; 0 = the main program */
+    uint64_t generation; /* objects_generation when the list was read */
+};
+typedef int (*mtrace_object_fn)(void *ctx, const struct mtrace_object *o); /* nonzero stops */
 
 /*
  * Erlang frames: where, in the VM's own structures, the Erlang call chain of
@@ -135,41 +182,28 @@ struct mtrace_erl_frame {
     uint32_t line; /* 0 = unknown */
 };
 
-/* A filter plus a set of stacks, for the queries added after version 1. */
-struct mtrace_query {
-    struct mtrace_filter filter;
-    const uint64_t *stack_set; /* bit i (word i / 64, bit i % 64) keeps stack id i; NULL = all */
-    uint64_t stack_set_bits;   /* ids at or beyond this many bits are not kept */
-};
-
-/* Live allocations grouped by their stack: a leak site. */
-struct mtrace_site {
-    uint32_t stack_id;
-    uint32_t reserved;
-    uint64_t count;       /* live allocations made by this stack */
-    uint64_t bytes;       /* their sizes, summed */
-    uint64_t oldest_t_ms; /* time of the oldest of them */
-    uint64_t newest_t_ms; /* time of the newest */
-    /* All live allocations of this stack, estimated from the samples when
-     * sampling (MTRACE_SAMPLE_BYTES); equal to count and bytes otherwise.
-     * Sites are ranked by these. */
-    uint64_t est_count;
-    uint64_t est_bytes;
-};
-
-/* How sites are ranked: most bytes, most blocks, or oldest allocation first. */
-enum mtrace_site_order { MTRACE_BY_BYTES = 0, MTRACE_BY_COUNT = 1, MTRACE_BY_OLDEST = 2 };
-
 struct mtrace_api {
     uint32_t version; /* MTRACE_API_VERSION */
     uint32_t size;    /* sizeof(struct mtrace_api) of the preload */
 
-    /* Counters and table figures; cheap (no table scan). */
-    void (*stats)(struct mtrace_stats *out);
+    /* Fills at most size bytes of out (a reader zeroes it first and passes
+     * its own sizeof).  MTRACE_ERR_ARGUMENT for a NULL out. */
+    enum mtrace_result (*stats)(struct mtrace_stats *out, size_t size);
 
-    /* The n oldest live allocations matching f (NULL = all), oldest first.
-     * Writes at most n entries to out and returns how many it wrote. */
-    size_t (*olds)(struct mtrace_alloc *out, size_t n, const struct mtrace_filter *f);
+    /* The live allocations q considers, ranked by q->order (MTRACE_BY_OLDEST
+     * or MTRACE_BY_BYTES); writes at most q->limit to out and their number
+     * to *written. */
+    enum mtrace_result (*olds)(const struct mtrace_query *q, struct mtrace_alloc *out,
+                               size_t *written);
+
+    /* The top sites among the allocations q considers, by q->order; writes at
+     * most q->limit to out and their number to *written, and fills *total
+     * (unless NULL) with the sum over every allocation considered, stack_id 0.
+     * Allocations whose stack was interned after the call began are left
+     * out, like any allocation made after the scan passed its shard.
+     * MTRACE_ERR_NO_MEMORY when no scratch memory could be mapped. */
+    enum mtrace_result (*sites)(const struct mtrace_query *q, struct mtrace_site *out,
+                                size_t *written, struct mtrace_site *total);
 
     /* Forgets every recorded allocation; returns how many were forgotten. */
     uint64_t (*reset)(void);
@@ -178,43 +212,39 @@ struct mtrace_api {
      * interned stack into ips; returns the depth, 0 for an unknown id. */
     uint32_t (*stack)(uint32_t stack_id, uintptr_t *ips, uint32_t max);
 
+    /* The Erlang frames of an interned stack, innermost (the NIF itself)
+     * first, outside its native frames; returns how many were written (0 for
+     * a stack without any). */
+    uint32_t (*erlang_stack)(uint32_t stack_id, struct mtrace_erl_frame *out, uint32_t max);
+
     /* Turns tracking on or off at run time (no effect where inactive). */
     void (*set_enabled)(int on);
 
     /* While on, the calling thread's allocations are not recorded (its frees
-     * still are), so a reader's own work does not show up as a leak.
-     * Returns the previous setting. */
+     * still are), so a reader's own work does not show up as a leak; a
+     * reader turns it on around its queries.  Returns the previous setting. */
     int (*thread_ignore)(int on);
 
     /* Current time on the table's clock. */
     uint64_t (*now_ms)(void);
 
-    /* Added after version 1 (check size): fills at most size bytes of out. */
-    void (*more_stats)(struct mtrace_more_stats *out, size_t size);
+    /* Starts capturing Erlang frames with this layout (NULL stops).  The
+     * first layout given is kept for the life of the process.
+     * MTRACE_ERR_REFUSED when MTRACE_ERLANG=0 or a different layout is kept,
+     * MTRACE_ERR_ARGUMENT for a layout of another size or without functions. */
+    enum mtrace_result (*erlang_frames)(const struct mtrace_erlang_layout *layout);
 
-    /* Added after version 1 (check size).  The n top sites among the
-     * allocations matching q (NULL = all), best first by order; fills *total
-     * (unless NULL) with the sum over every matching allocation, stack_id 0.
-     * Allocations whose stack was interned after the call began are left
-     * out, like any allocation made after the scan passed its shard.  Returns
-     * the number written, or SIZE_MAX when no scratch memory could be mapped. */
-    size_t (*sites)(struct mtrace_site *out, size_t n, const struct mtrace_query *q, int order,
-                    struct mtrace_site *total);
+    /* Calls fn for each loaded object, in the loader's order, until fn
+     * returns nonzero (lo and hi are 0: no address was asked for). */
+    void (*objects)(mtrace_object_fn fn, void *ctx);
 
-    /* Added after version 1 (check size): olds() with a stack set. */
-    size_t (*olds_where)(struct mtrace_alloc *out, size_t n, const struct mtrace_query *q);
+    /* Fills *out with the object whose loadable segment holds addr;
+     * MTRACE_ERR_ARGUMENT when none does (JIT code, unmapped). */
+    enum mtrace_result (*object_at)(uintptr_t addr, struct mtrace_object *out);
 
-    /* Added after version 1 (check size).  Starts capturing Erlang frames
-     * with this layout (NULL stops).  The first layout given is kept for the
-     * life of the process; a different one later is refused.  Returns 1 when
-     * frames are captured from now on, 0 when refused (MTRACE_ERLANG=0, an
-     * unknown layout size, or a layout differing from the kept one). */
-    int (*erlang_frames)(const struct mtrace_erlang_layout *layout);
-
-    /* Added after version 1 (check size).  The Erlang frames of an interned
-     * stack, innermost (the NIF itself) first, outside its native frames;
-     * returns how many were written (0 for a stack without any). */
-    uint32_t (*erlang_stack)(uint32_t stack_id, struct mtrace_erl_frame *out, uint32_t max);
+    /* Changes whenever an object is loaded or unloaded: a reader that keeps
+     * anything per object checks it before trusting what it kept. */
+    uint64_t (*objects_generation)(void);
 };
 
 #endif

@@ -16,6 +16,7 @@
 #include <erl_nif.h>
 
 #include "nif.h"
+#include "symbols.h"
 
 const struct mtrace_api *mt_api;
 struct mt_atoms mt_atoms;
@@ -31,7 +32,9 @@ static void make_atoms(ErlNifEnv *env) {
         {&mt_atoms.nil, "nil"},
         {&mt_atoms.error, "error"},
         {&mt_atoms.not_preloaded, "not_preloaded"},
-        {&mt_atoms.preload_too_old, "preload_too_old"},
+        {&mt_atoms.preload_mismatch, "preload_mismatch"},
+        {&mt_atoms.seed, "seed"},
+        {&mt_atoms.maps, "maps"},
         {&mt_atoms.enomem, "enomem"},
         {&mt_atoms.bytes, "bytes"},
         {&mt_atoms.count, "count"},
@@ -59,12 +62,19 @@ static void make_atoms(ErlNifEnv *env) {
         *all[i].term = enif_make_atom(env, all[i].name);
 }
 
+/* A preload of another release exports its contract under another name
+ * (or is too short): the NIF then answers every call with an error that
+ * says so, instead of misreading it. */
+static int other_preload;
+
 static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info) {
     (void)priv, (void)info;
     const struct mtrace_api *found = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
-    if (found && found->version == MTRACE_API_VERSION &&
-        found->size >= offsetof(struct mtrace_api, now_ms) + sizeof found->now_ms)
+    if (found && found->version == MTRACE_API_VERSION && found->size >= sizeof *found)
         mt_api = found;
+    else
+        other_preload = found || dlsym(RTLD_DEFAULT, "mtrace_api_v1");
+    mt_symbols_use(mt_api);
     make_atoms(env);
     return 0;
 }
@@ -78,8 +88,8 @@ ERL_NIF_TERM mt_nif_error(ErlNifEnv *env, ERL_NIF_TERM reason) {
     return enif_make_tuple2(env, mt_atoms.error, reason);
 }
 
-static ERL_NIF_TERM not_preloaded(ErlNifEnv *env) {
-    return mt_nif_error(env, mt_atoms.not_preloaded);
+ERL_NIF_TERM mt_nif_no_preload(ErlNifEnv *env) {
+    return mt_nif_error(env, other_preload ? mt_atoms.preload_mismatch : mt_atoms.not_preloaded);
 }
 
 ERL_NIF_TERM mt_nif_binary(ErlNifEnv *env, const char *s) {
@@ -98,7 +108,7 @@ static ERL_NIF_TERM nif_preloaded(ErlNifEnv *env, int argc, const ERL_NIF_TERM a
 static ERL_NIF_TERM nif_now_ms(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc, (void)argv;
     if (!mt_api)
-        return not_preloaded(env);
+        return mt_nif_no_preload(env);
     return enif_make_uint64(env, mt_api->now_ms());
 }
 
@@ -110,42 +120,25 @@ static void put_u64(ErlNifEnv *env, ERL_NIF_TERM *map, const char *key, uint64_t
     put(env, map, key, enif_make_uint64(env, v));
 }
 
-/* Figures of later preload versions; an older preload has none of them. */
-static void put_more_stats(ErlNifEnv *env, ERL_NIF_TERM *m) {
-    struct mtrace_more_stats x;
-    memset(&x, 0, sizeof x);
-    if (!MT_API_HAS(more_stats))
-        return;
-    mt_api->more_stats(&x, sizeof x);
-    put_u64(env, m, "sample_bytes", x.sample_bytes);
-    put(env, m, "sampled", mt_nif_boolean(x.sample_bytes));
-    put_u64(env, m, "est_live_count", x.est_live_count);
-    put_u64(env, m, "est_live_bytes", x.est_live_bytes);
-    put(env, m, "fast_unwind", mt_nif_boolean(x.fast_unwind));
-    put_u64(env, m, "unwind_fallbacks", x.unwind_fallbacks);
+/* The MTRACE_ variables whose value was not understood, by name. */
+static ERL_NIF_TERM config_errors(ErlNifEnv *env, uint32_t garbage) {
     static const char *const vars[] = {"MTRACE_DEPTH", "MTRACE_ENABLED", "MTRACE_SAMPLE_BYTES",
                                        "MTRACE_UNWIND", "MTRACE_ERLANG"};
     ERL_NIF_TERM bad = enif_make_list(env, 0);
     for (int i = (int)(sizeof vars / sizeof *vars) - 1; i >= 0; i--)
-        if (x.config_garbage & (1u << i))
+        if (garbage & (1u << i))
             bad = enif_make_list_cell(env, mt_nif_binary(env, vars[i]), bad);
-    put(env, m, "config_errors", bad);
-    /* Erlang frames: on, or off and why (the NIF's checks know why). */
-    const char *why = x.erlang_frames ? "" : mt_erlang_reason();
-    if (!x.erlang_allowed)
-        why = "off: MTRACE_ERLANG=0";
-    put(env, m, "erlang_frames", mt_nif_boolean(x.erlang_frames));
-    put(env, m, "erlang_frames_off", *why ? mt_nif_binary(env, why) : mt_atoms.nil);
-    put_u64(env, m, "erlang_stacks", x.erlang_stacks);
+    return bad;
 }
 
 static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc, (void)argv;
     if (!mt_api)
-        return not_preloaded(env);
+        return mt_nif_no_preload(env);
     static const char *const names[MT_FN_COUNT] = MTRACE_FN_NAMES;
     struct mtrace_stats s;
-    mt_api->stats(&s);
+    memset(&s, 0, sizeof s);
+    mt_api->stats(&s, sizeof s);
     ERL_NIF_TERM m = enif_make_new_map(env);
     char key[64];
     for (int f = 0; f < MT_FN_COUNT; f++) {
@@ -164,7 +157,20 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put_u64(env, &m, "shards", s.shards);
     put(env, &m, "enabled", mt_nif_boolean(s.enabled));
     put(env, &m, "active", mt_nif_boolean(s.active));
-    put_more_stats(env, &m);
+    put_u64(env, &m, "sample_bytes", s.sample_bytes);
+    put(env, &m, "sampled", mt_nif_boolean(s.sample_bytes));
+    put_u64(env, &m, "est_live_count", s.est_live_count);
+    put_u64(env, &m, "est_live_bytes", s.est_live_bytes);
+    put(env, &m, "fast_unwind", mt_nif_boolean(s.fast_unwind));
+    put_u64(env, &m, "unwind_fallbacks", s.unwind_fallbacks);
+    put(env, &m, "config_errors", config_errors(env, s.config_garbage));
+    /* Erlang frames: on, or off and why (the NIF's checks know why). */
+    const char *why = s.erlang_frames ? "" : mt_erlang_reason();
+    if (!s.erlang_allowed)
+        why = "off: MTRACE_ERLANG=0";
+    put(env, &m, "erlang_frames", mt_nif_boolean(s.erlang_frames));
+    put(env, &m, "erlang_frames_off", *why ? mt_nif_binary(env, why) : mt_atoms.nil);
+    put_u64(env, &m, "erlang_stacks", s.erlang_stacks);
     /* glibc's own view of the heap, as the seed reported it. */
     struct mallinfo2 mi = mallinfo2();
     put_u64(env, &m, "allocated_bytes", mi.arena);
@@ -178,7 +184,7 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
 static ERL_NIF_TERM nif_reset(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc, (void)argv;
     if (!mt_api)
-        return not_preloaded(env);
+        return mt_nif_no_preload(env);
     return enif_make_uint64(env, mt_api->reset());
 }
 
@@ -187,7 +193,7 @@ static ERL_NIF_TERM nif_set_enabled(ErlNifEnv *env, int argc, const ERL_NIF_TERM
     if (!enif_is_identical(argv[0], mt_atoms.true_) && !enif_is_identical(argv[0], mt_atoms.false_))
         return enif_make_badarg(env);
     if (!mt_api)
-        return not_preloaded(env);
+        return mt_nif_no_preload(env);
     mt_api->set_enabled(enif_is_identical(argv[0], mt_atoms.true_));
     return mt_atoms.ok;
 }
@@ -195,8 +201,7 @@ static ERL_NIF_TERM nif_set_enabled(ErlNifEnv *env, int argc, const ERL_NIF_TERM
 static ErlNifFunc funcs[] = {
     {"preloaded", 0, nif_preloaded, 0},
     {"now_ms", 0, nif_now_ms, 0},
-    {"olds", 3, mt_nif_olds, ERL_NIF_DIRTY_JOB_CPU_BOUND},
-    {"olds_where", 4, mt_nif_olds_where, ERL_NIF_DIRTY_JOB_CPU_BOUND},
+    {"olds", 5, mt_nif_olds, ERL_NIF_DIRTY_JOB_CPU_BOUND},
     {"sites", 5, mt_nif_sites, ERL_NIF_DIRTY_JOB_CPU_BOUND},
     {"stats", 0, nif_stats, 0},
     {"reset", 0, nif_reset, ERL_NIF_DIRTY_JOB_CPU_BOUND},

@@ -13,16 +13,13 @@
 
 #include "mtrace_api.h"
 
-/* NULL when the preload is absent: every call then answers {error, not_preloaded}. */
+/* NULL when the preload is absent, or of another release: every call then
+ * answers mt_nif_no_preload. */
 extern const struct mtrace_api *mt_api;
 
-/* Whether the preload's API is recent enough to have this member. */
-#define MT_API_HAS(member)                                                                         \
-    (mt_api->size >= offsetof(struct mtrace_api, member) + sizeof mt_api->member &&                \
-     mt_api->member != NULL)
-
 struct mt_atoms {
-    ERL_NIF_TERM ok, true_, false_, nil, error, not_preloaded, preload_too_old, enomem;
+    ERL_NIF_TERM ok, true_, false_, nil, error, not_preloaded, preload_mismatch, enomem;
+    ERL_NIF_TERM seed, maps; /* the forms of olds */
     ERL_NIF_TERM bytes, count, oldest;
     /* keys of frame, site and old maps */
     ERL_NIF_TERM lib, symbol, file, line, addr, inlined, offset;
@@ -36,9 +33,10 @@ ERL_NIF_TERM mt_nif_binary(ErlNifEnv *env, const char *s);
 
 static inline ERL_NIF_TERM mt_nif_boolean(int on) { return on ? mt_atoms.true_ : mt_atoms.false_; }
 ERL_NIF_TERM mt_nif_error(ErlNifEnv *env, ERL_NIF_TERM reason);
+/* {error, not_preloaded}, or {error, preload_mismatch} for a preload of another release. */
+ERL_NIF_TERM mt_nif_no_preload(ErlNifEnv *env);
 
 ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
-ERL_NIF_TERM mt_nif_olds_where(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
 
 /* nif_erlang.c: the checks that turn Erlang frames on, and their terms. */

@@ -224,12 +224,10 @@ static ERL_NIF_TERM check(ErlNifEnv *env, const ERL_NIF_TERM argv[], const char 
     if (!enif_get_uint64(env, argv[0], (ErlNifUInt64 *)&x.line) || !enif_self(env, &self))
         return enif_make_badarg(env);
     if (!mt_api)
-        return fail(env, "off: mtrace.so is not preloaded");
-    if (!MT_API_HAS(erlang_stack))
-        return fail(env, "off: the preloaded mtrace.so has no Erlang frames (older version)");
-    struct mtrace_more_stats ms;
+        return fail(env, "off: mtrace.so is not preloaded (or is of another release)");
+    struct mtrace_stats ms;
     memset(&ms, 0, sizeof ms);
-    mt_api->more_stats(&ms, sizeof ms);
+    mt_api->stats(&ms, sizeof ms);
     if (!ms.erlang_allowed)
         return fail(env, "off: MTRACE_ERLANG=0");
     void *(*scheduler_data)(void) = (void *(*)(void))dlsym(RTLD_DEFAULT, "erts_get_scheduler_data");
@@ -268,7 +266,7 @@ static ERL_NIF_TERM check(ErlNifEnv *env, const ERL_NIF_TERM argv[], const char 
     if (!layout_reads(&x, esdp))
         return fail(env,
                     "off: the layout found on a normal scheduler does not hold on a dirty one");
-    if (!mt_api->erlang_frames(&layout))
+    if (mt_api->erlang_frames(&layout) != MTRACE_OK)
         return fail(env, "off: the preload refused the layout (a different VM layout was given "
                          "before, or MTRACE_ERLANG=0)");
     reason[0] = 0;

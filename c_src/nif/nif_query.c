@@ -33,6 +33,14 @@ static uint64_t age_s(uint64_t now, uint64_t t_ms) { return now > t_ms ? (now - 
 
 /* ---- filters ------------------------------------------------------------------------------ */
 
+/* The preload's figures now (sizes answers: live allocations, stacks). */
+static struct mtrace_stats figures(void) {
+    struct mtrace_stats s;
+    memset(&s, 0, sizeof s);
+    mt_api->stats(&s, sizeof s);
+    return s;
+}
+
 /* nil or a non-negative integer; *present says which. */
 static int get_opt(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t *v, int *present) {
     *present = !enif_is_identical(t, mt_atoms.nil);
@@ -40,7 +48,8 @@ static int get_opt(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t *v, int *present) {
     return !*present || enif_get_uint64(env, t, (ErlNifUInt64 *)v);
 }
 
-/* Fills q->filter; returns 0 for a malformed term, -1 when nothing can match. */
+/* Narrows q by the filter term; returns 0 for a malformed term, -1 when
+ * nothing can match. */
 static int get_filter(ErlNifEnv *env, ERL_NIF_TERM t, struct mtrace_query *q) {
     int arity, has[5];
     const ERL_NIF_TERM *e;
@@ -50,23 +59,20 @@ static int get_filter(ErlNifEnv *env, ERL_NIF_TERM t, struct mtrace_query *q) {
     for (int i = 0; i < 5; i++)
         if (!get_opt(env, e[i], &v[i], &has[i]))
             return 0;
-    struct mtrace_filter *f = &q->filter;
     uint64_t now = mt_api->now_ms();
-    if (has[0]) /* since a mark: at or after its time (0 stays "no bound") */
-        f->min_t_ms = v[0];
+    if (has[0]) /* since a mark: at or after its time */
+        q->min_t_ms = v[0];
     if (has[1] && v[1]) { /* min_age: allocated at or before now - age */
-        if (v[1] >= now)
+        if (v[1] > now)
             return -1;
-        f->max_t_ms = now - v[1];
+        q->max_t_ms = now - v[1];
     }
-    if (has[2] && v[2] < now && now - v[2] > f->min_t_ms) /* max_age: at or after now - age */
-        f->min_t_ms = now - v[2];
-    f->min_size = has[3] ? v[3] : 0;
-    f->max_size = has[4] ? v[4] : 0;
-    if (has[4] && !v[4]) /* max_size 0: only empty blocks, which 0 cannot say */
-        return -1;
-    if ((f->max_t_ms && f->min_t_ms > f->max_t_ms) || (f->max_size && f->min_size > f->max_size))
-        return -1;
+    if (has[2] && v[2] < now && now - v[2] > q->min_t_ms) /* max_age: at or after now - age */
+        q->min_t_ms = now - v[2];
+    if (has[3])
+        q->min_size = v[3];
+    if (has[4])
+        q->max_size = v[4];
     return 1;
 }
 
@@ -85,9 +91,7 @@ static int stack_set_for(ErlNifEnv *env, ERL_NIF_TERM lib, struct mtrace_query *
     memcpy(needle, b.data, b.size);
     needle[b.size] = '\0';
 
-    struct mtrace_stats s;
-    mt_api->stats(&s);
-    uint64_t bits = s.stacks + 1;
+    uint64_t bits = figures().stacks + 1;
     uint64_t *words = enif_alloc((size_t)((bits + 63) / 64) * sizeof(uint64_t));
     if (!words)
         return -1;
@@ -166,8 +170,7 @@ static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle, 
     uintptr_t ips[MTRACE_MAX_DEPTH];
     struct mtrace_erl_frame erl[MTRACE_MAX_DEPTH];
     uint32_t depth = mt_api->stack(stack_id, ips, MTRACE_MAX_DEPTH);
-    uint32_t n_erl =
-        MT_API_HAS(erlang_stack) ? mt_api->erlang_stack(stack_id, erl, MTRACE_MAX_DEPTH) : 0;
+    uint32_t n_erl = mt_api->erlang_stack(stack_id, erl, MTRACE_MAX_DEPTH);
     ERL_NIF_TERM list = enif_make_list(env, 0);
     for (uint32_t i = n_erl; i-- > 0;)
         list = enif_make_list_cell(
@@ -203,15 +206,6 @@ static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle, 
 
 /* ---- olds --------------------------------------------------------------------------------- */
 
-/* An output buffer for up to want entries, no larger than the table could fill. */
-static void *answer_buffer(uint64_t want, size_t elem, size_t *cap) {
-    struct mtrace_stats s;
-    mt_api->stats(&s);
-    uint64_t most = s.live_count + 4096;
-    *cap = (size_t)(want < most ? want : most);
-    return *cap ? enif_alloc(*cap * elem) : NULL;
-}
-
 /* Allocations as terms, in buf's order, each with the ns spent naming its
  * stack: the seed's {AgeS, Size, Addr, Ns, [{Lib, Sym}]} tuples, or with
  * maps #{age, size, addr, ns, frames}. */
@@ -237,40 +231,8 @@ static ERL_NIF_TERM olds_terms(ErlNifEnv *env, const struct mtrace_alloc *buf, s
     return list;
 }
 
-/* olds(N, Demangle, {MinT, MaxT, MinSize, MaxSize}) -> [{AgeS, Size, Addr, Ns, [{Lib, Sym}]}]:
- * the seed's form, 0 meaning "no bound". */
-ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
-    (void)argc;
-    ErlNifUInt64 want;
-    int arity;
-    const ERL_NIF_TERM *e;
-    struct mtrace_filter f = {0, 0, 0, 0};
-    if (!enif_get_uint64(env, argv[0], &want) || !enif_is_atom(env, argv[1]) ||
-        !enif_get_tuple(env, argv[2], &arity, &e) || arity != 4 ||
-        !enif_get_uint64(env, e[0], (ErlNifUInt64 *)&f.min_t_ms) ||
-        !enif_get_uint64(env, e[1], (ErlNifUInt64 *)&f.max_t_ms) ||
-        !enif_get_uint64(env, e[2], (ErlNifUInt64 *)&f.min_size) ||
-        !enif_get_uint64(env, e[3], (ErlNifUInt64 *)&f.max_size))
-        return enif_make_badarg(env);
-    if (!mt_api)
-        return mt_nif_error(env, mt_atoms.not_preloaded);
-    int demangle = enif_is_identical(argv[1], mt_atoms.true_);
-    int was = mt_api->thread_ignore(1);
-    size_t cap;
-    struct mtrace_alloc *buf = answer_buffer(want, sizeof *buf, &cap);
-    if (cap && !buf) {
-        mt_api->thread_ignore(was);
-        return enif_raise_exception(env, mt_atoms.enomem);
-    }
-    size_t n = cap ? mt_api->olds(buf, cap, &f) : 0;
-    ERL_NIF_TERM list = olds_terms(env, buf, n, demangle, 0);
-    enif_free(buf);
-    mt_api->thread_ignore(was);
-    return list;
-}
-
-/* Parses (Demangle, Filter, Lib) of the keyword queries into q; returns 1,
- * 0 for badarg, -1 when nothing can match, -2 when out of memory. */
+/* Parses (Demangle, Filter, Lib) of a query into q; returns 1, 0 for
+ * badarg, -1 when nothing can match, MTRACE_ERR_NO_MEMORY. */
 static int get_query(ErlNifEnv *env, const ERL_NIF_TERM argv[], struct mtrace_query *q,
                      int *demangle, uint64_t **set) {
     *set = NULL;
@@ -281,42 +243,41 @@ static int get_query(ErlNifEnv *env, const ERL_NIF_TERM argv[], struct mtrace_qu
     if (ok != 1)
         return ok;
     ok = stack_set_for(env, argv[2], q, set);
-    return ok < 0 ? -2 : ok;
+    return ok < 0 ? MTRACE_ERR_NO_MEMORY : ok;
 }
 
-/* Why a keyword query cannot run: no preload, or one without the query. */
-static ERL_NIF_TERM unavailable(ErlNifEnv *env) {
-    return mt_nif_error(env, mt_api ? mt_atoms.preload_too_old : mt_atoms.not_preloaded);
-}
-
-/* The answer, or the error met while parsing (0) or running (-2) the query. */
+/* The answer, or the error met while parsing (0) or running (< -1) the query. */
 static ERL_NIF_TERM query_result(ErlNifEnv *env, int ok, ERL_NIF_TERM answer) {
     if (ok == 0)
         return enif_make_badarg(env);
-    return ok == -2 ? enif_raise_exception(env, mt_atoms.enomem) : answer;
+    return ok < -1 ? enif_raise_exception(env, mt_atoms.enomem) : answer;
 }
 
-/* olds_where(N, Demangle, Filter, Lib) -> [#{age, size, addr, ns, frames}] */
-ERL_NIF_TERM mt_nif_olds_where(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
+/* olds(N, Demangle, Filter, Lib, Form) -> the N oldest live allocations, as
+ * the seed's tuples (Form = seed) or as maps (Form = maps). */
+ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc;
     ErlNifUInt64 want;
-    struct mtrace_query q;
-    memset(&q, 0, sizeof q);
-    if (!enif_get_uint64(env, argv[0], &want))
+    struct mtrace_query q = MTRACE_QUERY_ALL(MTRACE_BY_OLDEST, 0);
+    int maps = enif_is_identical(argv[4], mt_atoms.maps);
+    if (!enif_get_uint64(env, argv[0], &want) ||
+        (!maps && !enif_is_identical(argv[4], mt_atoms.seed)))
         return enif_make_badarg(env);
-    if (!mt_api || !MT_API_HAS(olds_where))
-        return unavailable(env);
+    if (!mt_api)
+        return mt_nif_no_preload(env);
     int was = mt_api->thread_ignore(1), demangle = 0;
     uint64_t *set;
     int ok = get_query(env, argv + 1, &q, &demangle, &set);
-    size_t cap = 0, n = 0;
-    struct mtrace_alloc *buf = ok == 1 ? answer_buffer(want, sizeof *buf, &cap) : NULL;
-    if (ok == 1 && cap && !buf)
-        ok = -2;
-    if (ok == 1 && cap)
-        n = mt_api->olds_where(buf, cap, &q);
+    size_t n = 0;
+    uint64_t most = figures().live_count + 4096; /* no larger than the table could fill */
+    q.limit = ok == 1 ? (want < most ? want : most) : 0;
+    struct mtrace_alloc *buf = q.limit ? enif_alloc((size_t)q.limit * sizeof *buf) : NULL;
+    if (q.limit && !buf)
+        ok = MTRACE_ERR_NO_MEMORY;
+    if (ok == 1)
+        ok = mt_api->olds(&q, buf, &n) == MTRACE_OK ? 1 : 0;
     enif_free(set);
-    ERL_NIF_TERM list = olds_terms(env, buf, n, demangle, 1);
+    ERL_NIF_TERM list = olds_terms(env, buf, n, demangle, maps);
     enif_free(buf);
     mt_api->thread_ignore(was);
     return query_result(env, ok, list);
@@ -359,26 +320,25 @@ ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc;
     ErlNifUInt64 want;
     int order;
-    struct mtrace_query q;
-    memset(&q, 0, sizeof q);
+    struct mtrace_query q = MTRACE_QUERY_ALL(MTRACE_BY_BYTES, 0);
     if (!enif_get_uint64(env, argv[0], &want) || !get_order(env, argv[1], &order))
         return enif_make_badarg(env);
-    if (!mt_api || !MT_API_HAS(sites))
-        return unavailable(env);
+    if (!mt_api)
+        return mt_nif_no_preload(env);
     int was = mt_api->thread_ignore(1), demangle = 0;
     uint64_t *set;
     int ok = get_query(env, argv + 2, &q, &demangle, &set);
-    struct mtrace_stats s;
-    mt_api->stats(&s);
-    size_t cap = (size_t)(want < s.stacks + 1 ? want : s.stacks + 1), n = 0;
-    struct mtrace_site *buf = ok == 1 && cap ? enif_alloc(cap * sizeof *buf) : NULL;
+    uint64_t ids = figures().stacks + 1;
+    q.order = (uint32_t)order;
+    q.limit = ok == 1 ? (want < ids ? want : ids) : 0;
+    size_t n = 0;
+    struct mtrace_site *buf = q.limit ? enif_alloc((size_t)q.limit * sizeof *buf) : NULL;
     struct mtrace_site total = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (ok == 1 && cap && !buf)
-        ok = -2;
+    if (q.limit && !buf)
+        ok = MTRACE_ERR_NO_MEMORY;
     if (ok == 1) {
-        n = mt_api->sites(buf, cap, &q, order, &total);
-        if (n == SIZE_MAX)
-            ok = -2, n = 0;
+        int r = mt_api->sites(&q, buf, &n, &total);
+        ok = r == MTRACE_OK ? 1 : r == MTRACE_ERR_NO_MEMORY ? r : 0;
     }
     enif_free(set);
     uint64_t now = mt_api->now_ms();

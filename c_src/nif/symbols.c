@@ -1,9 +1,10 @@
 /*
  * Return addresses of this process -> object, function, source line, inlined frames.
  *
- *   - The module list comes from dl_iterate_phdr: one entry per loaded object, its PT_LOAD
- *     segments in one sorted array for a binary search.  It is rebuilt when the loader's
- *     adds/subs counters move; modules still loaded keep their caches.
+ *   - The module list comes from the preload's list of loaded objects (api->objects): one
+ *     entry per object, its PT_LOAD segments in one sorted array for a binary search.  It is
+ *     rebuilt when api->objects_generation moves (the walker sees loads and unloads by the
+ *     same counter); modules still loaded keep their caches.
  *   - Per module, on first use: the function symbols of the file on disk (.symtab, else .dynsym)
  *     in a sorted array, and with libdw its DWARF.
  *   - Per module, a direct-mapped cache of finished answers: a DWARF scope walk costs tens of
@@ -61,7 +62,8 @@ static size_t g_nmods;
 static struct seg *g_segs;
 static size_t g_nsegs;
 static int g_valid;
-static unsigned long long g_adds, g_subs;
+static uint64_t g_generation;
+static const struct mtrace_api *g_api; /* where the loaded objects are listed */
 
 static void put_text(char *dst, size_t cap, const char *src) {
     size_t n = src ? strnlen(src, cap - 1) : 0;
@@ -97,8 +99,7 @@ struct scan {
     struct module **old, **mods;
     size_t nold, nmods, modcap;
     struct seg *segs;
-    size_t nsegs, segcap, seen;
-    unsigned long long adds, subs;
+    size_t nsegs, segcap;
     int failed;
     char exe[PATH_MAX];
 };
@@ -116,30 +117,18 @@ static void *grow(void *arr, size_t *cap, size_t need, size_t elem) {
     return p;
 }
 
-static int counters_cb(struct dl_phdr_info *info, size_t size, void *arg) {
-    unsigned long long *c = arg;
-    if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs) {
-        c[0] = info->dlpi_adds;
-        c[1] = info->dlpi_subs;
-    }
-    return 1; /* the counters are the same in every entry: stop after the first */
-}
-
-static int scan_cb(struct dl_phdr_info *info, size_t size, void *arg) {
+static int scan_cb(void *arg, const struct mtrace_object *o) {
     struct scan *s = arg;
-    int first = s->seen++ == 0;
-    if (first)
-        counters_cb(info, size, &s->adds);
     /* The main program comes first and has no name; other nameless entries have no file. */
-    const char *name = info->dlpi_name ? info->dlpi_name : "";
-    int is_exe = first && name[0] == '\0';
+    const char *name = o->path;
+    int is_exe = o->index == 0 && name[0] == '\0';
     const char *path = is_exe ? s->exe : name;
     if (!path[0])
         return 0;
     void *mods = grow(s->mods, &s->modcap, s->nmods + 1, sizeof *s->mods);
     if (mods)
         s->mods = mods;
-    void *segs = grow(s->segs, &s->segcap, s->nsegs + info->dlpi_phnum, sizeof *s->segs);
+    void *segs = grow(s->segs, &s->segcap, s->nsegs + o->phnum, sizeof *s->segs);
     if (segs)
         s->segs = segs;
     if (!mods || !segs) {
@@ -148,12 +137,12 @@ static int scan_cb(struct dl_phdr_info *info, size_t size, void *arg) {
     }
     struct module *m = NULL;
     for (size_t i = 0; i < s->nold && !m; i++)
-        if (s->old[i] && s->old[i]->bias == info->dlpi_addr && !strcmp(s->old[i]->path, path)) {
+        if (s->old[i] && s->old[i]->bias == o->base && !strcmp(s->old[i]->path, path)) {
             m = s->old[i];
             s->old[i] = NULL;
         }
     if (!m && (m = calloc(1, sizeof *m))) {
-        m->bias = info->dlpi_addr;
+        m->bias = o->base;
         m->is_exe = is_exe;
         pthread_mutex_init(&m->mu, NULL);
         if (!(m->path = strdup(path))) {
@@ -166,8 +155,9 @@ static int scan_cb(struct dl_phdr_info *info, size_t size, void *arg) {
         return 0;
     }
     s->mods[s->nmods++] = m;
-    for (size_t i = 0; i < info->dlpi_phnum; i++) {
-        const Phdr *ph = &info->dlpi_phdr[i];
+    const Phdr *phdr = o->phdr;
+    for (size_t i = 0; i < o->phnum; i++) {
+        const Phdr *ph = &phdr[i];
         if (ph->p_type == PT_LOAD && ph->p_memsz > 0)
             s->segs[s->nsegs++] =
                 (struct seg){m->bias + ph->p_vaddr, m->bias + ph->p_vaddr + ph->p_memsz, m};
@@ -192,7 +182,8 @@ static void rebuild(void) {
         strcpy(s->exe, "/proc/self/exe");
     s->old = g_mods;
     s->nold = g_nmods;
-    dl_iterate_phdr(scan_cb, s);
+    uint64_t generation = g_api->objects_generation(); /* before: a later change shows next time */
+    g_api->objects(scan_cb, s);
     for (size_t i = 0; i < s->nold; i++)
         module_free(s->old[i]);
     free(s->old);
@@ -202,10 +193,16 @@ static void rebuild(void) {
     g_nmods = s->nmods;
     g_segs = s->segs;
     g_nsegs = s->nsegs;
-    g_adds = s->adds;
-    g_subs = s->subs;
+    g_generation = generation;
     g_valid = !s->failed; /* after running out of memory, try again next time */
     free(s);
+}
+
+void mt_symbols_use(const struct mtrace_api *api) {
+    pthread_rwlock_wrlock(&g_lock);
+    g_api = api;
+    g_valid = 0;
+    pthread_rwlock_unlock(&g_lock);
 }
 
 void mt_symbols_flush(void) {
@@ -335,16 +332,15 @@ static int resolve_in(struct module *m, uintptr_t addr, uintptr_t pc, int demang
 
 /* Takes g_lock shared, with the module list up to date with the loaded objects. */
 static void modules_lock(void) {
-    unsigned long long c[2] = {0, 0};
-    dl_iterate_phdr(counters_cb, c);
+    uint64_t now = g_api ? g_api->objects_generation() : 0;
     pthread_rwlock_rdlock(&g_lock);
     /* Retried because a flush may slip in between the rebuild and the shared lock; bounded
      * because a rebuild that ran out of memory leaves the list invalid. */
-    for (int tries = 0; tries < 3 && (!g_valid || c[0] != g_adds || c[1] != g_subs); tries++) {
+    for (int tries = 0; g_api && tries < 3 && (!g_valid || now != g_generation); tries++) {
         pthread_rwlock_unlock(&g_lock);
         pthread_rwlock_wrlock(&g_lock);
-        dl_iterate_phdr(counters_cb, c);
-        if (!g_valid || c[0] != g_adds || c[1] != g_subs)
+        now = g_api->objects_generation();
+        if (!g_valid || now != g_generation)
             rebuild();
         pthread_rwlock_unlock(&g_lock);
         pthread_rwlock_rdlock(&g_lock);

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mtrace_api.h"
+
 #define MT_SYM_TEXT 512
 
 /* Most entries mt_symbols_resolve() produces for one address. */
@@ -28,6 +30,10 @@ struct mt_frame_info {
     uintptr_t offset;         /* addr minus the object's load bias: the link-time address,
                                * for addr2line on another machine; 0 if no object */
 };
+
+/* Where the loaded objects are listed: the preload's contract (its objects
+ * and objects_generation).  Until it is given, no address is in an object. */
+void mt_symbols_use(const struct mtrace_api *api);
 
 /* Resolve one return address.  Writes up to max entries: inlined frames first (innermost first),
  * then the real function that contains the address.  Returns the number written (>= 1 when

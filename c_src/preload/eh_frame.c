@@ -1,7 +1,7 @@
 /*
  * Reading .eh_frame into frame rules (see eh_frame.h).
  *
- * The object holding an address is found with dl_iterate_phdr, its FDE by
+ * The object holding an address is found by objects.c, its FDE by
  * binary search in .eh_frame_hdr, and the CIE's and FDE's call-frame
  * instructions are run up to the address, tracking only what a walk needs:
  * the CFA, the return address and RBP.
@@ -11,11 +11,11 @@
 
 #if defined(__x86_64__) && defined(__linux__)
 
-#include <link.h>
 #include <stddef.h>
 #include <string.h>
 
 #include "dwarf_cfi.h"
+#include "objects.h"
 
 enum { REG_RBP = 6, REG_RSP = 7, REG_RA = 16 };
 
@@ -324,45 +324,18 @@ static int run(struct cursor *c, const struct cie *cie, struct state *s, const s
 
 /* ---- finding the FDE ----------------------------------------------------- */
 
-struct find {
-    uintptr_t ip;
-    const uint8_t *hdr;
-    int in_object, counted;
-    uint64_t loads;
-};
-
-static int find_object(struct dl_phdr_info *info, size_t size, void *arg) {
-    struct find *f = arg;
-    if (!f->counted++ && size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof info->dlpi_subs)
-        f->loads = (uint64_t)info->dlpi_adds + (uint64_t)info->dlpi_subs; /* same in every entry */
-    const uint8_t *hdr = NULL;
-    int hit = 0;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        uintptr_t start = info->dlpi_addr + ph->p_vaddr;
-        if (ph->p_type == PT_LOAD && f->ip >= start && f->ip < start + ph->p_memsz)
-            hit = 1;
-        else if (ph->p_type == PT_GNU_EH_FRAME)
-            hdr = (const uint8_t *)start;
-    }
-    if (!hit)
-        return 0;
-    f->in_object = 1;
-    f->hdr = hdr;
-    return 1;
-}
-
 void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loads) {
     memset(out, 0, sizeof *out);
-    struct find f = {target, NULL, 0, 0, 0};
-    dl_iterate_phdr(find_object, &f);
-    *loads = f.loads;
-    if (!f.in_object || !f.hdr) {
+    struct mtrace_object o;
+    const uint8_t *h = NULL;
+    if (mt_object_at(target, &o) == MTRACE_OK)
+        h = mt_object_eh_frame_hdr(&o);
+    *loads = o.generation;
+    if (!h) {
         out->kind = MT_RULE_NO_INFO; /* JIT code or an object without unwind tables */
         return;
     }
     /* .eh_frame_hdr: version, three encodings, then a sorted search table. */
-    const uint8_t *h = f.hdr;
     if (h[0] != 1 || h[3] != (DW_EH_PE_datarel | DW_EH_PE_sdata4)) /* a table of such pairs */
         return;
     struct cursor c = {h + 4, h + 4 + 16, 0};

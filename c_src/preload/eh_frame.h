@@ -28,9 +28,9 @@ struct mt_frame_rule {
 };
 
 /* The rule for the instruction at target (a return address minus one).
- * Calls dl_iterate_phdr; allocates nothing.  *loads receives the loader's
- * count of objects ever loaded plus unloaded (dlpi_adds + dlpi_subs), which
- * changes with every load and unload, whoever made it. */
+ * Allocates nothing.  *loads receives mt_objects_generation as it was when
+ * the object was looked up: it changes with every load and unload, whoever
+ * made it. */
 void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loads);
 
 #endif

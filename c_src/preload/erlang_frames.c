@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 
 #include "spinlock.h"
+#include "state.h"
 
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 
@@ -33,7 +34,6 @@ enum { ERL_NONE, ERL_SETTING, ERL_ON, ERL_OFF };
 
 static struct mtrace_erlang_layout layout;
 static _Atomic int state = ERL_NONE;
-static int allowed = 1;
 
 /* This thread's ErtsSchedulerData once seen non-NULL: a scheduler thread
  * keeps its own for life.  Other threads ask each time (a TSD read). */
@@ -59,33 +59,33 @@ static mt_spinlock files_lock;
 static const char *files[FILE_SLOTS];
 static char *arena, *arena_end;
 
-void mt_erl_allow(int on) { allowed = on; }
-
 /* A fork() child is no longer the VM: it takes no Erlang frames (and so
  * never needs files_lock, which another thread may have held). */
 void mt_erl_forked(void) { atomic_store(&state, ERL_OFF); }
 
 int mt_erl_active(int *allowed_out) {
-    *allowed_out = allowed;
+    *allowed_out = mt_state.cfg.erlang;
     return atomic_load_explicit(&state, memory_order_acquire) == ERL_ON;
 }
 
-int mt_erl_setup(const struct mtrace_erlang_layout *l) {
+enum mtrace_result mt_erl_setup(const struct mtrace_erlang_layout *l) {
     if (!l) {
         int on = ERL_ON;
         atomic_compare_exchange_strong(&state, &on, ERL_OFF);
-        return 0;
+        return MTRACE_OK;
     }
-    if (!allowed || l->size != sizeof layout || !l->scheduler_data || !l->function_info)
-        return 0;
+    if (l->size != sizeof layout || !l->scheduler_data || !l->function_info)
+        return MTRACE_ERR_ARGUMENT;
+    if (!mt_state.cfg.erlang)
+        return MTRACE_ERR_REFUSED;
     int s = ERL_NONE;
     if (atomic_compare_exchange_strong(&state, &s, ERL_SETTING)) {
         layout = *l; /* written once, before any reader can see ERL_ON */
     } else if (s == ERL_SETTING || memcmp(l, &layout, sizeof layout)) {
-        return 0; /* readers may be using the kept layout: it never changes */
+        return MTRACE_ERR_REFUSED; /* readers may be using the kept layout: it never changes */
     }
     atomic_store_explicit(&state, ERL_ON, memory_order_release);
-    return 1;
+    return MTRACE_OK;
 }
 
 static inline const char *field(const char *base, uint32_t offset) {

@@ -10,14 +10,12 @@
 
 #include "mtrace_api.h"
 
-/* MTRACE_ERLANG: whether a layout may be accepted at all. */
-void mt_erl_allow(int allowed);
-
 /* In a fork() child: Erlang frames off. */
 void mt_erl_forked(void);
 
-/* api->erlang_frames: see mtrace_api.h. */
-int mt_erl_setup(const struct mtrace_erlang_layout *layout);
+/* api->erlang_frames: see mtrace_api.h.  MTRACE_ERLANG (mt_state.cfg.erlang)
+ * says whether a layout may be accepted at all. */
+enum mtrace_result mt_erl_setup(const struct mtrace_erlang_layout *layout);
 
 /* 1 while frames are captured; *allowed says whether MTRACE_ERLANG permits them. */
 int mt_erl_active(int *allowed);

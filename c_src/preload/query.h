@@ -1,6 +1,6 @@
 /*
- * What the read side shares between its queries (query.c, sites.c): which
- * table entries a query considers.
+ * The read side's queries over the table (query.c: olds, sites.c: sites),
+ * and the one test of which entries a query considers.
  */
 #ifndef MT_QUERY_H
 #define MT_QUERY_H
@@ -12,19 +12,16 @@ static inline int mt_query_keeps_stack(const struct mtrace_query *q, uint32_t id
     return !q->stack_set || (id < q->stack_set_bits && ((q->stack_set[id / 64] >> (id % 64)) & 1u));
 }
 
-/* Whether a non-empty slot matches q (NULL = everything). */
+/* Whether a non-empty slot is one q considers. */
 static inline int mt_query_matches(const struct mt_slot *s, const struct mtrace_query *q) {
-    if (!q)
-        return 1;
-    const struct mtrace_filter *f = &q->filter;
     uint64_t t = mt_slot_time(s);
-    return (!f->min_t_ms || t >= f->min_t_ms) && (!f->max_t_ms || t <= f->max_t_ms) &&
-           (!f->min_size || s->size >= f->min_size) && (!f->max_size || s->size <= f->max_size) &&
-           mt_query_keeps_stack(q, mt_slot_stack(s));
+    return t >= q->min_t_ms && t <= q->max_t_ms && s->size >= q->min_size &&
+           s->size <= q->max_size && mt_query_keeps_stack(q, mt_slot_stack(s));
 }
 
-/* The n top sites (see mtrace_api.h, sites). */
-size_t mt_sites(struct mtrace_site *out, size_t n, const struct mtrace_query *q, int order,
-                struct mtrace_site *total);
+/* api->olds and api->sites (see mtrace_api.h). */
+enum mtrace_result mt_olds(const struct mtrace_query *q, struct mtrace_alloc *out, size_t *written);
+enum mtrace_result mt_sites(const struct mtrace_query *q, struct mtrace_site *out, size_t *written,
+                            struct mtrace_site *total);
 
 #endif

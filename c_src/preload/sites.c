@@ -11,7 +11,8 @@
 #include <sys/mman.h>
 
 #include "query.h"
-#include "sampling.h"
+#include "estimate.h"
+#include "state.h"
 #include "stacks.h"
 #include "topn.h"
 
@@ -41,9 +42,9 @@ static void sites_shard(void *ctx, const struct mt_slot *slots, size_t cap) {
             g->newest = t;
         g->count++;
         g->bytes += s->size;
-        if (mt_sample_mean) {
-            g->est_count += mt_sample_weight(s->size);
-            g->est_bytes += mt_sample_weighted_bytes(s->size);
+        if (mt_state.sample_mean) {
+            g->est_count += mt_estimate_weight(s->size);
+            g->est_bytes += mt_estimate_bytes(s->size);
         }
     }
 }
@@ -85,11 +86,13 @@ static void add_to_total(struct mtrace_site *total, const struct mtrace_site *s)
     total->est_bytes += s->est_bytes;
 }
 
-size_t mt_sites(struct mtrace_site *out, size_t n, const struct mtrace_query *q, int order,
-                struct mtrace_site *total) {
+enum mtrace_result mt_sites(const struct mtrace_query *q, struct mtrace_site *out, size_t *written,
+                            struct mtrace_site *total) {
     static const mt_worse_fn worse[] = {fewer_bytes, fewer_blocks, newer};
-    if (order < 0 || order > MTRACE_BY_OLDEST || (n && !out))
-        return 0;
+    if (written)
+        *written = 0;
+    if (!q || !written || q->order > MTRACE_BY_OLDEST || (q->limit && !out))
+        return MTRACE_ERR_ARGUMENT;
     struct mt_stack_figures f;
     mt_stack_figures(&f);
     size_t ids = (size_t)f.stacks + 1; /* id 0 groups the allocations without a stack */
@@ -97,11 +100,11 @@ size_t mt_sites(struct mtrace_site *out, size_t n, const struct mtrace_query *q,
     struct group *groups =
         mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (groups == MAP_FAILED)
-        return SIZE_MAX;
+        return MTRACE_ERR_NO_MEMORY;
     struct sites_scan sc = {groups, ids, q};
     mt_table_scan(sites_shard, &sc);
 
-    struct mt_topn top = {(char *)out, 0, n, sizeof *out, worse[order]};
+    struct mt_topn top = {(char *)out, 0, (size_t)q->limit, sizeof *out, worse[q->order]};
     struct mtrace_site sum = {0, 0, 0, 0, 0, 0, 0, 0};
     for (size_t id = 0; id < ids; id++) {
         const struct group *g = &groups[id];
@@ -109,8 +112,8 @@ size_t mt_sites(struct mtrace_site *out, size_t n, const struct mtrace_query *q,
             continue;
         struct mtrace_site s = {(uint32_t)id, 0,         g->count, g->bytes,
                                 g->oldest,    g->newest, g->count, g->bytes};
-        if (mt_sample_mean) {
-            s.est_count = (g->est_count + MT_WEIGHT_ONE / 2) / MT_WEIGHT_ONE;
+        if (mt_state.sample_mean) {
+            s.est_count = mt_estimate_count(g->est_count);
             s.est_bytes = g->est_bytes;
         }
         add_to_total(&sum, &s);
@@ -119,5 +122,6 @@ size_t mt_sites(struct mtrace_site *out, size_t n, const struct mtrace_query *q,
     munmap(groups, len);
     if (total)
         *total = sum;
-    return mt_topn_sort(&top);
+    *written = mt_topn_sort(&top);
+    return MTRACE_OK;
 }

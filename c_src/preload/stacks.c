@@ -16,8 +16,9 @@
 
 #include "erlang_frames.h"
 #include "mtrace_api.h"
+#include "hash.h"
 #include "spinlock.h"
-#include "table.h"
+#include "state.h"
 #include "unwind.h"
 
 #define BUCKET_BITS 20
@@ -72,10 +73,10 @@ void mt_stacks_init(void) {
 /* The multiplies are independent of each other, so a deep stack hashes in
  * a few cycles per frame instead of one multiply latency per frame. */
 static uint32_t hash_frames(const uintptr_t *ips, uint32_t depth, uint32_t erl) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ depth ^ ((uint64_t)erl << 32);
+    uint64_t h = MT_HASH_GOLDEN ^ depth ^ ((uint64_t)erl << 32);
     depth += erl;
     for (uint32_t i = 0; i < depth; i++) {
-        h += (ips[i] ^ (i * 0x9E3779B97F4A7C15ull)) * 0xff51afd7ed558ccdull;
+        h += (ips[i] ^ (i * MT_HASH_GOLDEN)) * MT_HASH_MIX;
         h = h << 27 | h >> 37;
     }
     h ^= h >> 33;
@@ -152,7 +153,7 @@ uint32_t mt_stack_intern_erl(const uintptr_t *ips, uint32_t depth, uint32_t erl)
     id = find(atomic_load_explicit(bucket, memory_order_relaxed), hash, ips, depth, erl);
     if (!id) {
         uint32_t fresh = atomic_load_explicit(&next_id, memory_order_relaxed);
-        struct stack_rec **slot = fresh <= MT_MAX_STACK_ID ? slot_for(fresh) : NULL;
+        struct stack_rec **slot = fresh <= MTRACE_MAX_STACK_ID ? slot_for(fresh) : NULL;
         struct stack_rec *r = slot ? alloc_rec(depth, erl) : NULL;
         if (r) {
             r->next = atomic_load_explicit(bucket, memory_order_relaxed);
@@ -177,8 +178,6 @@ none:
     return MTRACE_NO_STACK;
 }
 
-int mt_stacks_fast_unwind = 1;
-
 /* The id this thread got last; reused when the walker saw the same stack. */
 static __thread uint32_t last_id __attribute__((tls_model("initial-exec")));
 /* Whether that stack had Erlang frames. */
@@ -189,11 +188,10 @@ uint32_t mt_stack_capture(uint32_t depth) {
     if (depth > MTRACE_MAX_DEPTH)
         depth = MTRACE_MAX_DEPTH;
     int same = 0;
-    int n = mt_stacks_fast_unwind
-                ? mt_unwind((uintptr_t *)buf, (int)(depth + MAX_OWN_FRAMES), &same)
-                : -1;
+    int n = mt_state.fast_unwind ? mt_unwind((uintptr_t *)buf, (int)(depth + MAX_OWN_FRAMES), &same)
+                                 : -1;
     if (n < 0) {
-        if (mt_stacks_fast_unwind)
+        if (mt_state.fast_unwind)
             mt_unwind_count_fallback();
         n = unw_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
     }

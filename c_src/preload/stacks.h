@@ -16,10 +16,8 @@
 /* Called once before the first capture. */
 void mt_stacks_init(void);
 
-/* MTRACE_UNWIND=libunwind sets this to 0: every stack through libunwind. */
-extern int mt_stacks_fast_unwind;
-
-/* Captures the current call stack, skipping this library's own frames, and
+/* Captures the current call stack (through the fast walker unless
+ * mt_state.fast_unwind is 0), skipping this library's own frames, and
  * returns its id (MTRACE_NO_STACK if it could not be stored). */
 uint32_t mt_stack_capture(uint32_t depth);
 

@@ -12,8 +12,9 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "sampling.h"
+#include "estimate.h"
 #include "spinlock.h"
+#include "state.h"
 
 /* 16 slots (384 bytes): 512 sparse shards stay within a few cache-friendly
  * pages in a small process; a shard doubles as soon as it needs to. */
@@ -115,7 +116,7 @@ static void relaxed_add(_Atomic uint64_t *c, int64_t d) {
 }
 
 /* Fibonacci hashing of the whole address picks the slot in a shard. */
-static inline uint64_t hash_addr(uint64_t addr) { return addr * 0x9E3779B97F4A7C15ull; }
+static inline uint64_t hash_addr(uint64_t addr) { return addr * MT_HASH_GOLDEN; }
 
 static inline size_t home_slot(uint64_t h, uint32_t cap_bits) {
     return (size_t)(h >> (64 - cap_bits));
@@ -125,9 +126,9 @@ static inline struct mt_shard *shard_of(uint64_t addr) { return &shards[mt_shard
 
 /* Sampling estimates move with each entry (no-ops in lossless mode). */
 static void account(struct mt_shard *s, uint64_t size, int sign) {
-    if (!mt_sample_mean)
+    if (!mt_state.sample_mean)
         return;
-    int64_t w = (int64_t)mt_sample_weight(size), b = (int64_t)mt_sample_weighted_bytes(size);
+    int64_t w = (int64_t)mt_estimate_weight(size), b = (int64_t)mt_estimate_bytes(size);
     relaxed_add(&s->est_count, sign * w);
     relaxed_add(&s->est_bytes, sign * b);
 }
@@ -195,7 +196,7 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
     account(s, size, 1);
     slot->addr = addr;
     slot->size = size;
-    slot->meta = t_ms << MT_STACK_BITS | (stack_id & MT_MAX_STACK_ID);
+    slot->meta = t_ms << MT_STACK_BITS | (stack_id & MTRACE_MAX_STACK_ID);
     relaxed_add(&s->bytes, (int64_t)size);
     mt_unlock(&s->lock);
     return r;

@@ -13,13 +13,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hash.h"
+#include "mtrace_api.h"
+
 #define MT_SHARD_BITS 9
 #define MT_SHARDS (1u << MT_SHARD_BITS)
 
 /* A slot packs time and stack into one word: 40 bits of milliseconds
- * (34 years) and 24 bits of stack id (16.7 million distinct stacks). */
-#define MT_STACK_BITS 24
-#define MT_MAX_STACK_ID ((1u << MT_STACK_BITS) - 1)
+ * (34 years) and the stack id (MTRACE_STACK_ID_BITS). */
+#define MT_STACK_BITS MTRACE_STACK_ID_BITS
 
 struct mt_slot {
     uint64_t addr; /* 0 = empty */
@@ -29,7 +31,7 @@ struct mt_slot {
 
 static inline uint64_t mt_slot_time(const struct mt_slot *s) { return s->meta >> MT_STACK_BITS; }
 static inline uint32_t mt_slot_stack(const struct mt_slot *s) {
-    return (uint32_t)(s->meta & MT_MAX_STACK_ID);
+    return (uint32_t)(s->meta & MTRACE_MAX_STACK_ID);
 }
 
 enum mt_insert_result { MT_INSERTED, MT_REPLACED, MT_DROPPED };
@@ -39,7 +41,7 @@ enum mt_insert_result { MT_INSERTED, MT_REPLACED, MT_DROPPED };
  * of their own and do not pass lock cache lines back and forth. */
 #define MT_REGION_BITS 16
 static inline unsigned mt_shard_index(uint64_t addr) {
-    return (unsigned)(((addr >> MT_REGION_BITS) * 0x9E3779B97F4A7C15ull) >> (64 - MT_SHARD_BITS));
+    return (unsigned)mt_hash_index(addr >> MT_REGION_BITS, MT_SHARD_BITS);
 }
 
 /* A lock-free filter that lets most frees skip the table: per shard, 64
@@ -52,7 +54,7 @@ static inline unsigned mt_shard_index(uint64_t addr) {
 extern _Atomic uint8_t mt_filters[MT_SHARDS][MT_FILTER_SLOTS];
 
 static inline unsigned mt_filter_slot(uint64_t addr) {
-    return (unsigned)((addr * 0xff51afd7ed558ccdull) >> (64 - 6));
+    return (unsigned)((addr * MT_HASH_MIX) >> (64 - 6)); /* independent of the shard's hash */
 }
 
 /* Could addr be in the table?  An exact "no" for any block whose insertion

@@ -39,6 +39,7 @@ void mt_unwind_count_fallback(void) {
 #include <unistd.h>
 
 #include "eh_frame.h"
+#include "hash.h"
 
 /* ---- the cache ---------------------------------------------------------- */
 
@@ -53,7 +54,7 @@ struct entry {
 
 static struct entry *_Atomic cache;
 static _Atomic uint64_t generation = 1;
-static _Atomic uint64_t seen_loads; /* dlpi_adds + dlpi_subs at the last miss */
+static _Atomic uint64_t seen_loads; /* mt_objects_generation at the last miss */
 
 void mt_unwind_forget(void) { atomic_fetch_add(&generation, 1); }
 
@@ -88,9 +89,7 @@ static struct entry *cache_table(void) {
     return m;
 }
 
-static inline size_t slot_of(uintptr_t ra) {
-    return (size_t)((ra * 0x9E3779B97F4A7C15ull) >> (64 - CACHE_BITS));
-}
+static inline size_t slot_of(uintptr_t ra) { return (size_t)mt_hash_index(ra, CACHE_BITS); }
 
 static void rule_for(uintptr_t ra, struct mt_frame_rule *r) {
     uint64_t gen = atomic_load_explicit(&generation, memory_order_relaxed) & ((1ull << 20) - 1);

@@ -10,7 +10,7 @@ defmodule Mtrace.Error do
   @type reason ::
           :not_preloaded
           | :nif_not_loaded
-          | :preload_too_old
+          | :preload_mismatch
           | :not_distributed
           | :nodedown
           | :timeout
@@ -54,13 +54,14 @@ defmodule Mtrace.Error do
   end
 
   @doc false
-  @spec preload_too_old() :: t()
-  def preload_too_old do
+  @spec preload_mismatch() :: t()
+  def preload_mismatch do
     %__MODULE__{
-      reason: :preload_too_old,
+      reason: :preload_mismatch,
       message:
-        "mtrace: the preloaded tracer library is older than this mtrace and lacks this " <>
-          "query; preload the mtrace.so of the same release (#{:code.priv_dir(:mtrace)})"
+        "mtrace: the preloaded tracer library comes from another mtrace release; " <>
+          "preload the mtrace.so of this one: " <>
+          "LD_PRELOAD=#{Path.join(to_string(:code.priv_dir(:mtrace)), "mtrace.so")}"
     }
   end
 end

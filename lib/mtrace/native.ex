@@ -45,9 +45,7 @@ defmodule Mtrace.Native do
   @doc false
   def preloaded, do: false
   @doc false
-  def olds(_n, _demangle, _filter), do: :erlang.nif_error(:nif_not_loaded)
-  @doc false
-  def olds_where(_n, _demangle, _filter, _lib), do: :erlang.nif_error(:nif_not_loaded)
+  def olds(_n, _demangle, _filter, _lib, _form), do: :erlang.nif_error(:nif_not_loaded)
   @doc false
   def sites(_limit, _order, _demangle, _filter, _lib), do: :erlang.nif_error(:nif_not_loaded)
   @doc false

@@ -19,7 +19,7 @@ defmodule Mtrace.Query do
   def native!(fun) do
     case fun.() do
       {:error, :not_preloaded} -> raise Mtrace.Error.not_preloaded()
-      {:error, :preload_too_old} -> raise Mtrace.Error.preload_too_old()
+      {:error, :preload_mismatch} -> raise Mtrace.Error.preload_mismatch()
       result -> result
     end
   rescue
@@ -44,7 +44,7 @@ defmodule Mtrace.Query do
   def olds(n, o) do
     filter = Options.filter(o, node())
 
-    native!(fn -> Native.olds_where(n, Map.get(o, :demangle, true), filter, o[:lib]) end)
+    native!(fn -> Native.olds(n, Map.get(o, :demangle, true), filter, o[:lib], :maps) end)
     |> Enum.map(&%{&1 | frames: Mtrace.Frame.named(&1.frames)})
   end
 
@@ -58,7 +58,10 @@ defmodule Mtrace.Query do
   """
   @spec olds_tuples(non_neg_integer(), boolean()) :: [Mtrace.old()]
   def olds_tuples(n, demangle) do
-    for {age, size, addr, ns, stack} <- native!(fn -> Native.olds(n, demangle, {0, 0, 0, 0}) end),
+    all = {nil, nil, nil, nil, nil}
+
+    for {age, size, addr, ns, stack} <-
+          native!(fn -> Native.olds(n, demangle, all, nil, :seed) end),
         do: {age, size, addr, ns, Mtrace.Frame.named_pairs(stack)}
   end
 

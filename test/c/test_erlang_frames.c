@@ -8,6 +8,7 @@
 
 #include "check.h"
 #include "erlang_frames.h"
+#include "state.h"
 
 #define ATOM(i) (((uint64_t)(i) << 6) | 0x0B)
 #define SMALL(i) (((uint64_t)(i) << 4) | 0xF)
@@ -85,17 +86,17 @@ int main(void) {
     /* refused: wrong size, then MTRACE_ERLANG=0 */
     struct mtrace_erlang_layout bad = layout;
     bad.size = 8;
-    CHECK_EQ(mt_erl_setup(&bad), 0);
-    mt_erl_allow(0);
-    CHECK_EQ(mt_erl_setup(&layout), 0);
+    CHECK_EQ(mt_erl_setup(&bad), MTRACE_ERR_ARGUMENT);
+    mt_state.cfg.erlang = 0; /* MTRACE_ERLANG=0 */
+    CHECK_EQ(mt_erl_setup(&layout), MTRACE_ERR_REFUSED);
     CHECK_EQ(mt_erl_active(&allowed), 0);
     CHECK_EQ(allowed, 0);
-    mt_erl_allow(1);
-    CHECK_EQ(mt_erl_setup(&layout), 1);
+    mt_state.cfg.erlang = 1;
+    CHECK_EQ(mt_erl_setup(&layout), MTRACE_OK);
     CHECK_EQ(mt_erl_active(&allowed), 1);
     bad = layout;
     bad.proc_stop = 32;
-    CHECK_EQ(mt_erl_setup(&bad), 0); /* the first layout is kept */
+    CHECK_EQ(mt_erl_setup(&bad), MTRACE_ERR_REFUSED); /* the first layout is kept */
 
     /* a process stack: stop at stack[4], hend = &stack[12] */
     uint64_t *stop = &stack[4], *hend = &stack[12];
@@ -164,9 +165,9 @@ int main(void) {
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
 
     /* turned off, and in a fork child */
-    CHECK_EQ(mt_erl_setup(NULL), 0);
+    CHECK_EQ(mt_erl_setup(NULL), MTRACE_OK);
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);
-    CHECK_EQ(mt_erl_setup(&layout), 1);
+    CHECK_EQ(mt_erl_setup(&layout), MTRACE_OK);
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
     mt_erl_forked();
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);

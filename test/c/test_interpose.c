@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "queries.h"
 #include "mtrace_api.h"
 
 static const struct mtrace_api *api;
@@ -21,8 +22,8 @@ static const struct mtrace_api *api;
 /* Finds the live entry for p among allocations of exactly `size` bytes. */
 static int lookup(void *p, uint64_t size, struct mtrace_alloc *found) {
     static struct mtrace_alloc buf[65536];
-    struct mtrace_filter f = {0, 0, size, size};
-    size_t n = api->olds(buf, 65536, &f);
+    struct mtrace_query f = sized_query(size, size);
+    size_t n = query_olds(api, &f, buf, 65536);
     for (size_t i = 0; i < n; i++)
         if (buf[i].addr == (uintptr_t)p) {
             if (found)
@@ -55,14 +56,14 @@ static void test_caller_is_frame_zero(void) {
 
 static void test_each_function(void) {
     struct mtrace_stats before, after;
-    api->stats(&before);
+    api->stats(&before, sizeof before);
     void *m = malloc(1001), *c = calloc(7, 143), *r = realloc(NULL, 1003);
     r = realloc(r, 2003);
     void *ra = reallocarray(NULL, 3, 335), *pm = NULL, *aa = aligned_alloc(64, 1006);
     CHECK_EQ(posix_memalign(&pm, 64, 1005), 0);
     void *ma = memalign(128, 1007), *va = valloc(1008), *pv = pvalloc(1009);
     char *sd = strdup("hello"), *sn = strndup("hello world", 5);
-    api->stats(&after);
+    api->stats(&after, sizeof after);
     CHECK(lookup(m, 1001, NULL));
     CHECK(lookup(c, 1001, NULL));
     CHECK(lookup(r, 2003, NULL));
@@ -165,8 +166,8 @@ static void test_threads_exact(void) {
     for (int i = 0; i < THREADS; i++)
         pthread_join(t[i], NULL);
     static struct mtrace_alloc buf[THREADS * WINDOW + 64];
-    struct mtrace_filter f = {0, 0, CHURN_SIZE, CHURN_SIZE};
-    size_t n = api->olds(buf, THREADS * WINDOW + 64, &f);
+    struct mtrace_query f = sized_query(CHURN_SIZE, CHURN_SIZE);
+    size_t n = query_olds(api, &f, buf, THREADS * WINDOW + 64);
     size_t expected = 0, found = 0;
     for (int i = 0; i < THREADS; i++)
         for (int k = 0; k < WINDOW; k++)
@@ -180,7 +181,7 @@ static void test_threads_exact(void) {
     for (int i = 0; i < THREADS; i++)
         for (int k = 0; k < WINDOW; k++)
             free(c[i].live[k]);
-    CHECK_EQ(api->olds(buf, 16, &f), 0);
+    CHECK_EQ(query_olds(api, &f, buf, 16), 0);
 }
 
 /* Forks while other threads allocate: each child allocates and frees at once. */
@@ -216,7 +217,7 @@ static void test_switches(void) {
     void *before = malloc(3001);
     api->set_enabled(0);
     struct mtrace_stats s;
-    api->stats(&s);
+    api->stats(&s, sizeof s);
     CHECK_EQ(s.enabled, 0);
     void *untracked = malloc(3002);
     CHECK(!lookup(untracked, 3002, NULL));
@@ -246,7 +247,7 @@ int main(void) {
     if (!api)
         return check_summary();
     struct mtrace_stats s;
-    api->stats(&s);
+    api->stats(&s, sizeof s);
     CHECK_EQ(s.active, 1);
     CHECK_EQ(s.enabled, 1);
     CHECK_EQ(s.depth, 32);

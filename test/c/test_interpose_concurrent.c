@@ -1,11 +1,11 @@
 /* The reader's calls racing the allocators (run with the preload): four
  * threads allocate, reallocate and free blocks (some handed to another
  * thread to free) while one thread flips reset, disable and enable and
- * another asks olds, olds_where, sites and stats, checking each answer for
+ * another asks olds (with and without a stack set), sites and stats, checking each answer for
  * internal consistency.  When the dust settles (tracking on, no more resets)
  * the allocators free their blocks and allocate a fresh set: the table must
  * then hold exactly that set, the counters must agree with the table, and
- * sites and olds_where must account for every block.  MTRACE_STRESS=1 runs
+ * sites and olds with a stack set must account for every block.  MTRACE_STRESS=1 runs
  * ten times as many rounds. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "queries.h"
 #include "mtrace_api.h"
 
 #define ALLOCATORS 4
@@ -27,7 +28,6 @@
 #define MAX_SIZE 5999
 
 static const struct mtrace_api *api;
-static int has_sites; /* the preload has sites and olds_where */
 static unsigned rounds = 10000;
 
 struct allocator {
@@ -132,7 +132,7 @@ static void *switcher_main(void *arg) {
     return NULL;
 }
 
-static const struct mtrace_query in_range = {{0, 0, MIN_SIZE, MAX_SIZE}, NULL, 0};
+static struct mtrace_query in_range; /* sized_query(MIN_SIZE, MAX_SIZE), set in main */
 
 static int sorted_oldest_first(const struct mtrace_alloc *o, size_t n) {
     for (size_t i = 1; i < n; i++)
@@ -163,28 +163,26 @@ static uint64_t ask(uint64_t *stack_set, uint64_t set_bits) {
     static struct mtrace_site s[16];
     uint64_t bad = 0;
     struct mtrace_stats st;
-    api->stats(&st);
-    size_t n = api->olds(o, 64, &in_range.filter);
+    api->stats(&st, sizeof st);
+    size_t n = query_olds(api, &in_range, o, 64);
     bad += n > 64 || !sorted_oldest_first(o, n);
     for (size_t i = 0; i < n && i < 64; i++) {
         bad += o[i].size < MIN_SIZE || o[i].size > MAX_SIZE;
         if (o[i].stack_id < set_bits)
             stack_set[o[i].stack_id / 64] |= 1ull << (o[i].stack_id % 64);
     }
-    if (!has_sites)
-        return bad;
     struct mtrace_query where = in_range;
     where.stack_set = stack_set;
     where.stack_set_bits = set_bits;
-    n = api->olds_where(o, 64, &where);
+    n = query_olds(api, &where, o, 64);
     bad += n > 64 || !sorted_oldest_first(o, n);
     for (size_t i = 0; i < n && i < 64; i++)
         bad += o[i].stack_id >= set_bits ||
                !((stack_set[o[i].stack_id / 64] >> (o[i].stack_id % 64)) & 1);
     for (int order = MTRACE_BY_BYTES; order <= MTRACE_BY_OLDEST; order++) {
         struct mtrace_site total;
-        api->stats(&st);
-        n = api->sites(s, 16, &in_range, order, &total);
+        api->stats(&st, sizeof st);
+        n = query_sites(api, &in_range, s, 16, order, &total);
         if (n == SIZE_MAX) /* no scratch memory: a legitimate answer */
             continue;
         uint64_t count = 0, bytes = 0, stacks = st.stacks + 64; /* stacks grow meanwhile */
@@ -211,8 +209,9 @@ static void *reader_main(void *arg) {
         asked++;
     }
     atomic_fetch_add(&inconsistent, bad);
-    printf("reader: %llu rounds of olds%s during the chaos\n", (unsigned long long)asked,
-           has_sites ? ", olds_where, sites (3 orders)" : "");
+    printf(
+        "reader: %llu rounds of olds, olds with a stack set, sites (3 orders) during the chaos\n",
+        (unsigned long long)asked);
     return NULL;
 }
 
@@ -227,7 +226,7 @@ static double now_s(void) {
 
 /* The settled table against the allocators' fresh sets. */
 static void check_settled(void) {
-    size_t n = api->olds(everything, sizeof everything / sizeof *everything, &in_range.filter);
+    size_t n = query_olds(api, &in_range, everything, sizeof everything / sizeof *everything);
     size_t expected = 0, found = 0, wrong = 0;
     uint64_t bytes = 0;
     for (int t = 0; t < ALLOCATORS; t++)
@@ -252,18 +251,17 @@ static void check_settled(void) {
 
     /* The counters agree with the table. */
     struct mtrace_stats st;
-    api->stats(&st);
-    size_t all = api->olds(everything, sizeof everything / sizeof *everything, NULL);
+    api->stats(&st, sizeof st);
+    size_t all = query_olds(api, NULL, everything, sizeof everything / sizeof *everything);
     CHECK_EQ(st.live_count, all);
     uint64_t all_bytes = 0;
     for (size_t i = 0; i < all; i++)
         all_bytes += everything[i].size;
     CHECK_EQ(st.live_bytes, all_bytes);
 
-    if (!has_sites)
-        return;
     struct mtrace_site total;
-    size_t ns = api->sites(sites, sizeof sites / sizeof *sites, &in_range, MTRACE_BY_COUNT, &total);
+    size_t ns =
+        query_sites(api, &in_range, sites, sizeof sites / sizeof *sites, MTRACE_BY_COUNT, &total);
     CHECK(ns != SIZE_MAX && ns > 0);
     if (ns == SIZE_MAX)
         return;
@@ -290,9 +288,9 @@ static void check_settled(void) {
     struct mtrace_query where = in_range;
     where.stack_set = set;
     where.stack_set_bits = set_bits;
-    CHECK_EQ(api->olds_where(everything, sizeof everything / sizeof *everything, &where), expected);
+    CHECK_EQ(query_olds(api, &where, everything, sizeof everything / sizeof *everything), expected);
     memset(set, 0, sizeof set);
-    CHECK_EQ(api->olds_where(everything, sizeof everything / sizeof *everything, &where), 0);
+    CHECK_EQ(query_olds(api, &where, everything, sizeof everything / sizeof *everything), 0);
 }
 
 int main(void) {
@@ -300,9 +298,7 @@ int main(void) {
     CHECK(api != NULL);
     if (!api)
         return check_summary();
-    has_sites = api->size >= offsetof(struct mtrace_api, olds_where) + sizeof api->olds_where;
-    if (!has_sites)
-        printf("this preload has no sites/olds_where: only olds, reset, enable, disable race\n");
+    in_range = sized_query(MIN_SIZE, MAX_SIZE);
     const char *stress = getenv("MTRACE_STRESS");
     if (stress && !strcmp(stress, "1"))
         rounds *= 10;
@@ -330,7 +326,7 @@ int main(void) {
 
     /* Settle: tracking on, the mailbox emptied, fresh sets allocated. */
     struct mtrace_stats st;
-    api->stats(&st);
+    api->stats(&st, sizeof st);
     CHECK_EQ(st.enabled, 1);
     for (int i = 0; i < MAILBOX; i++)
         free(atomic_exchange(&mailbox[i], NULL));
@@ -341,12 +337,10 @@ int main(void) {
     /* Freed, they are all forgotten. */
     atomic_store(&phase, 2);
     wait_parked(3 * ALLOCATORS);
-    CHECK_EQ(api->olds(everything, 16, &in_range.filter), 0);
-    if (has_sites) {
-        struct mtrace_site total;
-        CHECK_EQ(api->sites(sites, 16, &in_range, MTRACE_BY_BYTES, &total), 0);
-        CHECK_EQ(total.count, 0);
-    }
+    CHECK_EQ(query_olds(api, &in_range, everything, 16), 0);
+    struct mtrace_site total;
+    CHECK_EQ(query_sites(api, &in_range, sites, 16, MTRACE_BY_BYTES, &total), 0);
+    CHECK_EQ(total.count, 0);
     atomic_store(&phase, 3);
     for (int i = 0; i < ALLOCATORS; i++)
         pthread_join(allocs[i].tid, NULL);

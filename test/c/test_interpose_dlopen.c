@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "queries.h"
 #include "mtrace_api.h"
 #include "symbols.h"
 
@@ -40,8 +41,8 @@ static const struct mtrace_api *api;
 /* The stack recorded for the block p of this size; its depth, 0 if absent. */
 static uint32_t stack_of(const void *p, uint64_t size, uintptr_t *ips, uint32_t max, uint32_t *id) {
     static struct mtrace_alloc buf[1024];
-    struct mtrace_filter f = {0, 0, size, size};
-    size_t n = api->olds(buf, sizeof buf / sizeof *buf, &f);
+    struct mtrace_query f = sized_query(size, size);
+    size_t n = query_olds(api, &f, buf, sizeof buf / sizeof *buf);
     for (size_t i = 0; i < n; i++)
         if (buf[i].addr == (uintptr_t)p) {
             if (id)
@@ -157,6 +158,7 @@ static void test_unhooked_unload(const char (*paths)[4096]) {
 
 int main(int argc, char **argv) {
     api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
+    mt_symbols_use(api);
     CHECK(api != NULL);
     if (!api)
         return check_summary();
@@ -201,8 +203,8 @@ int main(int argc, char **argv) {
         /* The constructor's block: frame 0 in the library, walked out
          * through the loader to this program. */
         struct mtrace_alloc ctor[4];
-        struct mtrace_filter f = {0, 0, CTOR_SIZE, CTOR_SIZE};
-        size_t n_ctor = api->olds(ctor, 4, &f);
+        struct mtrace_query f = sized_query(CTOR_SIZE, CTOR_SIZE);
+        size_t n_ctor = query_olds(api, &f, ctor, 4);
         uint32_t depth = n_ctor == 1 ? api->stack(ctor[0].stack_id, ips, MTRACE_MAX_DEPTH) : 0;
         int reaches_load = 0;
         for (uint32_t i = 1; i < depth; i++)
@@ -232,7 +234,7 @@ int main(int argc, char **argv) {
             free(p);
 
         CHECK_EQ(dlclose(h), 0);
-        gone_ok += api->olds(ctor, 4, &f) == 0; /* the destructor freed its block */
+        gone_ok += query_olds(api, &f, ctor, 4) == 0; /* the destructor freed its block */
     }
     double t1 = now_s();
     atomic_store(&stop, 1);
@@ -265,18 +267,15 @@ int main(int argc, char **argv) {
     CHECK_EQ(readable, n_kept);
     CHECK_EQ(unnamed, n_kept);
     struct mtrace_alloc olds[64];
-    struct mtrace_filter lf = {0, 0, LIB_SIZE, LIB_SIZE};
-    CHECK_EQ(api->olds(olds, 64, &lf), n_kept);
-    if (api->size >= offsetof(struct mtrace_api, sites) + sizeof api->sites) {
-        struct mtrace_query q = {lf, NULL, 0};
-        struct mtrace_site sites[8], total;
-        size_t ns = api->sites(sites, 8, &q, MTRACE_BY_COUNT, &total);
-        CHECK(ns >= 1 && ns != SIZE_MAX);
-        CHECK_EQ(total.count, n_kept);
-    }
+    struct mtrace_query lf = sized_query(LIB_SIZE, LIB_SIZE);
+    CHECK_EQ(query_olds(api, &lf, olds, 64), n_kept);
+    struct mtrace_site sites[8], total;
+    size_t ns = query_sites(api, &lf, sites, 8, MTRACE_BY_COUNT, &total);
+    CHECK(ns >= 1 && ns != SIZE_MAX);
+    CHECK_EQ(total.count, n_kept);
     for (int i = 0; i < n_kept; i++)
         free(kept[i].block);
-    CHECK_EQ(api->olds(olds, 64, &lf), 0);
+    CHECK_EQ(query_olds(api, &lf, olds, 64), 0);
     printf("%d blocks outlived their library; their stacks were read, queried and named\n", n_kept);
     test_unhooked_unload((const char(*)[4096])paths);
     return check_summary();

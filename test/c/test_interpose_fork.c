@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "queries.h"
 #include "mtrace_api.h"
 
 #define THREADS 4
@@ -46,8 +47,8 @@ static double now_s(void) {
 /* Is p recorded with this size? */
 static int recorded(const void *p, uint64_t size) {
     static struct mtrace_alloc buf[4 * THREADS * WINDOW];
-    struct mtrace_filter f = {0, 0, size, size};
-    size_t n = api->olds(buf, sizeof buf / sizeof *buf, &f);
+    struct mtrace_query f = sized_query(size, size);
+    size_t n = query_olds(api, &f, buf, sizeof buf / sizeof *buf);
     for (size_t i = 0; i < n; i++)
         if (buf[i].addr == (uintptr_t)p)
             return 1;
@@ -85,7 +86,7 @@ static int inert_child(void) {
             return 12;
     }
     struct mtrace_stats s;
-    api->stats(&s);
+    api->stats(&s, sizeof s);
     for (int i = 0; i < 64; i++)
         free(keep[i]);
     if (s.active != 0)
@@ -197,8 +198,8 @@ static void test_storm(int forks) {
 
     /* The parent's table survived the storm exactly. */
     static struct mtrace_alloc buf[THREADS * WINDOW + 64];
-    struct mtrace_filter f = {0, 0, CHURN_SIZE, CHURN_SIZE};
-    size_t n = api->olds(buf, sizeof buf / sizeof *buf, &f), expected = 0, found = 0;
+    struct mtrace_query f = sized_query(CHURN_SIZE, CHURN_SIZE);
+    size_t n = query_olds(api, &f, buf, sizeof buf / sizeof *buf), expected = 0, found = 0;
     for (int t = 0; t < THREADS; t++)
         for (int k = 0; k < WINDOW; k++) {
             if (!churners[t].live[k])
@@ -212,10 +213,10 @@ static void test_storm(int forks) {
     for (int t = 0; t < THREADS; t++)
         for (int k = 0; k < WINDOW; k++)
             free(churners[t].live[k]);
-    CHECK_EQ(api->olds(buf, 16, &f), 0);
+    CHECK_EQ(query_olds(api, &f, buf, 16), 0);
     free(anchor);
     struct mtrace_stats s;
-    api->stats(&s);
+    api->stats(&s, sizeof s);
     CHECK_EQ(s.dropped, 0);
 }
 

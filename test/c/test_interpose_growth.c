@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "queries.h"
 #include "mtrace_api.h"
 
 static const struct mtrace_api *api;
@@ -117,13 +118,13 @@ static long status_kib(const char *key) {
 
 static void test_interposition(void) {
     struct mtrace_stats s0, s1;
-    api->stats(&s0);
+    api->stats(&s0, sizeof s0);
     uint64_t maps0 = atomic_load(&maps_preload);
     uint64_t net0 = atomic_load(&bytes_preload) - atomic_load(&unmapped_preload);
     static void *blocks[200000];
     for (int i = 0; i < 200000; i++)
         blocks[i] = malloc(40);
-    api->stats(&s1);
+    api->stats(&s1, sizeof s1);
     uint64_t maps = atomic_load(&maps_preload) - maps0;
     uint64_t net = atomic_load(&bytes_preload) - atomic_load(&unmapped_preload) - net0;
     printf(
@@ -172,7 +173,7 @@ static void test_no_memory(void) {
     if (!blocks)
         return;
     struct mtrace_stats s0, s1, s2;
-    api->stats(&s0);
+    api->stats(&s0, sizeof s0);
     uint64_t failed = 0, errno_changed = 0;
     atomic_store(&fail_maps, 1);
     for (size_t i = 0; i < FAIL_N; i++) {
@@ -214,7 +215,7 @@ static void test_no_memory(void) {
     }
     uint64_t refused = atomic_load(&maps_failed);
     atomic_store(&fail_maps, 0);
-    api->stats(&s1);
+    api->stats(&s1, sizeof s1);
     uint64_t recorded = s1.live_count - s0.live_count, dropped = s1.dropped - s0.dropped;
     printf("no memory for the table: %d allocations, all succeeded; %llu recorded, %llu dropped; "
            "%llu mappings refused\n",
@@ -231,8 +232,8 @@ static void test_no_memory(void) {
     /* What was recorded is among what was allocated, with its size. */
     struct mtrace_alloc *table = raw(FAIL_N * sizeof *table);
     uintptr_t *sorted = raw(FAIL_N * sizeof *sorted);
-    struct mtrace_filter f = {0, 0, FAIL_MIN, FAIL_MIN + 7};
-    size_t n = table && sorted ? api->olds(table, FAIL_N, &f) : 0, strangers = 0;
+    struct mtrace_query f = sized_query(FAIL_MIN, FAIL_MIN + 7);
+    size_t n = table && sorted ? query_olds(api, &f, table, FAIL_N) : 0, strangers = 0;
     CHECK_EQ(n, recorded);
     if (sorted) {
         for (size_t i = 0; i < FAIL_N; i++)
@@ -249,16 +250,16 @@ static void test_no_memory(void) {
     /* Freed, every block leaves the table (dropped ones were never in it). */
     for (size_t i = 0; i < FAIL_N; i++)
         free(blocks[i]);
-    api->stats(&s2);
+    api->stats(&s2, sizeof s2);
     CHECK_EQ(s2.live_count, s0.live_count);
     CHECK_EQ(s2.live_bytes, s0.live_bytes);
-    CHECK_EQ(api->olds(table, 16, &f), 0);
+    CHECK_EQ(query_olds(api, &f, table, 16), 0);
 
     /* Memory back: recording resumes, nothing more dropped. */
     for (size_t i = 0; i < 1000; i++)
         blocks[i] = malloc(FAIL_MIN);
     struct mtrace_stats s3;
-    api->stats(&s3);
+    api->stats(&s3, sizeof s3);
     CHECK_EQ(s3.live_count - s2.live_count, 1000);
     CHECK_EQ(s3.dropped, s1.dropped);
     for (size_t i = 0; i < 1000; i++)
@@ -288,7 +289,7 @@ static void test_growth(size_t n, int full) {
         return;
     struct mtrace_stats s0, s1, s2;
     long rss0 = status_kib("VmRSS");
-    api->stats(&s0);
+    api->stats(&s0, sizeof s0);
     uint64_t bytes = 0;
     double t0 = now_s();
     for (size_t i = 0; i < n; i++) {
@@ -297,7 +298,7 @@ static void test_growth(size_t n, int full) {
         bytes += size;
     }
     double t1 = now_s();
-    api->stats(&s1);
+    api->stats(&s1, sizeof s1);
     long rss1 = status_kib("VmRSS");
     printf("%zu live entries: allocated in %.2f s (%.0f ns each); table %.0f MiB (%.1f bytes an "
            "entry), RSS +%ld MiB\n",
@@ -308,8 +309,8 @@ static void test_growth(size_t n, int full) {
     CHECK_EQ(s1.dropped, s0.dropped);
 
     /* Every 1000th block, by address. */
-    struct mtrace_filter sample = {0, 0, SAMPLE_SIZE, SAMPLE_SIZE};
-    size_t got = api->olds(table, listed, &sample), found = 0;
+    struct mtrace_query sample = sized_query(SAMPLE_SIZE, SAMPLE_SIZE);
+    size_t got = query_olds(api, &sample, table, listed), found = 0;
     int was = api->thread_ignore(1);
     qsort(table, got, sizeof *table, by_addr);
     api->thread_ignore(was);
@@ -318,21 +319,19 @@ static void test_growth(size_t n, int full) {
     CHECK_EQ(got, (n + 999) / 1000);
     CHECK_EQ(found, got);
 
-    if (api->size >= offsetof(struct mtrace_api, sites) + sizeof api->sites) {
-        struct mtrace_query q = {{0, 0, GROW_MIN, SAMPLE_SIZE}, NULL, 0};
-        struct mtrace_site site, total;
-        double t = now_s();
-        size_t ns = api->sites(&site, 1, &q, MTRACE_BY_COUNT, &total);
-        printf("sites over %zu entries: %.2f s\n", n, now_s() - t);
-        CHECK(ns == 1);
-        CHECK_EQ(total.count, n);
-        CHECK_EQ(total.bytes, bytes);
-    }
+    struct mtrace_query q = sized_query(GROW_MIN, SAMPLE_SIZE);
+    struct mtrace_site site, total;
+    double t = now_s();
+    size_t ns = query_sites(api, &q, &site, 1, MTRACE_BY_COUNT, &total);
+    printf("sites over %zu entries: %.2f s\n", n, now_s() - t);
+    CHECK(ns == 1);
+    CHECK_EQ(total.count, n);
+    CHECK_EQ(total.bytes, bytes);
 
     if (full) { /* all of them, by address and size */
         double t2 = now_s();
-        struct mtrace_filter f = {0, 0, GROW_MIN, SAMPLE_SIZE};
-        got = api->olds(table, listed, &f);
+        struct mtrace_query f = sized_query(GROW_MIN, SAMPLE_SIZE);
+        got = query_olds(api, &f, table, listed);
         double t3 = now_s();
         was = api->thread_ignore(1);
         qsort(table, got, sizeof *table, by_addr);
@@ -351,7 +350,7 @@ static void test_growth(size_t n, int full) {
     for (size_t i = 0; i < n; i++)
         free((void *)blocks[i]);
     double t5 = now_s();
-    api->stats(&s2);
+    api->stats(&s2, sizeof s2);
     printf("freed in %.2f s (%.0f ns each)\n", t5 - t4, (t5 - t4) * 1e9 / (double)n);
     CHECK_EQ(s2.live_count, s0.live_count);
     CHECK_EQ(s2.live_bytes, s0.live_bytes);
@@ -373,7 +372,7 @@ static int limited_child(struct limited *out) {
     if (!blocks)
         return 29;
     struct mtrace_stats s0, s1;
-    api->stats(&s0);
+    api->stats(&s0, sizeof s0);
     struct rlimit lim, was;
     long vm = status_kib("VmSize");
     if (vm <= 0 || getrlimit(RLIMIT_AS, &was) != 0)
@@ -398,7 +397,7 @@ static int limited_child(struct limited *out) {
     void *big = malloc(64 << 20);
     if (big || errno != ENOMEM)
         return 33;
-    api->stats(&s1);
+    api->stats(&s1, sizeof s1);
     out->allocated = n;
     out->recorded = s1.live_count - s0.live_count;
     out->dropped = s1.dropped - s0.dropped;
@@ -406,14 +405,14 @@ static int limited_child(struct limited *out) {
         return 34;
     for (size_t i = 0; i < n; i++)
         free(blocks[i]);
-    api->stats(&s1);
+    api->stats(&s1, sizeof s1);
     if (s1.live_count != s0.live_count)
         return 35;
     /* The limit lifted, recording goes on. */
     if (setrlimit(RLIMIT_AS, &was) != 0)
         return 36;
     void *p = malloc(100);
-    api->stats(&s1);
+    api->stats(&s1, sizeof s1);
     free(p);
     return p && s1.live_count == s0.live_count + 1 ? 0 : 37;
 }

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "queries.h"
 #include "mtrace_api.h"
 
 #define KEPT 4321 /* not an errno value: still there means errno was left alone */
@@ -76,7 +77,7 @@ static struct mtrace_alloc found_buf[8192];
 
 /* Size recorded for p, or -1 when p is not in the table. */
 static long long recorded_size(const void *p) {
-    size_t n = api->olds(found_buf, sizeof found_buf / sizeof *found_buf, NULL);
+    size_t n = query_olds(api, NULL, found_buf, sizeof found_buf / sizeof *found_buf);
     for (size_t i = 0; i < n; i++)
         if (found_buf[i].addr == (uintptr_t)p)
             return (long long)found_buf[i].size;
@@ -618,14 +619,14 @@ int main(int argc, char **argv) {
     if (!api)
         return check_summary();
     struct mtrace_stats s;
-    api->stats(&s);
+    api->stats(&s, sizeof s);
     CHECK_EQ(s.active, 1);
     run_cases();
     CHECK(tlen > 0 && tlen < sizeof transcript - 1);
     size_t theirs = glibc_transcript(argv);
     CHECK(theirs > 0);
     compare(transcript, glibc_out);
-    api->stats(&s);
+    api->stats(&s, sizeof s);
     CHECK_EQ(s.dropped, 0);
     if (getenv("MTRACE_TEST_VERBOSE"))
         fwrite(transcript, 1, tlen, stdout);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "queries.h"
 #include "mtrace_api.h"
 
 #define R 16384
@@ -21,8 +22,6 @@
 static void *blocks[BIG_N + SMALL_N]; /* not malloc'ed: the test's own bookkeeping is invisible */
 static const struct mtrace_api *api;
 
-static void more(struct mtrace_more_stats *m) { api->more_stats(m, sizeof *m); }
-
 /* |got - want| within `share` of want. */
 static int near(double got, double want, double share) {
     return got > want * (1 - share) && got < want * (1 + share);
@@ -31,15 +30,12 @@ static int near(double got, double want, double share) {
 /* Allocates n blocks of size bytes; checks counts and estimates of them. */
 static void check_estimates(size_t from, size_t n, size_t size, double share) {
     struct mtrace_stats s0, s1;
-    struct mtrace_more_stats m0, m1;
-    api->stats(&s0);
-    more(&m0);
+    api->stats(&s0, sizeof s0);
     for (size_t i = from; i < from + n; i++)
         blocks[i] = malloc(size);
-    api->stats(&s1);
-    more(&m1);
-    double est_n = (double)(m1.est_live_count - m0.est_live_count);
-    double est_b = (double)(m1.est_live_bytes - m0.est_live_bytes);
+    api->stats(&s1, sizeof s1);
+    double est_n = (double)(s1.est_live_count - s0.est_live_count);
+    double est_b = (double)(s1.est_live_bytes - s0.est_live_bytes);
     uint64_t recorded = s1.live_count - s0.live_count;
     printf("%zu blocks of %zu bytes: %llu recorded, estimated %.0f blocks, %.0f bytes\n", n, size,
            (unsigned long long)recorded, est_n, est_b);
@@ -61,8 +57,8 @@ int main(int argc, char **argv) {
     CHECK(api != NULL);
     if (!api || api->size < sizeof *api)
         return check_summary();
-    struct mtrace_more_stats m0, m1;
-    more(&m0);
+    struct mtrace_stats m0, m1;
+    api->stats(&m0, sizeof m0);
     CHECK_EQ(m0.sample_bytes, R);
     /* Expected samples: 20000 * (1 - e^(-4096/16384)) = 4424 (1.3% spread)
      * and 400000 * (1 - e^(-64/16384)) = 1559 (2.5%): the bounds are over
@@ -71,7 +67,7 @@ int main(int argc, char **argv) {
     check_estimates(BIG_N, SMALL_N, SMALL_SIZE, 0.15);
     for (size_t i = 0; i < BIG_N + SMALL_N; i++)
         free(blocks[i]);
-    more(&m1);
+    api->stats(&m1, sizeof m1);
     /* Weights are integers, added and taken away exactly: back to where it
      * started, give or take stdio's buffer (one sample weighs about 4). */
     CHECK(m1.est_live_count <= m0.est_live_count + 8);

@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "queries.h"
 #include "mtrace_api.h"
 
 #define THREADS 8
@@ -231,7 +232,7 @@ static int by_addr(const void *a, const void *b) {
 }
 
 static size_t snapshot(struct mtrace_alloc *out, size_t cap) {
-    size_t n = api->olds(out, cap, NULL);
+    size_t n = query_olds(api, NULL, out, cap);
     int was = api->thread_ignore(1);
     qsort(out, n, sizeof *out, by_addr);
     api->thread_ignore(was);
@@ -261,12 +262,12 @@ int main(void) {
     everyone_parked(THREADS);
     struct mtrace_stats s0, s1, s2;
     size_t n_before = snapshot(table_before, sizeof table_before / sizeof *table_before);
-    api->stats(&s0);
+    api->stats(&s0, sizeof s0);
     double t0 = now_s();
     atomic_store(&phase, 1);
     everyone_parked(2 * THREADS);
     double t1 = now_s();
-    api->stats(&s1);
+    api->stats(&s1, sizeof s1);
 
     uint64_t corrupt = 0, failed = 0, expected = 0;
     uint64_t calls[MT_FN_COUNT] = {0};
@@ -332,7 +333,7 @@ int main(void) {
     /* Freed, all of them are forgotten. */
     atomic_store(&phase, 2);
     everyone_parked(3 * THREADS);
-    api->stats(&s2);
+    api->stats(&s2, sizeof s2);
     n_now = snapshot(table_now, sizeof table_now / sizeof *table_now);
     size_t left = 0;
     for (size_t i = 0; i < n_now; i++)

@@ -1,8 +1,8 @@
-/* The read side on its own (query.c, sites.c over table.c and stacks.c,
- * without the interposer): olds, olds_where and sites compared with a brute
- * force over a known table, on every filter bound, stack sets, orders, limits
- * and bad arguments; reset and stats; and queries racing a writer.  Small
- * enough to run under AddressSanitizer and valgrind. */
+/* The contract over a known table, without the hooks (the preload's other
+ * files linked in; nothing is interposed): olds and sites compared with a
+ * brute force on every query bound, stack sets, orders, limits and bad
+ * arguments with their result codes; reset and stats; and queries racing a
+ * writer.  Small enough to run under AddressSanitizer and valgrind. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
@@ -11,33 +11,13 @@
 #include <sys/mman.h>
 
 #include "check.h"
-#include "interpose.h"
+#include "queries.h"
 #include "mtrace_api.h"
 #include "stacks.h"
 #include "table.h"
 
-/* --- what the interposer would provide ------------------------------------- */
-
-static _Atomic int enabled = 1;
-static _Thread_local int ignored;
-static _Atomic uint64_t fake_now = 5000;
-
-void mt_sum_calls(uint64_t *out) { memset(out, 0, MT_FN_COUNT * sizeof *out); }
-uint32_t mt_depth(void) { return 32; }
-int mt_is_active(void) { return 1; }
-int mt_is_enabled(void) { return atomic_load(&enabled); }
-void mt_set_enabled(int on) { atomic_store(&enabled, on != 0); }
-int mt_thread_ignore(int on) {
-    int was = ignored;
-    ignored = on != 0;
-    return was;
-}
-uint64_t mt_now_ms(void) { return atomic_load(&fake_now); }
-uint64_t mt_sample_bytes(void) { return 0; }
-uint32_t mt_config_garbage(void) { return 0; }
-
-extern const struct mtrace_api mtrace_api_v1;
-static const struct mtrace_api *api = &mtrace_api_v1;
+extern const struct mtrace_api mtrace_api_v2;
+static const struct mtrace_api *api = &mtrace_api_v2;
 
 /* --- a known table ---------------------------------------------------------- */
 
@@ -76,9 +56,8 @@ static void fill(unsigned seed) {
 }
 
 static int keeps(const struct mtrace_alloc *a, const struct mtrace_query *q) {
-    const struct mtrace_filter *f = &q->filter;
-    if ((f->min_t_ms && a->t_ms < f->min_t_ms) || (f->max_t_ms && a->t_ms > f->max_t_ms) ||
-        (f->min_size && a->size < f->min_size) || (f->max_size && a->size > f->max_size))
+    if (a->t_ms < q->min_t_ms || a->t_ms > q->max_t_ms || a->size < q->min_size ||
+        a->size > q->max_size)
         return 0;
     return !q->stack_set || (a->stack_id < q->stack_set_bits &&
                              ((q->stack_set[a->stack_id / 64] >> (a->stack_id % 64)) & 1));
@@ -97,10 +76,10 @@ static size_t brute_olds(const struct mtrace_query *q, size_t n) {
     return m < n ? m : n;
 }
 
-/* olds_where (or olds, without a stack set) against the brute force. */
+/* olds against the brute force. */
 static int olds_agree(const struct mtrace_query *q, size_t n) {
     size_t want = brute_olds(q, n);
-    size_t have = q->stack_set ? api->olds_where(got, n, q) : api->olds(got, n, &q->filter);
+    size_t have = query_olds(api, q, got, n);
     if (have != want)
         return 0;
     for (size_t i = 0; i < have; i++)
@@ -110,89 +89,116 @@ static int olds_agree(const struct mtrace_query *q, size_t n) {
     return 1;
 }
 
-static uint64_t stack_set[(MT_MAX_STACK_ID + 1) / 64 + 1];
+static uint64_t stack_set[(MTRACE_MAX_STACK_ID + 1) / 64 + 1];
 
 static void random_query(unsigned *seed, struct mtrace_query *q) {
-    memset(q, 0, sizeof *q);
+    *q = MTRACE_QUERY_ALL(MTRACE_BY_OLDEST, 0);
     unsigned r = (unsigned)rand_r(seed);
     if (r & 1)
-        q->filter.min_t_ms = 1 + (uint64_t)rand_r(seed) % 1000;
+        q->min_t_ms = 1 + (uint64_t)rand_r(seed) % 1000;
     if (r & 2)
-        q->filter.max_t_ms = 1 + (uint64_t)rand_r(seed) % 1000;
+        q->max_t_ms = 1 + (uint64_t)rand_r(seed) % 1000;
     if (r & 4)
-        q->filter.min_size = 1 + (uint64_t)rand_r(seed) % 10000;
+        q->min_size = 1 + (uint64_t)rand_r(seed) % 10000;
     if (r & 8)
-        q->filter.max_size = 1 + (uint64_t)rand_r(seed) % 10000;
+        q->max_size = 1 + (uint64_t)rand_r(seed) % 10000;
     if (r & 16) {
         memset(stack_set, 0, sizeof stack_set);
         for (uint32_t s = 0; s <= STACKS; s++)
             if (rand_r(seed) % 2)
                 stack_set[stack_ids[s] / 64] |= 1ull << (stack_ids[s] % 64);
         q->stack_set = stack_set;
-        q->stack_set_bits = r & 32 ? stack_ids[STACKS / 2] : MT_MAX_STACK_ID + 1;
+        q->stack_set_bits = r & 32 ? stack_ids[STACKS / 2] : MTRACE_MAX_STACK_ID + 1;
     }
 }
 
 static void test_olds(void) {
-    struct mtrace_query all = {{0, 0, 0, 0}, NULL, 0};
+    struct mtrace_query all = MTRACE_QUERY_ALL(MTRACE_BY_OLDEST, 0);
     CHECK(olds_agree(&all, N + 16));
     CHECK(olds_agree(&all, 1));
     CHECK(olds_agree(&all, 100));
-    CHECK_EQ(api->olds(got, 0, NULL), 0);
-    CHECK_EQ(api->olds(NULL, 10, NULL), 0);
-    CHECK_EQ(api->olds(got, N + 16, NULL), n_known);
+    CHECK_EQ(query_olds(api, NULL, got, 0), 0);
+    CHECK_EQ(query_olds(api, NULL, got, N + 16), n_known);
     /* Each bound on its own, at its edges. */
     struct mtrace_query q = all;
-    q.filter.min_t_ms = 500;
+    q.min_t_ms = 500;
     CHECK(olds_agree(&q, N));
     q = all;
-    q.filter.max_t_ms = 500;
+    q.max_t_ms = 500;
     CHECK(olds_agree(&q, N));
     q = all;
-    q.filter.min_t_ms = q.filter.max_t_ms = 777;
+    q.min_t_ms = q.max_t_ms = 777;
     CHECK(olds_agree(&q, N));
     q = all;
-    q.filter.min_size = 9999;
+    q.min_size = 9999;
     CHECK(olds_agree(&q, N));
     q = all;
-    q.filter.max_size = 1;
+    q.max_size = 1;
     CHECK(olds_agree(&q, N));
     q = all;
-    q.filter.min_size = 6000;
-    q.filter.max_size = 5000; /* empty range */
-    CHECK_EQ(api->olds(got, N, &q.filter), 0);
+    q.max_size = 0; /* only empty blocks: none here */
+    CHECK_EQ(query_olds(api, &q, got, N), 0);
     q = all;
-    q.filter.min_t_ms = 2000; /* after everything */
-    CHECK_EQ(api->olds(got, N, &q.filter), 0);
+    q.min_size = 6000;
+    q.max_size = 5000; /* empty range */
+    CHECK_EQ(query_olds(api, &q, got, N), 0);
+    q = all;
+    q.min_t_ms = 2000; /* after everything */
+    CHECK_EQ(query_olds(api, &q, got, N), 0);
 
-    int ignored_before = ignored;
-    api->olds(got, 10, NULL);
-    CHECK_EQ(ignored, ignored_before); /* the reader's own setting comes back */
-    CHECK_EQ(mt_thread_ignore(1), 0);
-    api->olds(got, 10, NULL);
-    CHECK_EQ(ignored, 1);
-    mt_thread_ignore(0);
+    /* Largest first, ties oldest first. */
+    q = all;
+    q.order = MTRACE_BY_BYTES;
+    q.limit = 50;
+    size_t written = 99, bad = 0;
+    CHECK_EQ(api->olds(&q, got, &written), MTRACE_OK);
+    CHECK_EQ(written, 50);
+    uint64_t largest = 0;
+    for (size_t i = 0; i < n_known; i++)
+        largest = known[i].size > largest ? known[i].size : largest;
+    CHECK_EQ(got[0].size, largest);
+    for (size_t i = 1; i < written; i++)
+        bad += got[i].size > got[i - 1].size ||
+               (got[i].size == got[i - 1].size && older(&got[i], &got[i - 1]));
+    CHECK_EQ(bad, 0);
+
+    /* Result codes. */
+    q = all;
+    q.limit = 10;
+    CHECK_EQ(api->olds(NULL, got, &written), MTRACE_ERR_ARGUMENT);
+    CHECK_EQ(api->olds(&q, NULL, &written), MTRACE_ERR_ARGUMENT);
+    CHECK_EQ(written, 0);
+    CHECK_EQ(api->olds(&q, got, NULL), MTRACE_ERR_ARGUMENT);
+    q.order = MTRACE_BY_COUNT; /* not an order of single allocations */
+    CHECK_EQ(api->olds(&q, got, &written), MTRACE_ERR_ARGUMENT);
+    q.order = 77;
+    CHECK_EQ(api->olds(&q, got, &written), MTRACE_ERR_ARGUMENT);
+    q.order = MTRACE_BY_OLDEST;
+    q.limit = 0;
+    CHECK_EQ(api->olds(&q, NULL, &written), MTRACE_OK); /* nothing asked, nothing written */
+    CHECK_EQ(written, 0);
+
+    /* The reader's own thread_ignore setting is its own. */
+    CHECK_EQ(api->thread_ignore(1), 0);
+    query_olds(api, NULL, got, 10);
+    CHECK_EQ(api->thread_ignore(0), 1);
 }
 
-static void test_olds_where(void) {
-    if (api->size < offsetof(struct mtrace_api, olds_where) + sizeof api->olds_where) {
-        printf("skipped: olds_where (not in this build)\n");
-        return;
-    }
-    struct mtrace_query q = {{0, 0, 0, 0}, stack_set, MT_MAX_STACK_ID + 1};
+static void test_olds_stack_set(void) {
+    struct mtrace_query q = MTRACE_QUERY_ALL(MTRACE_BY_OLDEST, 0);
+    q.stack_set = stack_set;
+    q.stack_set_bits = MTRACE_MAX_STACK_ID + 1;
     memset(stack_set, 0, sizeof stack_set);
-    CHECK_EQ(api->olds_where(got, N, &q), 0); /* an empty set keeps nothing */
+    CHECK_EQ(query_olds(api, &q, got, N), 0); /* an empty set keeps nothing */
     stack_set[0] = 1;                         /* only "no stack" */
     CHECK(olds_agree(&q, N));
     CHECK(brute_olds(&q, N) > 0);
     stack_set[stack_ids[7] / 64] |= 1ull << (stack_ids[7] % 64);
     CHECK(olds_agree(&q, N));
     q.stack_set_bits = 0; /* every id at or beyond the bits: nothing */
-    CHECK_EQ(api->olds_where(got, N, &q), 0);
+    CHECK_EQ(query_olds(api, &q, got, N), 0);
     q.stack_set = NULL; /* no set: everything */
-    CHECK_EQ(api->olds_where(got, N + 16, &q), n_known);
-    CHECK_EQ(api->olds_where(got, N + 16, NULL), n_known);
-    CHECK_EQ(api->olds_where(NULL, 5, NULL), 0);
+    CHECK_EQ(query_olds(api, &q, got, N + 16), n_known);
     unsigned seed = 3;
     int agree = 0;
     for (int i = 0; i < 200; i++) {
@@ -264,7 +270,7 @@ static int sites_agree(const struct mtrace_query *q, int order, size_t n) {
 
     struct mtrace_site sum;
     memset(&sum, 0xff, sizeof sum);
-    size_t have = api->sites(out, n, q, order, &sum);
+    size_t have = query_sites(api, q, out, n, order, &sum);
     if (have != (m < n ? m : n) || sum.count != total.count || sum.bytes != total.bytes)
         return 0;
     if (sum.est_count != sum.count || sum.est_bytes != sum.bytes) /* lossless: exact */
@@ -283,26 +289,31 @@ static int sites_agree(const struct mtrace_query *q, int order, size_t n) {
 }
 
 static void test_sites(void) {
-    if (api->size < offsetof(struct mtrace_api, sites) + sizeof api->sites) {
-        printf("skipped: sites (not in this build)\n");
-        return;
-    }
-    struct mtrace_query all = {{0, 0, 0, 0}, NULL, 0};
+    struct mtrace_query all = MTRACE_QUERY_ALL(MTRACE_BY_BYTES, 0);
     for (int order = MTRACE_BY_BYTES; order <= MTRACE_BY_OLDEST; order++) {
         CHECK(sites_agree(&all, order, STACKS + 8));
         CHECK(sites_agree(&all, order, 5));
         CHECK(sites_agree(&all, order, 1));
     }
     struct mtrace_site out[4], total;
-    CHECK_EQ(api->sites(out, 4, NULL, MTRACE_BY_BYTES, &total), 4);
+    CHECK_EQ(query_sites(api, NULL, out, 4, MTRACE_BY_BYTES, &total), 4);
     CHECK_EQ(total.count, n_known);
-    CHECK_EQ(api->sites(out, 0, &all, MTRACE_BY_COUNT, &total), 0); /* the total alone */
+    CHECK_EQ(query_sites(api, &all, out, 0, MTRACE_BY_COUNT, &total), 0); /* the total alone */
     CHECK_EQ(total.count, n_known);
-    CHECK_EQ(api->sites(NULL, 0, &all, MTRACE_BY_COUNT, NULL), 0);
-    CHECK_EQ(api->sites(NULL, 4, &all, MTRACE_BY_COUNT, &total), 0);
-    CHECK_EQ(api->sites(out, 4, &all, -1, &total), 0);
-    CHECK_EQ(api->sites(out, 4, &all, 3, &total), 0);
-    CHECK_EQ(api->sites(out, 4, &all, 1000000, NULL), 0);
+    /* Result codes. */
+    size_t written = 99;
+    struct mtrace_query q = all;
+    CHECK_EQ(api->sites(&q, NULL, &written, NULL), MTRACE_OK); /* limit 0: nothing written */
+    CHECK_EQ(written, 0);
+    q.limit = 4;
+    CHECK_EQ(api->sites(&q, NULL, &written, &total), MTRACE_ERR_ARGUMENT);
+    CHECK_EQ(api->sites(NULL, out, &written, &total), MTRACE_ERR_ARGUMENT);
+    CHECK_EQ(api->sites(&q, out, NULL, &total), MTRACE_ERR_ARGUMENT);
+    q.order = 3;
+    CHECK_EQ(api->sites(&q, out, &written, &total), MTRACE_ERR_ARGUMENT);
+    q.order = 1000000;
+    CHECK_EQ(api->sites(&q, out, &written, NULL), MTRACE_ERR_ARGUMENT);
+    CHECK_EQ(written, 0);
     unsigned seed = 5;
     int agree = 0;
     for (int i = 0; i < 150; i++) {
@@ -312,7 +323,7 @@ static void test_sites(void) {
     }
     CHECK_EQ(agree, 150);
     /* An entry whose stack id was never interned is left out, not looked up. */
-    CHECK_EQ(mt_table_insert(0x7000000000ull, 123, 5, MT_MAX_STACK_ID), MT_INSERTED);
+    CHECK_EQ(mt_table_insert(0x7000000000ull, 123, 5, MTRACE_MAX_STACK_ID), MT_INSERTED);
     CHECK(sites_agree(&all, MTRACE_BY_COUNT, STACKS + 8));
     CHECK(mt_table_remove(0x7000000000ull, NULL));
 }
@@ -322,7 +333,7 @@ static void test_sites(void) {
 static void test_stacks_and_stats(void) {
     uintptr_t ips[8];
     CHECK_EQ(api->stack(MTRACE_NO_STACK, ips, 8), 0);
-    CHECK_EQ(api->stack(MT_MAX_STACK_ID, ips, 8), 0);
+    CHECK_EQ(api->stack(MTRACE_MAX_STACK_ID, ips, 8), 0);
     CHECK_EQ(api->stack(stack_ids[4], ips, 8), 1 + 4 % 4);
     CHECK_EQ(api->stack(stack_ids[3], ips, 8), 4);
     CHECK_EQ(api->stack(stack_ids[3], ips, 2), 2);
@@ -330,7 +341,8 @@ static void test_stacks_and_stats(void) {
     CHECK_EQ(api->stack(stack_ids[3], ips, 0), 0);
 
     struct mtrace_stats s;
-    api->stats(&s);
+    uint64_t before = api->now_ms();
+    CHECK_EQ(api->stats(&s, sizeof s), MTRACE_OK);
     uint64_t bytes = 0;
     for (size_t i = 0; i < n_known; i++)
         bytes += known[i].size;
@@ -338,18 +350,16 @@ static void test_stacks_and_stats(void) {
     CHECK_EQ(s.live_bytes, bytes);
     CHECK_EQ(s.shards, MT_SHARDS);
     CHECK(s.stacks >= STACKS);
-    CHECK_EQ(s.now_ms, 5000);
-    struct mtrace_more_stats m;
-    memset(&m, 0xee, sizeof m);
-    api->more_stats(&m, sizeof m);
-    CHECK_EQ(m.sample_bytes, 0);
-    CHECK_EQ(m.est_live_count, n_known);
-    CHECK_EQ(m.est_live_bytes, bytes);
+    CHECK(s.now_ms >= before && s.now_ms <= api->now_ms());
+    CHECK_EQ(s.sample_bytes, 0);
+    CHECK_EQ(s.est_live_count, n_known);
+    CHECK_EQ(s.est_live_bytes, bytes);
     unsigned char small[4];
     memset(small, 0xee, sizeof small);
-    api->more_stats((struct mtrace_more_stats *)(void *)small, 2); /* writes 2 bytes, no more */
+    api->stats((struct mtrace_stats *)(void *)small, 2); /* writes 2 bytes, no more */
     CHECK_EQ(small[2], 0xee);
     CHECK_EQ(small[3], 0xee);
+    CHECK_EQ(api->stats(NULL, sizeof s), MTRACE_ERR_ARGUMENT);
 }
 
 /* --- queries racing a writer --------------------------------------------------- */
@@ -374,22 +384,19 @@ static void test_racing_writer(void) {
     pthread_t t;
     pthread_create(&t, NULL, writer, NULL);
     int bad = 0, rounds = 0;
-    struct mtrace_query q = {{0, 0, 100, 199}, NULL, 0};
-    int has_sites = api->size >= offsetof(struct mtrace_api, sites) + sizeof api->sites;
+    struct mtrace_query q = sized_query(100, 199);
     while (!atomic_load(&writer_done)) {
-        size_t n = api->olds(got, 64, &q.filter);
+        size_t n = query_olds(api, &q, got, 64);
         for (size_t i = 0; i < n; i++)
             bad += got[i].size < 100 || got[i].size > 199 || (i && older(&got[i], &got[i - 1]));
-        if (has_sites) {
-            struct mtrace_site out[8], total;
-            size_t ns = api->sites(out, 8, &q, MTRACE_BY_BYTES, &total);
-            uint64_t c = 0;
-            for (size_t i = 0; i < ns && i < 8; i++) {
-                c += out[i].count;
-                bad += out[i].bytes < 100 * out[i].count || out[i].bytes > 199 * out[i].count;
-            }
-            bad += ns > 8 || c > total.count;
+        struct mtrace_site out[8], total;
+        size_t ns = query_sites(api, &q, out, 8, MTRACE_BY_BYTES, &total);
+        uint64_t c = 0;
+        for (size_t i = 0; i < ns && i < 8; i++) {
+            c += out[i].count;
+            bad += out[i].bytes < 100 * out[i].count || out[i].bytes > 199 * out[i].count;
         }
+        bad += ns > 8 || c > total.count;
         atomic_store(&query_rounds, ++rounds);
     }
     pthread_join(t, NULL);
@@ -397,8 +404,8 @@ static void test_racing_writer(void) {
     printf("%d query rounds raced table writes\n", rounds);
     /* Settled: the counters and a full listing agree. */
     struct mtrace_stats s;
-    api->stats(&s);
-    size_t n = api->olds(got, N + 8192, NULL);
+    api->stats(&s, sizeof s);
+    size_t n = query_olds(api, NULL, got, N + 8192);
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++)
         bytes += got[i].size;
@@ -408,15 +415,15 @@ static void test_racing_writer(void) {
 
 static void test_reset(void) {
     struct mtrace_stats s;
-    api->stats(&s);
+    api->stats(&s, sizeof s);
     CHECK_EQ(api->reset(), s.live_count);
-    api->stats(&s);
+    api->stats(&s, sizeof s);
     CHECK_EQ(s.live_count, 0);
     CHECK_EQ(s.live_bytes, 0);
-    CHECK_EQ(api->olds(got, 16, NULL), 0);
+    CHECK_EQ(query_olds(api, NULL, got, 16), 0);
     CHECK_EQ(api->reset(), 0);
     CHECK_EQ(mt_table_insert(0x1230, 7, 9, stack_ids[2]), MT_INSERTED);
-    CHECK_EQ(api->olds(got, 16, NULL), 1);
+    CHECK_EQ(query_olds(api, NULL, got, 16), 1);
     CHECK_EQ(got[0].stack_id, stack_ids[2]);
     CHECK_EQ(api->reset(), 1);
 }
@@ -426,7 +433,7 @@ int main(void) {
     fill(1);
     CHECK(n_known > N * 9 / 10);
     test_olds();
-    test_olds_where();
+    test_olds_stack_set();
     test_sites();
     test_stacks_and_stats();
     test_racing_writer();

@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include "symbols.h"
+#include "objects_api.h"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -479,6 +480,7 @@ static const char *fixture(int argc, char **argv, char *buf, size_t len, char *d
 }
 
 int main(int argc, char **argv) {
+    mt_symbols_use(&objects_only);
     char lib[PATH_MAX], dir[] = "/tmp/mt_symbols_XXXXXX";
     fixture_lib = fixture(argc, argv, lib, sizeof lib, dir);
     if (fixture_lib)

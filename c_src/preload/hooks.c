@@ -1,0 +1,131 @@
+/*
+ * The malloc-family functions this library exports, preloaded into beam.smp
+ * (and, through the inherited LD_PRELOAD, into every program it starts).
+ * Each is the C library's own function (libc.h) plus tracker calls
+ * (tracker.h); no policy lives here.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "libc.h"
+#include "tracker.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define COLD __attribute__((noinline))
+
+/* malloc, the hottest, decides in two steps: the first inline, the rest
+ * out of line, so that its common cases need no stack frame. */
+static COLD void *malloc_tracked(size_t n, enum mt_verdict v) {
+    if (mt_decide(v, MT_FN_MALLOC, n))
+        return mt_recorded(libc_malloc(n), n);
+    return libc_malloc(n);
+}
+
+EXPORT void *malloc(size_t n) {
+    enum mt_verdict v = mt_verdict(MT_FN_MALLOC, n);
+    if (mt_likely(v == MT_PASS))
+        return libc_malloc(n);
+    return malloc_tracked(n, v);
+}
+
+EXPORT void *calloc(size_t n, size_t size) {
+    size_t bytes;
+    if (mt_unlikely(__builtin_mul_overflow(n, size, &bytes))) {
+        mt_seen(MT_FN_CALLOC);
+        return libc_calloc(n, size); /* fails in libc, as it should */
+    }
+    if (mt_will_record(MT_FN_CALLOC, bytes))
+        return mt_recorded(libc_calloc(n, size), bytes);
+    return libc_calloc(n, size);
+}
+
+EXPORT void free(void *p) {
+    mt_freeing(p);
+    libc_free(p);
+}
+
+EXPORT void *realloc(void *p, size_t n) {
+    struct mt_realloc r;
+    mt_realloc_begin(&r, p, MT_FN_REALLOC);
+    return mt_realloc_end(&r, libc_realloc(p, n), n);
+}
+
+EXPORT void *reallocarray(void *p, size_t n, size_t size) {
+    size_t bytes;
+    if (__builtin_mul_overflow(n, size, &bytes)) {
+        mt_seen(MT_FN_REALLOCARRAY);
+        errno = ENOMEM; /* as glibc: p is left untouched */
+        return NULL;
+    }
+    struct mt_realloc r;
+    mt_realloc_begin(&r, p, MT_FN_REALLOCARRAY);
+    return mt_realloc_end(&r, libc_realloc(p, bytes), bytes);
+}
+
+/* glibc's own posix_memalign/aligned_alloc validate alignment differently
+ * across versions; calling them keeps errno and EINVAL behaviour exact. */
+EXPORT int posix_memalign(void **memptr, size_t al, size_t n) {
+    int (*real)(void **, size_t, size_t) =
+        mt_libc.posix_memalign ? mt_libc.posix_memalign : mt_libc_posix_memalign_early;
+    int record = mt_will_record(MT_FN_POSIX_MEMALIGN, n);
+    int r = real(memptr, al, n);
+    if (record && r == 0)
+        mt_record_now(*memptr, n);
+    return r;
+}
+
+EXPORT void *aligned_alloc(size_t al, size_t n) {
+    void *(*real)(size_t, size_t) = mt_libc.aligned_alloc ? mt_libc.aligned_alloc : libc_memalign;
+    if (mt_will_record(MT_FN_ALIGNED_ALLOC, n))
+        return mt_recorded(real(al, n), n);
+    return real(al, n);
+}
+
+EXPORT void *memalign(size_t al, size_t n) {
+    if (mt_will_record(MT_FN_MEMALIGN, n))
+        return mt_recorded(libc_memalign(al, n), n);
+    return libc_memalign(al, n);
+}
+
+EXPORT void *valloc(size_t n) {
+    if (mt_will_record(MT_FN_VALLOC, n))
+        return mt_recorded(libc_valloc(n), n);
+    return libc_valloc(n);
+}
+
+EXPORT void *pvalloc(size_t n) {
+    if (mt_will_record(MT_FN_PVALLOC, n))
+        return mt_recorded(libc_pvalloc(n), n);
+    return libc_pvalloc(n);
+}
+
+/* strdup/strndup are hooked so that frame 0 is their caller and the
+ * counters match the seed's; glibc's would call malloc from inside libc. */
+static char *dup_bytes(const char *s, size_t len, enum mtrace_fn fn) {
+    int record = mt_will_record(fn, len + 1);
+    char *p = libc_malloc(len + 1);
+    if (!p)
+        return NULL;
+    memcpy(p, s, len);
+    p[len] = 0;
+    return record ? mt_recorded(p, len + 1) : p;
+}
+
+EXPORT char *strdup(const char *s) { return dup_bytes(s, strlen(s), MT_FN_STRDUP); }
+
+EXPORT char *strndup(const char *s, size_t n) { return dup_bytes(s, strnlen(s, n), MT_FN_STRNDUP); }
+
+/* Unloaded code takes its unwind rules with it: the walker must not apply
+ * them to whatever is mapped at those addresses next. */
+EXPORT int dlclose(void *handle) {
+    if (!mt_libc.dlclose) {
+        unsigned char was = mt_tracker_enter();
+        mt_libc_resolve();
+        mt_tracker_leave(was);
+    }
+    int r = mt_libc.dlclose ? mt_libc.dlclose(handle) : -1;
+    mt_tracker_code_unloaded();
+    return r;
+}

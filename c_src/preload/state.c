@@ -1,0 +1,28 @@
+/* The preload's one state (see state.h), and its clock. */
+#include "state.h"
+
+#include <time.h>
+
+struct mt_state mt_state = {
+    .gate = MT_GATE_SETUP,
+    .mode = MT_MODE_UNCONFIGURED,
+    .fast_unwind = 1,
+    .cfg = {.erlang = 1}, /* the defaults a reader may ask about before any call */
+};
+
+void mt_state_configure(void) {
+    struct mt_config c;
+    mt_config_load(&c);
+    mt_state.cfg = c;
+    mt_state.sample_mean = c.active ? c.sample_bytes : 0;
+    mt_state.fast_unwind = c.fast_unwind;
+    atomic_store(&mt_state.enabled, c.enabled);
+}
+
+/* The coarse clock is the monotonic clock at tick resolution (1-4 ms): a
+ * few ns per read instead of ~20, and allocation ages are what matter. */
+uint64_t mt_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}

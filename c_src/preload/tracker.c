@@ -1,0 +1,252 @@
+/*
+ * The tracker (see tracker.h): the gate and the process's set-up, thread
+ * state, counting, record/forget, fork and thread exit.
+ */
+#define _GNU_SOURCE
+#include "tracker.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include "erlang_frames.h"
+#include "libc.h"
+#include "stacks.h"
+#include "unwind.h"
+
+extern char **__environ;
+
+MT_TLS struct mt_thread mt_me;
+
+static pthread_key_t exit_key;
+static int exit_key_made;
+
+/* ---- the gate ------------------------------------------------------------ */
+
+static void update_gate(void) {
+    enum mt_mode m = atomic_load(&mt_state.mode);
+    struct mt_table_figures t;
+    mt_table_figures(&t); /* a provisional configuration may have recorded blocks */
+    enum mt_gate g = m == MT_MODE_UNCONFIGURED || m == MT_MODE_CONFIGURING ? MT_GATE_SETUP
+                     : m == MT_MODE_INERT && !t.table_bytes                ? MT_GATE_INERT
+                     : !mt_state_tracking_on()                             ? MT_GATE_LIBC
+                     : mt_state.sample_mean                                ? MT_GATE_SAMPLE
+                                                                           : MT_GATE_TRACK;
+    atomic_store(&mt_state.gate, g);
+}
+
+static void configure(void) {
+    mt_state_configure();
+    if (mt_state.cfg.active)
+        mt_stacks_init();
+    atomic_store(&mt_state.mode, mt_state.cfg.active ? MT_MODE_ACTIVE : MT_MODE_INERT);
+    update_gate();
+}
+
+/* First call of any hook, possibly before constructors. */
+static void setup(void) {
+    int expected = MT_MODE_UNCONFIGURED;
+    if (!atomic_compare_exchange_strong(&mt_state.mode, &expected, MT_MODE_CONFIGURING)) {
+        while (atomic_load(&mt_state.mode) == MT_MODE_CONFIGURING)
+            sched_yield();
+        return;
+    }
+    mt_me.f.b.busy = MT_BUSY_LOCKED;
+    mt_state.provisional = (__environ == NULL);
+    configure();
+    mt_me.f.b.busy = MT_BUSY_NO;
+}
+
+/* Whether this process is traced; the first call configures it. */
+static inline int ready(void) {
+    enum mt_mode m = atomic_load_explicit(&mt_state.mode, memory_order_relaxed);
+    if (m == MT_MODE_ACTIVE)
+        return 1;
+    if (m == MT_MODE_UNCONFIGURED && !mt_me.f.b.busy) {
+        setup();
+        return atomic_load(&mt_state.mode) == MT_MODE_ACTIVE;
+    }
+    return 0;
+}
+
+/* Is this call to be counted, and its block considered for the table? */
+static inline int tracking(void) {
+    enum mt_gate g = mt_gate();
+    if (mt_likely(g <= MT_GATE_LIBC))
+        return 0;
+    if (mt_unlikely(g == MT_GATE_SETUP) &&
+        !(ready() && atomic_load_explicit(&mt_state.enabled, memory_order_relaxed)))
+        return 0;
+    return !(mt_me.f.b.busy | mt_me.f.b.ignored);
+}
+
+/* ---- threads and counting ------------------------------------------------ */
+
+/* Thread exit (a pthread key destructor): fold this thread's counts. */
+static void thread_exit(void *unused) {
+    (void)unused;
+    mt_counts_retire(&mt_me.counts); /* now SHARED: later calls count atomically */
+    mt_me.f.b.registered = 0;
+}
+
+static __attribute__((noinline)) void register_thread(void) {
+    unsigned char was =
+        mt_tracker_enter(); /* a high key number makes pthread_setspecific allocate */
+    mt_counts_register(&mt_me.counts);
+    mt_me.f.b.registered = mt_me.counts.state == MT_COUNTS_REGISTERED;
+    if (mt_me.f.b.registered && exit_key_made)
+        pthread_setspecific(exit_key, (void *)1);
+    mt_tracker_leave(was);
+}
+
+static inline void count(enum mtrace_fn fn) {
+    if (mt_unlikely(!mt_me.f.b.registered)) {
+        if (mt_me.counts.state == MT_COUNTS_NEW)
+            register_thread();
+        if (!mt_me.f.b.registered) {
+            mt_counts_shared_add(fn);
+            return;
+        }
+    }
+    mt_counts_bump(&mt_me.counts, fn);
+}
+
+void mt_seen(enum mtrace_fn fn) {
+    if (tracking())
+        count(fn);
+}
+
+int mt_will_record_slow(enum mtrace_fn fn, size_t n) {
+    if (!tracking())
+        return 0;
+    count(fn);
+    return mt_sample_take(&mt_me.sampler, n);
+}
+
+unsigned char mt_tracker_enter(void) {
+    unsigned char was = mt_me.f.b.busy;
+    mt_me.f.b.busy = MT_BUSY_LOCKED;
+    return was;
+}
+
+void mt_tracker_leave(unsigned char was) { mt_me.f.b.busy = was; }
+
+/* ---- record and forget --------------------------------------------------- */
+
+static void insert(uint64_t addr, uint64_t size, uint64_t t_ms, uint32_t stack) {
+    mt_me.f.b.busy = MT_BUSY_LOCKED;
+    mt_table_insert(addr, size, t_ms, stack);
+}
+
+__attribute__((noinline)) void mt_record_now(void *p, size_t size) {
+    int saved = errno; /* unwinding and mmap must not disturb what libc set */
+    mt_me.f.b.busy = MT_BUSY_UNWINDING;
+    uint32_t stack = mt_stack_capture(mt_state.cfg.depth);
+    insert((uintptr_t)p, size, mt_now_ms(), stack);
+    mt_me.f.b.busy = MT_BUSY_NO;
+    errno = saved;
+}
+
+static __attribute__((noinline)) int forget_now(void *p, struct mt_slot *old) {
+    unsigned char was = mt_tracker_enter();
+    int found = mt_table_remove((uintptr_t)p, old);
+    mt_tracker_leave(was);
+    return found;
+}
+
+/* Removes p from the table; returns 1 (and the entry) if it was recorded. */
+static inline int forget(void *p, struct mt_slot *old) {
+    if (!p || !mt_table_may_hold((uintptr_t)p) || mt_me.f.b.busy >= MT_BUSY_LOCKED)
+        return 0;
+    return forget_now(p, old);
+}
+
+__attribute__((noinline)) void mt_free_slow(void *p, int counted) {
+    enum mt_gate g = mt_gate();
+    if (mt_unlikely(g == MT_GATE_SETUP) && !ready())
+        return;
+    if (!counted && g > MT_GATE_LIBC && tracking())
+        count(MT_FN_FREE);
+    forget(p, NULL);
+}
+
+void mt_realloc_begin(struct mt_realloc *r, void *p, enum mtrace_fn fn) {
+    r->track = r->had = 0;
+    if (!ready())
+        return;
+    r->track = tracking();
+    if (r->track)
+        count(fn);
+    r->had = forget(p, &r->old);
+}
+
+void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n) {
+    if (q) {
+        if (r->track && mt_sample_take(&mt_me.sampler, n))
+            mt_record_now(q, n);
+    } else if (r->had && n != 0) { /* failed: p is still allocated (n == 0 freed it) */
+        int saved = errno;
+        unsigned char was = mt_me.f.b.busy;
+        insert(r->old.addr, r->old.size, mt_slot_time(&r->old), mt_slot_stack(&r->old));
+        mt_me.f.b.busy = was;
+        errno = saved;
+    }
+    return q;
+}
+
+void mt_tracker_code_unloaded(void) { mt_unwind_forget(); }
+
+/* ---- fork and load ------------------------------------------------------- */
+
+/* fork: hold every lock so the child inherits a consistent table, and keep
+ * this thread out of the table meanwhile (fork itself may allocate). */
+static void fork_prepare(void) {
+    mt_me.fork_saved_busy = mt_tracker_enter();
+    mt_counts_lock();
+    mt_stacks_lock();
+    mt_table_lock_all();
+}
+
+static void fork_parent(void) {
+    mt_table_unlock_all();
+    mt_stacks_unlock();
+    mt_counts_unlock();
+    mt_tracker_leave(mt_me.fork_saved_busy);
+}
+
+static void fork_child(void) {
+    mt_counts_child(&mt_me.counts); /* the other threads did not come along */
+    mt_erl_forked();
+    fork_parent();
+}
+
+__attribute__((constructor)) static void on_load(void) {
+    if (atomic_load(&mt_state.mode) == MT_MODE_UNCONFIGURED)
+        setup();
+    else if (mt_state.provisional)
+        configure(); /* the environment is readable now */
+    unsigned char was = mt_tracker_enter();
+    mt_libc_resolve();
+    mt_tracker_leave(was);
+    if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE) {
+        pthread_atfork(fork_prepare, fork_parent, fork_child);
+        exit_key_made = pthread_key_create(&exit_key, thread_exit) == 0;
+        if (exit_key_made && mt_me.f.b.registered) /* registered before this constructor ran */
+            pthread_setspecific(exit_key, (void *)1);
+    }
+}
+
+/* ---- for the contract ---------------------------------------------------- */
+
+int mt_tracker_active(void) { return ready(); }
+
+void mt_tracker_set_enabled(int on) {
+    atomic_store(&mt_state.enabled, on != 0);
+    update_gate();
+}
+
+int mt_thread_ignore(int on) {
+    int was = mt_me.f.b.ignored;
+    mt_me.f.b.ignored = on != 0;
+    return was;
+}

@@ -1,0 +1,173 @@
+/*
+ * The tracker: everything a hook does besides calling the C library.  It
+ * decides whether a call is tracked (the gate, this thread's state,
+ * sampling), counts it, records and forgets blocks in the table with their
+ * stacks, and keeps that consistent across threads, fork and thread exit.
+ *
+ * A hook is a libc call plus tracker calls, e.g.
+ *     if (mt_will_record(MT_FN_VALLOC, n))
+ *         return mt_recorded(libc_valloc(n), n);
+ *     return libc_valloc(n);
+ * The decisions are inline (one load and compare while tracking is off);
+ * the work behind them is out of line.  Tracking happens only after the
+ * real call succeeded, and a free forgets its block *before* the block goes
+ * back to libc: otherwise another thread could be handed the same address
+ * and record it first.
+ */
+#ifndef MT_TRACKER_H
+#define MT_TRACKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "counters.h"
+#include "mtrace_api.h"
+#include "sampling.h"
+#include "state.h"
+#include "table.h"
+
+#define MT_TLS __thread __attribute__((tls_model("initial-exec")))
+#define mt_likely(x) __builtin_expect(!!(x), 1)
+#define mt_unlikely(x) __builtin_expect(!!(x), 0)
+
+/* Why this thread's calls pass straight through. */
+enum mt_busy {
+    MT_BUSY_NO,
+    MT_BUSY_UNWINDING, /* capturing a stack: nested allocations (libunwind, dlsym)
+                        * pass untracked, nested frees still forget */
+    MT_BUSY_LOCKED,    /* holding a table or stack lock, or forking: everything
+                        * passes, so a signal handler's malloc cannot deadlock */
+};
+
+/* Per-thread switches, readable as one word: the fast paths test them all
+ * with a single compare against MT_THREAD_FAST. */
+union mt_thread_flags {
+    struct {
+        unsigned char busy;    /* enum mt_busy */
+        unsigned char ignored; /* mt_thread_ignore */
+        unsigned char spare;
+        unsigned char registered; /* counts visible to stats */
+    } b;
+    uint32_t any;
+};
+#define MT_THREAD_FAST ((union mt_thread_flags){.b = {MT_BUSY_NO, 0, 0, 1}}.any)
+
+/* All per-thread state in one initial-exec TLS block: one address to
+ * compute per call, nothing allocated on a thread's first use. */
+struct mt_thread {
+    union mt_thread_flags f;
+    unsigned char fork_saved_busy;
+    struct mt_counts counts;
+    struct mt_sampler sampler;
+};
+extern MT_TLS struct mt_thread mt_me;
+
+/* Out of line: the work behind the decisions below. */
+int mt_will_record_slow(enum mtrace_fn fn, size_t n);
+void mt_record_now(void *p, size_t n);
+void mt_free_slow(void *p, int counted);
+void mt_seen(enum mtrace_fn fn); /* counts a call that allocates nothing */
+
+static inline enum mt_gate mt_gate(void) {
+    return (enum mt_gate)atomic_load_explicit(&mt_state.gate, memory_order_relaxed);
+}
+
+/* Tracking on (gate g), this thread neither inside the tracer nor ignored,
+ * and its counters registered. */
+static inline int mt_thread_fast(enum mt_gate g) {
+    return g >= MT_GATE_TRACK && mt_me.f.any == MT_THREAD_FAST;
+}
+
+/* What the inline first look at a call decided. */
+enum mt_verdict {
+    MT_PASS,    /* untracked, or counted and skipped by sampling: straight to libc */
+    MT_RECORD,  /* counted; its block is to be recorded */
+    MT_CROSSED, /* counted; sampling's countdown crossed zero: mt_decide */
+    MT_ASK,     /* not counted yet; the slow path decides: mt_decide */
+};
+
+/* The first look, inline and free of calls, so that a hook's common cases
+ * (switched off, skipped by sampling) end in a tail call to libc with no
+ * stack frame to set up. */
+static inline enum mt_verdict mt_verdict(enum mtrace_fn fn, size_t n) {
+    enum mt_gate g = mt_gate();
+    if (mt_likely(g <= MT_GATE_LIBC))
+        return MT_PASS;
+    if (mt_unlikely(!mt_thread_fast(g)))
+        return MT_ASK;
+    mt_counts_bump(&mt_me.counts, fn);
+    if (g == MT_GATE_TRACK)
+        return MT_RECORD;
+    return mt_likely(mt_sample_skip(&mt_me.sampler, n)) ? MT_PASS : MT_CROSSED;
+}
+
+/* The rest of the decision: 1 when the block is to be recorded. */
+static inline int mt_decide(enum mt_verdict v, enum mtrace_fn fn, size_t n) {
+    switch (v) {
+    case MT_PASS:
+        return 0;
+    case MT_RECORD:
+        return 1;
+    case MT_CROSSED:
+        return mt_sample_crossed(&mt_me.sampler, n);
+    default:
+        return mt_will_record_slow(fn, n);
+    }
+}
+
+/* Both at once: will the block this call returns (n bytes) be recorded?
+ * Counts the call when it is tracked. */
+static inline int mt_will_record(enum mtrace_fn fn, size_t n) {
+    return mt_decide(mt_verdict(fn, n), fn, n);
+}
+
+/* Records p (when the call succeeded) and returns it. */
+static inline void *mt_recorded(void *p, size_t n) {
+    if (p)
+        mt_record_now(p, n);
+    return p;
+}
+
+/* Before a block goes back to libc: counts the free and forgets p if the
+ * table may hold it.  Inline up to the table's lock-free filters, which
+ * answer most frees. */
+static inline void mt_freeing(void *p) {
+    enum mt_gate g = mt_gate();
+    if (mt_likely(g == MT_GATE_INERT))
+        return;
+    int counted = 0;
+    if (mt_unlikely(g != MT_GATE_LIBC)) {
+        if (!mt_thread_fast(g)) {
+            mt_free_slow(p, 0);
+            return;
+        }
+        mt_counts_bump(&mt_me.counts, MT_FN_FREE);
+        counted = 1;
+    }
+    if (mt_unlikely(p && mt_table_may_hold((uintptr_t)p)))
+        mt_free_slow(p, counted);
+}
+
+/* A realloc moves a block: its old entry is taken out before the call and
+ * put back if the call fails (the block is then still allocated). */
+struct mt_realloc {
+    int track, had;
+    struct mt_slot old;
+};
+void mt_realloc_begin(struct mt_realloc *r, void *p, enum mtrace_fn fn);
+void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n);
+
+/* Code was unloaded (dlclose): its unwind rules must not be used again. */
+void mt_tracker_code_unloaded(void);
+
+/* Keeps the calling thread out of the table while it calls code that may
+ * allocate (dlsym); returns what mt_tracker_leave must restore. */
+unsigned char mt_tracker_enter(void);
+void mt_tracker_leave(unsigned char was);
+
+/* For the contract (api.c): tracking switch, reader threads, counters. */
+int mt_tracker_active(void); /* configures on the first call */
+void mt_tracker_set_enabled(int on);
+int mt_thread_ignore(int on);
+
+#endif
