@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "../test/c/queries.h"
 #include "mtrace_api.h"
 
 static double now_s(void) {

@@ -864,8 +864,7 @@ defmodule Mtrace.RobustnessTest do
                load: 0,
                load_error: 0,
                now_ms: 0,
-               olds: 3,
-               olds_where: 4,
+               olds: 5,
                preloaded: 0,
                check_erlang_frames: 0,
                erlang_layout: 1,
@@ -933,18 +932,15 @@ defmodule Mtrace.RobustnessTest do
       {"VM.diagnose(addr)", fn -> Mtrace.VM.diagnose(a) end},
       {"VM.nif_memory(addr)", fn -> Mtrace.VM.nif_memory(a) end},
       {"top(addr)", fn -> Mtrace.top(a) end},
-      {"Native.olds(addr, false, {0, 0, 0, 0})",
-       fn -> Mtrace.Native.olds(a, false, {0, 0, 0, 0}) end},
-      {"Native.olds(1, addr, _)", fn -> Mtrace.Native.olds(1, a, {0, 0, 0, 0}) end},
-      {"Native.olds(1, false, addr)", fn -> Mtrace.Native.olds(1, false, a) end},
-      {"Native.olds_where(addr, ...)",
-       fn -> Mtrace.Native.olds_where(a, false, nofilter, nil) end},
-      {"Native.olds_where(1, addr, ...)",
-       fn -> Mtrace.Native.olds_where(1, a, nofilter, nil) end},
-      {"Native.olds_where(1, false, addr, nil)",
-       fn -> Mtrace.Native.olds_where(1, false, a, nil) end},
-      {"Native.olds_where(1, false, _, addr)",
-       fn -> Mtrace.Native.olds_where(1, false, nofilter, a) end},
+      {"Native.olds(addr, false, _, nil, :seed)",
+       fn -> Mtrace.Native.olds(a, false, nofilter, nil, :seed) end},
+      {"Native.olds(1, addr, ...)", fn -> Mtrace.Native.olds(1, a, nofilter, nil, :maps) end},
+      {"Native.olds(1, false, addr, nil, :maps)",
+       fn -> Mtrace.Native.olds(1, false, a, nil, :maps) end},
+      {"Native.olds(1, false, _, addr, :maps)",
+       fn -> Mtrace.Native.olds(1, false, nofilter, a, :maps) end},
+      {"Native.olds(1, false, _, nil, addr)",
+       fn -> Mtrace.Native.olds(1, false, nofilter, nil, a) end},
       {"Native.sites(addr, ...)", fn -> Mtrace.Native.sites(a, :bytes, false, nofilter, nil) end},
       {"Native.sites(1, addr, ...)", fn -> Mtrace.Native.sites(1, a, false, nofilter, nil) end},
       {"Native.sites(1, :bytes, addr, ...)",
@@ -958,16 +954,15 @@ defmodule Mtrace.RobustnessTest do
 
     # each element of both filter tuples of the NIF
     filter_elements =
-      for i <- 0..3 do
-        f = put_elem({0, 0, 0, 0}, i, a)
-        {"Native.olds(1, false, #{inspect(f)})", fn -> Mtrace.Native.olds(1, false, f) end}
-      end ++
-        for i <- 0..4 do
-          f = put_elem(nofilter, i, a)
-
+      for i <- 0..4, f = put_elem(nofilter, i, a) do
+        [
+          {"Native.olds(1, false, #{inspect(f)}, nil, :maps)",
+           fn -> Mtrace.Native.olds(1, false, f, nil, :maps) end},
           {"Native.sites(1, :bytes, false, #{inspect(f)}, nil)",
            fn -> Mtrace.Native.sites(1, :bytes, false, f, nil) end}
-        end
+        ]
+      end
+      |> List.flatten()
 
     results =
       for {label, fun} <- option_calls ++ positional ++ filter_elements,
@@ -992,7 +987,7 @@ defmodule Mtrace.RobustnessTest do
 
     {:ok, olds} = answers["olds(addr, [])"]
     assert Enum.count(olds, &(&1.size == size)) == 3
-    {:ok, olds} = answers["Native.olds(addr, false, {0, 0, 0, 0})"]
+    {:ok, olds} = answers["Native.olds(addr, false, _, nil, :seed)"]
     assert Enum.count(olds, &match?({_, ^size, _, _, _}, &1)) == 3
     assert {:ok, []} = answers["sites(min_size: addr)"]
     assert {:ok, []} = answers["sites(min_age: addr)"]

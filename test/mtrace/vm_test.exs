@@ -452,6 +452,6 @@ end
 defmodule Mtrace.VMTest.BrokenTracer do
   # Preloaded, but every read fails, as when the NIF cannot reach the preload.
   def preloaded?, do: true
-  def stats, do: raise("mtrace_api_v1 not found")
+  def stats, do: raise("mtrace_api_v2 not found")
   def sites(_opts), do: exit(:boom)
 end
