@@ -31,7 +31,7 @@ static ERL_NIF_TERM binary_or_nil(ErlNifEnv *env, const char *s) {
 
 static uint64_t age_s(uint64_t now, uint64_t t_ms) { return now > t_ms ? (now - t_ms) / 1000 : 0; }
 
-/* ---- filters ------------------------------------------------------------------------------ */
+/* ---- filters ----------------------------------------------------------- */
 
 /* The preload's figures now (sizes answers: live allocations, stacks). */
 static struct mtrace_stats figures(void) {
@@ -108,7 +108,7 @@ static int stack_set_for(ErlNifEnv *env, ERL_NIF_TERM lib, struct mtrace_query *
     return 1;
 }
 
-/* ---- stacks as terms ---------------------------------------------------------------------- */
+/* ---- stacks as terms --------------------------------------------------- */
 
 static ERL_NIF_TERM frame_map(ErlNifEnv *env, const struct mt_frame_info *f) {
     ERL_NIF_TERM keys[] = {mt_atoms.lib,  mt_atoms.symbol,  mt_atoms.file,  mt_atoms.line,
@@ -204,7 +204,7 @@ static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle, 
     return list;
 }
 
-/* ---- olds --------------------------------------------------------------------------------- */
+/* ---- olds -------------------------------------------------------------- */
 
 /* Allocations as terms, in buf's order, each with the ns spent naming its
  * stack: the seed's {AgeS, Size, Addr, Ns, [{Lib, Sym}]} tuples, or with
@@ -283,7 +283,7 @@ ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     return query_result(env, ok, list);
 }
 
-/* ---- sites -------------------------------------------------------------------------------- */
+/* ---- sites ------------------------------------------------------------- */
 
 static ERL_NIF_TERM site_map(ErlNifEnv *env, const struct mtrace_site *s, uint64_t now,
                              ERL_NIF_TERM frames) {

@@ -55,15 +55,18 @@ struct seg {
     struct module *mod;
 };
 
-/* Readers hold g_lock shared for a whole lookup, so modules outlive any use of them. */
-static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
-static struct module **g_mods;
-static size_t g_nmods;
-static struct seg *g_segs;
-static size_t g_nsegs;
-static int g_valid;
-static uint64_t g_generation;
-static const struct mtrace_api *g_api; /* where the loaded objects are listed */
+/* The symbolizer's one state.  Readers hold lock shared for a whole lookup,
+ * so modules outlive any use of them. */
+static struct {
+    pthread_rwlock_t lock;
+    struct module **mods;
+    size_t nmods;
+    struct seg *segs; /* every module's loadable segments, sorted by address */
+    size_t nsegs;
+    int valid;                    /* the lists match the loaded objects of generation */
+    uint64_t generation;          /* api->objects_generation when they were read */
+    const struct mtrace_api *api; /* where the loaded objects are listed */
+} sym = {.lock = PTHREAD_RWLOCK_INITIALIZER};
 
 static void put_text(char *dst, size_t cap, const char *src) {
     size_t n = src ? strnlen(src, cap - 1) : 0;
@@ -72,7 +75,7 @@ static void put_text(char *dst, size_t cap, const char *src) {
     dst[n] = '\0';
 }
 
-/* ---- modules ----------------------------------------------------------------------------- */
+/* ---- modules ----------------------------------------------------------- */
 
 static void module_free(struct module *m) {
     if (!m)
@@ -170,7 +173,7 @@ static int seg_cmp(const void *pa, const void *pb) {
     return a->lo < b->lo ? -1 : a->lo > b->lo;
 }
 
-/* Called with g_lock held exclusively. */
+/* Called with sym.lock held exclusively. */
 static void rebuild(void) {
     struct scan *s = calloc(1, sizeof *s);
     if (!s)
@@ -180,57 +183,58 @@ static void rebuild(void) {
         s->exe[n] = '\0';
     else
         strcpy(s->exe, "/proc/self/exe");
-    s->old = g_mods;
-    s->nold = g_nmods;
-    uint64_t generation = g_api->objects_generation(); /* before: a later change shows next time */
-    g_api->objects(scan_cb, s);
+    s->old = sym.mods;
+    s->nold = sym.nmods;
+    uint64_t generation =
+        sym.api->objects_generation(); /* before: a later change shows next time */
+    sym.api->objects(scan_cb, s);
     for (size_t i = 0; i < s->nold; i++)
         module_free(s->old[i]);
     free(s->old);
-    free(g_segs);
+    free(sym.segs);
     qsort(s->segs, s->nsegs, sizeof *s->segs, seg_cmp);
-    g_mods = s->mods;
-    g_nmods = s->nmods;
-    g_segs = s->segs;
-    g_nsegs = s->nsegs;
-    g_generation = generation;
-    g_valid = !s->failed; /* after running out of memory, try again next time */
+    sym.mods = s->mods;
+    sym.nmods = s->nmods;
+    sym.segs = s->segs;
+    sym.nsegs = s->nsegs;
+    sym.generation = generation;
+    sym.valid = !s->failed; /* after running out of memory, try again next time */
     free(s);
 }
 
 void mt_symbols_use(const struct mtrace_api *api) {
-    pthread_rwlock_wrlock(&g_lock);
-    g_api = api;
-    g_valid = 0;
-    pthread_rwlock_unlock(&g_lock);
+    pthread_rwlock_wrlock(&sym.lock);
+    sym.api = api;
+    sym.valid = 0;
+    pthread_rwlock_unlock(&sym.lock);
 }
 
 void mt_symbols_flush(void) {
-    pthread_rwlock_wrlock(&g_lock);
-    for (size_t i = 0; i < g_nmods; i++)
-        module_free(g_mods[i]);
-    free(g_mods);
-    free(g_segs);
-    g_mods = NULL;
-    g_segs = NULL;
-    g_nmods = g_nsegs = 0;
-    g_valid = 0;
-    pthread_rwlock_unlock(&g_lock);
+    pthread_rwlock_wrlock(&sym.lock);
+    for (size_t i = 0; i < sym.nmods; i++)
+        module_free(sym.mods[i]);
+    free(sym.mods);
+    free(sym.segs);
+    sym.mods = NULL;
+    sym.segs = NULL;
+    sym.nmods = sym.nsegs = 0;
+    sym.valid = 0;
+    pthread_rwlock_unlock(&sym.lock);
 }
 
 static struct module *module_find(uintptr_t pc) {
-    size_t lo = 0, hi = g_nsegs;
+    size_t lo = 0, hi = sym.nsegs;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (g_segs[mid].lo <= pc)
+        if (sym.segs[mid].lo <= pc)
             lo = mid + 1;
         else
             hi = mid;
     }
-    return lo > 0 && pc < g_segs[lo - 1].hi ? g_segs[lo - 1].mod : NULL;
+    return lo > 0 && pc < sym.segs[lo - 1].hi ? sym.segs[lo - 1].mod : NULL;
 }
 
-/* ---- answers ----------------------------------------------------------------------------- */
+/* ---- answers ----------------------------------------------------------- */
 
 static size_t text_len(const char *s) { return s ? strnlen(s, MT_SYM_TEXT - 1) : 0; }
 
@@ -330,20 +334,20 @@ static int resolve_in(struct module *m, uintptr_t addr, uintptr_t pc, int demang
     return k;
 }
 
-/* Takes g_lock shared, with the module list up to date with the loaded objects. */
+/* Takes sym.lock shared, with the module list up to date with the loaded objects. */
 static void modules_lock(void) {
-    uint64_t now = g_api ? g_api->objects_generation() : 0;
-    pthread_rwlock_rdlock(&g_lock);
+    uint64_t now = sym.api ? sym.api->objects_generation() : 0;
+    pthread_rwlock_rdlock(&sym.lock);
     /* Retried because a flush may slip in between the rebuild and the shared lock; bounded
      * because a rebuild that ran out of memory leaves the list invalid. */
-    for (int tries = 0; g_api && tries < 3 && (!g_valid || now != g_generation); tries++) {
-        pthread_rwlock_unlock(&g_lock);
-        pthread_rwlock_wrlock(&g_lock);
-        now = g_api->objects_generation();
-        if (!g_valid || now != g_generation)
+    for (int tries = 0; sym.api && tries < 3 && (!sym.valid || now != sym.generation); tries++) {
+        pthread_rwlock_unlock(&sym.lock);
+        pthread_rwlock_wrlock(&sym.lock);
+        now = sym.api->objects_generation();
+        if (!sym.valid || now != sym.generation)
             rebuild();
-        pthread_rwlock_unlock(&g_lock);
-        pthread_rwlock_rdlock(&g_lock);
+        pthread_rwlock_unlock(&sym.lock);
+        pthread_rwlock_rdlock(&sym.lock);
     }
 }
 
@@ -365,7 +369,7 @@ int mt_symbols_resolve(uintptr_t ret_addr, int demangle, struct mt_frame_info *o
     } else {
         n = emit(ret_addr, NULL, &(struct mt_dw_frame){0}, 1, out, max);
     }
-    pthread_rwlock_unlock(&g_lock);
+    pthread_rwlock_unlock(&sym.lock);
     return n;
 }
 
@@ -376,6 +380,6 @@ int mt_symbols_any_lib(const uintptr_t *ret_addrs, size_t n, const char *needle)
         const struct module *m = module_find(ret_addrs[i] ? ret_addrs[i] - 1 : 0);
         found = m && strstr(m->path, needle) != NULL;
     }
-    pthread_rwlock_unlock(&g_lock);
+    pthread_rwlock_unlock(&sym.lock);
     return found;
 }
