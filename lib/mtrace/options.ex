@@ -4,7 +4,10 @@ defmodule Mtrace.Options do
   the NIF takes.
 
   Every check names the option and the function in its `ArgumentError`, so a
-  caller sees at once what was wrong; nothing reaches C unchecked.
+  caller sees at once what was wrong; nothing reaches C unchecked. The same
+  checks serve the functions with options and arguments of their own
+  (`Mtrace.VM`, `Mtrace.top/1`, `Mtrace.Watch`): `parse!/4` and `arg!/4`,
+  so that every bad input reads alike.
   """
 
   import Bitwise
@@ -72,12 +75,37 @@ defmodule Mtrace.Options do
   """
   @spec parse!(term(), keyword(), String.t()) :: map()
   def parse!(opts, defaults, where) do
+    parse(opts, defaults, where, @filter_keys ++ Keyword.keys(defaults), &check!/3)
+  end
+
+  @doc """
+  `parse!/3` for a function whose options are its own (`Mtrace.VM`,
+  `Mtrace.top/1`, `Mtrace.Watch`): the known options are the keys of
+  `defaults` only, and each value given is checked by its rule in `rules`
+  (see `arg!/4`); an option without a rule takes any value.
+
+      iex> Mtrace.Options.parse!([print: false], [print: true, window: nil], "VM.diagnose/1",
+      ...>   print: :boolean, window: {:or, {:ms, 1}, nil})
+      %{print: false, window: nil}
+
+      iex> Mtrace.Options.parse!([print: :maybe], [print: true], "VM.diagnose/1", print: :boolean)
+      ** (ArgumentError) option :print of Mtrace.VM.diagnose/1 must be a boolean, got: :maybe
+  """
+  @spec parse!(term(), keyword(), String.t(), [{atom(), rule()}]) :: map()
+  def parse!(opts, defaults, where, rules) do
+    parse(opts, defaults, where, Keyword.keys(defaults), fn key, value, where ->
+      case Keyword.fetch(rules, key) do
+        {:ok, rule} -> if ok?(rule, value), do: value, else: bad!(key, value, where, what(rule))
+        :error -> value
+      end
+    end)
+  end
+
+  defp parse(opts, defaults, where, known, check) do
     unless Keyword.keyword?(opts) do
       raise ArgumentError,
             "options for Mtrace.#{where} must be a keyword list, got: #{inspect(opts)}"
     end
-
-    known = @filter_keys ++ Keyword.keys(defaults)
 
     Enum.reduce(opts, Map.new(defaults), fn {key, value}, acc ->
       unless key in known do
@@ -86,9 +114,68 @@ defmodule Mtrace.Options do
                 Enum.map_join(known, ", ", &inspect/1)
       end
 
-      Map.put(acc, key, check!(key, value, where))
+      Map.put(acc, key, check.(key, value, where))
     end)
   end
+
+  @typedoc """
+  What an argument or an option must be, for `arg!/4` and `parse!/4`:
+
+    * `:boolean`;
+    * `:pos_int` — an integer greater than zero;
+    * `:non_neg_int` — an integer of zero or more;
+    * `:node` — a node name (an atom other than `nil`);
+    * `{:ms, min}` — an integer of milliseconds from `min` to 2^32 - 1, as
+      the VM's timers take;
+    * `{:one_of, values}` — one of `values`;
+    * `{:or, rule, value}` — `value` itself, or what `rule` accepts
+      (`{:or, :pos_int, :infinity}`).
+  """
+  @type rule ::
+          :boolean
+          | :pos_int
+          | :non_neg_int
+          | :node
+          | {:ms, non_neg_integer()}
+          | {:one_of, [term()]}
+          | {:or, rule(), term()}
+
+  @doc """
+  Checks a positional argument of function `where`: returns `value` when
+  it is what `rule` (see `t:rule/0`) accepts, else raises `ArgumentError`
+  naming the argument.
+
+      iex> Mtrace.Options.arg!(5, :pos_int, "n", "VM.top/2")
+      5
+
+      iex> Mtrace.Options.arg!(:rows, {:one_of, [:memory, :size]}, "by", "VM.ets_top/2")
+      ** (ArgumentError) Mtrace.VM.ets_top/2: by must be one of :memory, :size, got: :rows
+  """
+  @spec arg!(term(), rule(), String.t(), String.t()) :: term()
+  def arg!(value, rule, name, where) do
+    if ok?(rule, value) do
+      value
+    else
+      raise ArgumentError,
+            "Mtrace.#{where}: #{name} must be #{what(rule)}, got: #{inspect(value)}"
+    end
+  end
+
+  defp ok?(:boolean, v), do: is_boolean(v)
+  defp ok?(:pos_int, v), do: is_integer(v) and v > 0
+  defp ok?(:non_neg_int, v), do: is_integer(v) and v >= 0
+  defp ok?(:node, v), do: is_atom(v) and v != nil
+  defp ok?({:ms, min}, v), do: is_integer(v) and v >= min and v < 1 <<< 32
+  defp ok?({:one_of, values}, v), do: v in values
+  defp ok?({:or, rule, alt}, v), do: v === alt or ok?(rule, v)
+
+  defp what(:boolean), do: "a boolean"
+  defp what(:pos_int), do: "a positive integer"
+  defp what(:non_neg_int), do: "a non-negative integer"
+  defp what(:node), do: "a node name (atom)"
+  defp what({:ms, min}), do: "an integer of milliseconds from #{min} to #{(1 <<< 32) - 1}"
+  defp what({:one_of, values}), do: "one of " <> Enum.map_join(values, ", ", &inspect/1)
+  defp what({:or, rule, alt}), do: "#{what(rule)} or #{inspect(alt)}"
 
   @doc """
   The filter tuple the NIF takes, `{since_ms, min_age_ms, max_age_ms,

@@ -11,7 +11,7 @@ defmodule Mtrace.Top do
   """
 
   alias Mtrace.Top.Sample
-  alias Mtrace.VM.{Args, Format}
+  alias Mtrace.VM.{Format, Native}
 
   @defaults [
     interval: 2_000,
@@ -20,6 +20,15 @@ defmodule Mtrace.Top do
     ansi: nil,
     refreshes: :infinity,
     timeout: 10_000
+  ]
+
+  @rules [
+    interval: {:ms, 100},
+    node: {:or, :node, nil},
+    rows: :pos_int,
+    ansi: {:one_of, [nil, true, false]},
+    refreshes: {:or, :pos_int, :infinity},
+    timeout: {:ms, 1}
   ]
 
   @doc """
@@ -33,7 +42,7 @@ defmodule Mtrace.Top do
   """
   @spec run(keyword) :: :ok
   def run(opts) do
-    o = check!(Args.opts!(opts, @defaults, "Mtrace.top/1"))
+    o = check!(Mtrace.Options.parse!(opts, @defaults, "top/1", @rules))
     caller = self()
     renderer = spawn_link(fn -> refresh_loop(o, caller, nil, 0) end)
     reader = spawn_link(fn -> read_keys(caller) end)
@@ -41,20 +50,7 @@ defmodule Mtrace.Top do
   end
 
   defp check!(o) do
-    Args.pos_int!(Args.ms!(o.interval, "option :interval"), "option :interval")
-
-    if o.interval < 100,
-      do: raise(ArgumentError, "option :interval must be at least 100 ms, got: #{o.interval}")
-
-    Args.pos_int!(o.rows, "option :rows")
-    Args.pos_int!(Args.ms!(o.timeout, "option :timeout"), "option :timeout")
-    Args.one_of!(o.ansi, [nil, true, false], "option :ansi")
-    unless o.refreshes == :infinity, do: Args.pos_int!(o.refreshes, "option :refreshes")
     node = o.node || node()
-
-    unless is_atom(node),
-      do: raise(ArgumentError, "option :node must be a node name (atom), got: #{inspect(node)}")
-
     reachable!(node, o.timeout)
     ansi = if o.ansi == nil, do: IO.ANSI.enabled?(), else: o.ansi
     %{o | node: node, ansi: ansi}
@@ -199,7 +195,7 @@ defmodule Mtrace.Top do
 
   defp nif_line([top | _] = rows) do
     more = if length(rows) > 1, do: " (+#{length(rows) - 1} more)", else: ""
-    ["NIF allocs #{inspect(top.module)} #{Mtrace.VM.NifChecks.held(top)}#{more}"]
+    ["NIF allocs #{inspect(top.module)} #{Native.nif_held(top)}#{more}"]
   end
 
   defp nif_line({:error, _}), do: []

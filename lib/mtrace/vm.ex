@@ -25,9 +25,23 @@ defmodule Mtrace.VM do
 
       Mtrace.VM.diagnose()
       Mtrace.VM.diagnose(window: 60_000)   # judge growth over a minute as well
+
+  ## Layout
+
+  What is read: `Mtrace.VM.Memory` (memory, ERTS allocators, RSS, the
+  memory limit), `Mtrace.VM.Procs` (processes, counts against limits, and
+  the bounded rankings behind every top n), `Mtrace.VM.ETS` (tables),
+  `Mtrace.VM.Native` (the malloc tracer, and NIF memory in the VM's
+  allocators). How it is judged: `Mtrace.VM.Diagnose` samples and runs a
+  diagnosis, `Mtrace.VM.Findings` (scores, growth, process checks) and
+  `Mtrace.VM.MemoryChecks` turn samples into findings against
+  `Mtrace.VM.Thresholds`, and `Mtrace.VM.Diagnosis` is the result and its
+  report. `Mtrace.VM.Format` writes figures for people. Arguments and
+  options are checked by `Mtrace.Options`, as for `Mtrace`'s queries.
   """
 
-  alias Mtrace.VM.{Alloc, Args, Counts, Diagnose, ETS, Memory, NifMemory, Procs}
+  alias Mtrace.Options
+  alias Mtrace.VM.{Diagnose, ETS, Memory, Native, Procs}
 
   @typedoc "How a process is named in results: see `top/2`."
   @type proc_info :: Procs.info()
@@ -104,7 +118,7 @@ defmodule Mtrace.VM do
   """
   @spec top(attr, pos_integer) :: [{pid, non_neg_integer, proc_info}]
   def top(attr, n \\ 10) do
-    Procs.top(attr!(attr), Args.pos_int!(n, "n"))
+    Procs.top(attr!(attr, "VM.top/2"), Options.arg!(n, :pos_int, "n", "VM.top/2"))
   end
 
   @doc """
@@ -124,7 +138,13 @@ defmodule Mtrace.VM do
   """
   @spec window(attr, pos_integer, non_neg_integer) :: [{pid, integer, proc_info}]
   def window(attr, n, ms) do
-    Procs.window(attr!(attr), Args.pos_int!(n, "n"), Args.ms!(ms, "ms"))
+    where = "VM.window/3"
+
+    Procs.window(
+      attr!(attr, where),
+      Options.arg!(n, :pos_int, "n", where),
+      Options.arg!(ms, {:ms, 0}, "ms", where)
+    )
   end
 
   @doc """
@@ -157,7 +177,7 @@ defmodule Mtrace.VM do
           binary_after: non_neg_integer | nil
         }
   def bin_leak(n) do
-    Procs.bin_leak(Args.pos_int!(n, "n"))
+    Procs.bin_leak(Options.arg!(n, :pos_int, "n", "VM.bin_leak/1"))
   end
 
   @doc """
@@ -190,7 +210,10 @@ defmodule Mtrace.VM do
   def ets_top(n, by), do: ets_top_by(by, n)
 
   defp ets_top_by(by, n) do
-    ETS.top(Args.pos_int!(n, "n"), Args.one_of!(by, [:memory, :size], "by"))
+    ETS.top(
+      Options.arg!(by, {:one_of, [:memory, :size]}, "by", "VM.ets_top/2"),
+      Options.arg!(n, :pos_int, "n", "VM.ets_top/2")
+    )
   end
 
   @doc """
@@ -206,15 +229,15 @@ defmodule Mtrace.VM do
       iex> count < limit
       true
   """
-  @spec counts() :: Counts.t()
-  def counts, do: Counts.read()
+  @spec counts() :: Procs.counts()
+  def counts, do: Procs.counts()
 
   @doc """
   Memory NIFs and drivers hold in the VM's own allocators, by module and
   kind, largest first: `enif_alloc` blocks (`:enif_alloc`), resources
   (`:resource`) and `enif_alloc_binary` binaries (`:binary`). This memory
   never reaches malloc, so the native tracer does not see it; the VM tags
-  it with the module that allocated it (see `Mtrace.VM.NifMemory`).
+  it with the module that allocated it (see `Mtrace.VM.Native`).
 
   Each row is `%{module, kind, count, bytes, bytes_min, bytes_max}`: counts
   are exact, bytes estimated from the VM's size classes (within a factor of
@@ -240,8 +263,12 @@ defmodule Mtrace.VM do
   """
   @spec nif_memory(keyword) :: [map]
   def nif_memory(opts \\ []) do
-    o = Args.opts!(opts, [window: nil, limit: 10], "Mtrace.VM.nif_memory/1")
-    limit = Args.pos_int!(o.limit, "option :limit")
+    o =
+      Options.parse!(opts, [window: nil, limit: 10], "VM.nif_memory/1",
+        window: {:or, {:ms, 1}, nil},
+        limit: :pos_int
+      )
+
     first = nif_rows!()
 
     rows =
@@ -249,24 +276,23 @@ defmodule Mtrace.VM do
         nil ->
           first
 
-        window ->
-          ms = Args.pos_int!(Args.ms!(window, "option :window"), "option :window")
+        ms ->
           Process.sleep(ms)
-          NifMemory.growth(first, nif_rows!(), ms / 1000)
+          Native.nif_growth(first, nif_rows!(), ms / 1000)
       end
 
-    Enum.take(rows, limit)
+    Enum.take(rows, o.limit)
   end
 
   defp nif_rows! do
-    case NifMemory.read() do
+    case Native.nif_memory() do
       {:ok, rows} ->
         rows
 
       {:error, reason} ->
         raise Mtrace.Error,
           reason: reason,
-          message: "Mtrace.VM.nif_memory/1: " <> NifMemory.explain(reason)
+          message: "Mtrace.VM.nif_memory/1: " <> Native.nif_explain(reason)
     end
   end
 
@@ -288,8 +314,8 @@ defmodule Mtrace.VM do
       #=>  %{allocator: :eheap_alloc, allocated: 40_000_000, used: 30_000_000, wasted: 10_000_000, usage: 0.75, instances: 3},
       #=>  ...]
   """
-  @spec allocators() :: [Alloc.row()]
-  def allocators, do: Alloc.types()
+  @spec allocators() :: [Memory.allocator_row()]
+  def allocators, do: Memory.allocators()
 
   @doc """
   Looks for every kind of leak this module knows and names the likeliest.
@@ -364,5 +390,5 @@ defmodule Mtrace.VM do
   @spec diagnose(keyword) :: Mtrace.VM.Diagnosis.t()
   def diagnose(opts \\ []), do: Diagnose.run(opts)
 
-  defp attr!(attr), do: Args.one_of!(attr, Procs.attrs(), "attr")
+  defp attr!(attr, where), do: Options.arg!(attr, {:one_of, Procs.attrs()}, "attr", where)
 end

@@ -34,6 +34,7 @@ defmodule Mtrace.Watch do
   alias Mtrace.VM.Format
 
   @defaults [interval: 60_000, intervals: 5, min_growth: 1_048_576, limit: 5, name: __MODULE__]
+  @rules [interval: {:ms, 1}, intervals: :pos_int, min_growth: :non_neg_int, limit: :pos_int]
 
   @doc """
   Starts the watcher (see the module doc for the options).
@@ -42,8 +43,7 @@ defmodule Mtrace.Watch do
   """
   @spec start_link(keyword()) :: GenServer.on_start()
   def start_link(opts \\ []) do
-    o = Mtrace.VM.Args.opts!(opts, @defaults, "Mtrace.Watch.start_link/1")
-    check!(o)
+    o = Mtrace.Options.parse!(opts, @defaults, "Watch.start_link/1", @rules)
     GenServer.start_link(__MODULE__, o, name: o.name)
   end
 
@@ -136,17 +136,4 @@ defmodule Mtrace.Watch do
   end
 
   defp schedule(o), do: Process.send_after(self(), :tick, o.interval)
-
-  defp check!(o) do
-    for key <- [:interval, :intervals, :limit],
-        not (is_integer(o[key]) and o[key] > 0) do
-      raise ArgumentError, "option #{inspect(key)} of Mtrace.Watch must be a positive integer"
-    end
-
-    Mtrace.VM.Args.ms!(o.interval, "option :interval of Mtrace.Watch")
-
-    unless is_integer(o.min_growth) and o.min_growth >= 0 do
-      raise ArgumentError, "option :min_growth of Mtrace.Watch must be a non-negative integer"
-    end
-  end
 end

@@ -3,7 +3,6 @@ defmodule Mtrace.DiagnoseGrowthTest do
   # a slow steady leak is found with its rate, a busy node that churns is
   # healthy, a large static native heap is a finding that is not a leak.
   use ExUnit.Case, async: false
-  doctest Mtrace.VM.Growth
   doctest Mtrace.VM.Thresholds
   doctest Mtrace.VM.Diagnosis
 
@@ -38,7 +37,7 @@ defmodule Mtrace.DiagnoseGrowthTest do
           :ok = :erpc.call(node, NativeScenarios, :slow_leak, [8_700, 100])
           Process.sleep(500)
           d = diagnose(node, window: @window)
-          {d, Mtrace.VM.Report.render(d)}
+          {d, Mtrace.VM.Diagnosis.render(d)}
         end,
         churn: fn node ->
           :ok = :erpc.call(node, NativeScenarios, :churn, [])
@@ -67,7 +66,7 @@ defmodule Mtrace.DiagnoseGrowthTest do
 
     # churn: busy, but healthy
     churn = results.churn
-    assert churn.verdict == :healthy, Mtrace.VM.Report.render(churn)
+    assert churn.verdict == :healthy, Mtrace.VM.Diagnosis.render(churn)
     assert churn.growth.native.steadiness < 0.75 or churn.growth.native.per_s < 50 * 1024
 
     # a static heap of 100 MiB, some times what the VM accounts for: a
@@ -75,7 +74,7 @@ defmodule Mtrace.DiagnoseGrowthTest do
     {no_window, window} = results.static_heap
     assert %{kind: :native_leak, score: score, summary: summary} = native_finding(no_window)
     assert score >= 50 and summary =~ "× the"
-    assert window.verdict == :native_heap, Mtrace.VM.Report.render(window)
+    assert window.verdict == :native_heap, Mtrace.VM.Diagnosis.render(window)
   end
 
   test "thresholds are options: a lower native_growth flags slower growth" do

@@ -4,8 +4,6 @@ defmodule Mtrace.NifMemoryTest do
   # nif_memory/1 and diagnose/1; with +MRe false +MBe false routed through
   # malloc, where the tracer shows the NIF's own function first.
   use ExUnit.Case, async: false
-  doctest Mtrace.VM.NifMemory
-  doctest Mtrace.VM.NifChecks
 
   alias Mtrace.Test.{LeakyNif, Remote}
 
@@ -37,7 +35,7 @@ defmodule Mtrace.NifMemoryTest do
       end
 
       d = diagnose(node)
-      text = Mtrace.VM.Report.render(d)
+      text = Mtrace.VM.Diagnosis.render(d)
       assert d.verdict == :nif_alloc_leak, text
       assert %{summary: summary, evidence: %{module: LeakyNif}} = hd(d.findings)
       assert summary =~ "NIF module Mtrace.Test.LeakyNif holds at least"
@@ -69,7 +67,7 @@ defmodule Mtrace.NifMemoryTest do
       healthy = diagnose(node, window: 2_000)
       :erpc.call(node, :erlang, :exit, [churner, :kill])
       refute Enum.any?(healthy.findings, &(&1.kind == :nif_alloc_leak and &1.score >= 50))
-      assert healthy.verdict == :healthy, Mtrace.VM.Report.render(healthy)
+      assert healthy.verdict == :healthy, Mtrace.VM.Diagnosis.render(healthy)
     end)
   end
 
@@ -94,7 +92,7 @@ defmodule Mtrace.NifMemoryTest do
                catch_error(:erpc.call(node, Mtrace.VM, :nif_memory, []))
 
       d = diagnose(node)
-      assert Mtrace.VM.Report.render(d) =~ "switched off (+MRe false +MBe false)"
+      assert Mtrace.VM.Diagnosis.render(d) =~ "switched off (+MRe false +MBe false)"
       assert is_list(:erpc.call(node, Mtrace.VM, :allocators, []))
     end)
   end

@@ -10,11 +10,9 @@ defmodule Mtrace.VMTest do
   @scenarios Mtrace.VMScenarios
 
   doctest Mtrace.VM
-  doctest Mtrace.VM.Args
   doctest Mtrace.VM.Procs
   doctest Mtrace.VM.Native
   doctest Mtrace.VM.MemoryChecks
-  doctest Mtrace.VM.TopN
   doctest Mtrace.VM.Format
   doctest Mtrace.VM.Findings
 

@@ -167,8 +167,9 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
-  Loads every `Mtrace.VM` module, then makes the native module `Mtrace`
-  unloadable, as on a node that never had it.
+  Loads every `Mtrace.VM` module and the option checks they share
+  (`Mtrace.Options`), then makes the native module `Mtrace` unloadable, as
+  on a node that never had it.
 
   ## Example
 
@@ -178,7 +179,8 @@ defmodule Mtrace.VMScenarios do
   def remove_native_module do
     dir = :filename.dirname(:code.which(Mtrace.VM))
 
-    for file <- File.ls!(dir), String.starts_with?(file, "Elixir.Mtrace.VM") do
+    for file <- File.ls!(dir),
+        String.starts_with?(file, ["Elixir.Mtrace.VM", "Elixir.Mtrace.Options."]) do
       {:module, _} = :code.ensure_loaded(String.to_atom(Path.rootname(file)))
     end
 

@@ -7,7 +7,7 @@ defmodule Mtrace.Top.Sample do
   against; the first refresh has nothing to compare with.
   """
 
-  alias Mtrace.VM.{Memory, Native, NifMemory, Procs}
+  alias Mtrace.VM.{Memory, Native, Procs}
 
   @typedoc "One refresh; see the module documentation."
   @type t :: %{
@@ -66,7 +66,7 @@ defmodule Mtrace.Top.Sample do
   defp native_rate(_state, _memory, _secs), do: nil
 
   defp nif_rows(n) do
-    case NifMemory.read() do
+    case Native.nif_memory() do
       {:ok, rows} -> Enum.take(rows, n)
       {:error, reason} -> {:error, reason}
     end

@@ -3,16 +3,31 @@ defmodule Mtrace.VM.Diagnose do
   Runs `Mtrace.VM.diagnose/1`: samples the node (twice with a window),
   decides whether a node-wide GC is worth it to test for a binary leak,
   collects native evidence, judges, and prints.
+
+  ## Snapshots
+
+  A snapshot (`snapshot/1`) is one sample of everything the diagnosis
+  judges, taken with a single pass over the processes. Given the previous
+  snapshot, the pass also ranks processes by how much their mailbox and
+  monitor counts grew since then. To make that possible a snapshot
+  remembers those two figures for every process where they are not zero
+  (most processes have neither messages waiting nor monitors).
   """
 
-  alias Mtrace.VM.{Args, Findings, Memory, MemoryChecks, Native, NifMemory, Procs, Report}
-  alias Mtrace.VM.Snapshot
-  alias Mtrace.VM.Thresholds
+  alias Mtrace.VM.{Diagnosis, ETS, Findings, Memory, MemoryChecks, Native, Procs, Thresholds}
+  import Mtrace.VM.Procs, only: [ranking: 1, rank: 3, ranked: 1]
 
   @defaults [print: true, window: nil, node: nil, gc: :auto, timeout: 300_000, thresholds: []]
-  @where "Mtrace.VM.diagnose/1"
+  @rules [
+    print: :boolean,
+    window: {:or, {:ms, 1}, nil},
+    node: {:or, :node, nil},
+    gc: {:one_of, [:auto, true, false]},
+    timeout: {:or, :pos_int, :infinity}
+  ]
 
-  # How many processes and native sites are kept as evidence.
+  # How many processes and native sites are kept as evidence (and processes
+  # per ranking in a snapshot): enough for evidence, small enough to print.
   @keep 5
 
   @doc """
@@ -22,10 +37,9 @@ defmodule Mtrace.VM.Diagnose do
 
       %{verdict: _, findings: _} = Mtrace.VM.Diagnose.run(print: false)
   """
-  @spec run(keyword) :: Mtrace.VM.Diagnosis.t()
+  @spec run(keyword) :: Diagnosis.t()
   def run(opts) do
-    o = Args.opts!(opts, @defaults, @where)
-    check!(o)
+    o = Mtrace.Options.parse!(opts, @defaults, "VM.diagnose/1", @rules)
     o = Map.put(o, :th, Thresholds.merge!(o.thresholds))
 
     result =
@@ -33,26 +47,14 @@ defmodule Mtrace.VM.Diagnose do
         do: local(o),
         else: remote(o)
 
-    if o.print, do: IO.puts(Report.render(result))
+    if o.print, do: IO.puts(Diagnosis.render(result))
     result
-  end
-
-  defp check!(o) do
-    Args.one_of!(o.print, [true, false], "option :print")
-    Args.one_of!(o.gc, [:auto, true, false], "option :gc")
-    if o.window != nil, do: Args.pos_int!(Args.ms!(o.window, "option :window"), "option :window")
-
-    unless o.timeout == :infinity, do: Args.pos_int!(o.timeout, "option :timeout")
-
-    unless o.node == nil or is_atom(o.node) do
-      raise ArgumentError, "option :node must be a node name (atom), got: #{inspect(o.node)}"
-    end
   end
 
   defp local(o) do
     th = o.th
     preloaded = Native.preloaded?()
-    first = Snapshot.take()
+    first = snapshot()
     # Native figures come from the tracer only when they can be read;
     # otherwise RSS outside the allocators stands in for them.
     traced = first.memory.native != nil
@@ -68,9 +70,9 @@ defmodule Mtrace.VM.Diagnose do
           now: elem(List.last(samples), 1)
         }
 
-        {first, Snapshot.take(first), series, mark, nif}
+        {first, snapshot(first), series, mark, nif}
       else
-        {nil, first, nil, nil, %{series: nil, now: NifMemory.read()}}
+        {nil, first, nil, nil, %{series: nil, now: Native.nif_memory()}}
       end
 
     bin_leak =
@@ -94,7 +96,7 @@ defmodule Mtrace.VM.Diagnose do
         nif: nif
       })
 
-    %Mtrace.VM.Diagnosis{
+    %Diagnosis{
       verdict: Findings.verdict(findings),
       findings: findings,
       node: node(),
@@ -114,7 +116,7 @@ defmodule Mtrace.VM.Diagnose do
   # of `steps` even steps.
   defp sample(traced, window, steps) do
     step = max(div(window, steps), 1)
-    read = fn -> {Memory.native_sample(traced), NifMemory.read()} end
+    read = fn -> {Memory.native_sample(traced), Native.nif_memory()} end
     first = read.()
 
     rest =
@@ -134,7 +136,128 @@ defmodule Mtrace.VM.Diagnose do
           into: %{},
           do: {key, (snap.memory[key] - prev.memory[key]) / secs}
 
-    Map.put(vm, :native, Mtrace.VM.Growth.of(series, secs))
+    Map.put(vm, :native, Findings.growth(series, secs))
+  end
+
+  @typedoc "One sample; see the module documentation."
+  @type snapshot :: %{
+          at_ms: integer,
+          memory: Memory.t(),
+          counts: Procs.counts(),
+          allocators: [Memory.allocator_row()],
+          ets: %{:ets.table() => non_neg_integer},
+          procs: map
+        }
+
+  @doc """
+  Takes a snapshot; pass the previous one to rank growth since then.
+
+  ## Example
+
+      first = Mtrace.VM.Diagnose.snapshot()
+      second = Mtrace.VM.Diagnose.snapshot(first)
+      second.procs.mql_growth
+      #=> [{#PID<0.250.0>, 1200}]
+  """
+  @spec snapshot(snapshot | nil) :: snapshot
+  def snapshot(prev \\ nil) do
+    %{
+      at_ms: System.monotonic_time(:millisecond),
+      memory: Memory.read(),
+      counts: Procs.counts(),
+      allocators: Memory.allocators(),
+      ets: ETS.sizes(),
+      procs: procs(prev && prev.procs)
+    }
+  end
+
+  @items [:message_queue_len, :monitors, :memory, :status, :initial_call, :current_function]
+
+  defp procs(prev) do
+    acc = %{
+      count: 0,
+      mql: %{},
+      monitors: %{},
+      mql_top: ranking(@keep),
+      monitors_top: ranking(@keep),
+      memory_top: ranking(@keep),
+      mql_growth: ranking(@keep),
+      monitors_growth: ranking(@keep),
+      idle_groups: %{}
+    }
+
+    :erlang.processes()
+    |> Enum.reduce(acc, fn pid, acc ->
+      case :erlang.process_info(pid, @items) do
+        [_ | _] = items -> add(acc, pid, Map.new(items), prev)
+        _ -> acc
+      end
+    end)
+    |> Map.update!(:idle_groups, &largest_group/1)
+    |> finish([:mql_top, :monitors_top, :memory_top, :mql_growth, :monitors_growth])
+  end
+
+  defp add(acc, pid, i, prev) do
+    mql = i.message_queue_len
+    monitors = length(i.monitors)
+
+    acc = %{
+      acc
+      | count: acc.count + 1,
+        mql: put_nonzero(acc.mql, pid, mql),
+        monitors: put_nonzero(acc.monitors, pid, monitors),
+        mql_top: rank(acc.mql_top, pid, mql),
+        monitors_top: rank(acc.monitors_top, pid, monitors),
+        memory_top: rank(acc.memory_top, pid, i.memory)
+    }
+
+    acc = idle(acc, pid, i)
+
+    if prev do
+      %{
+        acc
+        | mql_growth: rank(acc.mql_growth, pid, mql - Map.get(prev.mql, pid, 0)),
+          monitors_growth:
+            rank(acc.monitors_growth, pid, monitors - Map.get(prev.monitors, pid, 0))
+      }
+    else
+      acc
+    end
+  end
+
+  # Idle means waiting in receive with nothing to receive: a worker nobody
+  # talks to any more. Groups are keyed by where a process started and where
+  # it waits; a leaking pool shows up as one very large group.
+  defp idle(acc, pid, %{status: :waiting, message_queue_len: 0} = i) do
+    key = {i.initial_call, i.current_function}
+
+    groups =
+      Map.update(acc.idle_groups, key, {1, pid}, fn {count, sample} -> {count + 1, sample} end)
+
+    %{acc | idle_groups: groups}
+  end
+
+  defp idle(acc, _pid, _i), do: acc
+
+  defp largest_group(groups) when groups == %{}, do: nil
+
+  defp largest_group(groups) do
+    {{initial_call, current_function}, {count, sample}} =
+      Enum.max_by(groups, fn {_, {count, _}} -> count end)
+
+    %{
+      initial_call: initial_call,
+      current_function: current_function,
+      count: count,
+      sample: sample
+    }
+  end
+
+  defp put_nonzero(map, _pid, 0), do: map
+  defp put_nonzero(map, pid, value), do: Map.put(map, pid, value)
+
+  defp finish(acc, keys) do
+    Enum.reduce(keys, acc, fn key, acc -> Map.update!(acc, key, &ranked/1) end)
   end
 
   defp remote(%{node: target} = o) do

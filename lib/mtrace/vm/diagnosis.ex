@@ -2,7 +2,8 @@ defmodule Mtrace.VM.Diagnosis do
   @moduledoc """
   What `Mtrace.VM.diagnose/1` returns: the verdict, the findings, and the
   state it judged. A struct so that IEx, after the printed report, echoes
-  one line instead of every figure; the fields are plain data for programs.
+  one line instead of every figure; the fields are plain data for programs,
+  and `render/1` gives the report `diagnose/1` prints.
 
     * `verdict` — the kind of the highest-scoring finding scoring 50 or
       more, else `:healthy`;
@@ -11,9 +12,9 @@ defmodule Mtrace.VM.Diagnosis do
       (`%{preloaded, stats, sites}`) — what was measured;
     * `growth` — with a window, bytes per second for each category of
       `:erlang.memory/0` (`:total`, `:processes`, `:binary`, `:ets`,
-      `:code`, `:atom`) and `:native`, a `Mtrace.VM.Growth` of native
-      memory sampled across the window; `nil` without one;
-    * `nif` — `{:ok, rows}` of `Mtrace.VM.NifMemory.read/0` (memory NIFs
+      `:code`, `:atom`) and `:native`, a `t:Mtrace.VM.Findings.growth/0`
+      of native memory sampled across the window; `nil` without one;
+    * `nif` — `{:ok, rows}` of `Mtrace.VM.Native.nif_memory/0` (memory NIFs
       hold in the VM's allocators), or `{:error, reason}`.
 
   ## Example
@@ -33,6 +34,8 @@ defmodule Mtrace.VM.Diagnosis do
             native: %{},
             nif: nil
 
+  alias Mtrace.VM.{Findings, Format, Native}
+
   @type t :: %__MODULE__{
           verdict: atom,
           findings: [Mtrace.VM.Findings.finding()],
@@ -44,6 +47,144 @@ defmodule Mtrace.VM.Diagnosis do
           native: map,
           nif: {:ok, [map]} | {:error, atom} | nil
         }
+
+  @doc """
+  The report `Mtrace.VM.diagnose/1` prints, as text: what was measured,
+  then the findings, lines wrapped for an 80-column shell.
+
+  ## Example
+
+      Mtrace.VM.diagnose(print: false) |> Mtrace.VM.Diagnosis.render() |> IO.puts()
+  """
+  @spec render(map) :: String.t()
+  def render(result) do
+    [
+      "mtrace diagnose #{result.node}: verdict #{result.verdict}",
+      memory_lines(result.memory),
+      counts_line(result.counts),
+      native_lines(result.native),
+      nif_lines(Map.get(result, :nif)),
+      window_line(result.window),
+      growth_lines(Map.get(result, :growth)),
+      "",
+      finding_lines(result.findings)
+    ]
+    |> List.flatten()
+    |> Enum.flat_map(&Format.wrap/1)
+    |> Enum.join("\n")
+  end
+
+  defp memory_lines(m) do
+    vm =
+      if m.total do
+        "memory  VM #{Format.bytes(m.total)} (processes #{Format.bytes(m.processes)}, " <>
+          "binary #{Format.bytes(m.binary)}, ets #{Format.bytes(m.ets)}, " <>
+          "code #{Format.bytes(m.code)})"
+      else
+        "memory  erlang:memory/0 is not supported here (allocators disabled, e.g. +Mea min)"
+      end
+
+    [
+      vm <> " | RSS #{Format.bytes(m.rss)} (peak #{Format.bytes(m.rss_peak)})",
+      "        ERTS allocators #{Format.bytes(m.allocated)} allocated, " <>
+        "#{Format.bytes(m.used)} used | outside the VM #{Format.bytes(m.outside_vm)}"
+    ]
+  end
+
+  defp counts_line(c) do
+    "counts  " <>
+      Enum.map_join([:processes, :ports, :atoms, :ets], " | ", fn key ->
+        {count, limit} = Map.fetch!(c, key)
+        "#{key} #{Format.int(count)}/#{Format.int(limit)}"
+      end)
+  end
+
+  defp native_lines(%{preloaded: true, stats: nil}) do
+    "native  the tracer is preloaded but its figures could not be read (Mtrace.stats/0 failed)"
+  end
+
+  defp native_lines(%{preloaded: true, stats: stats, sites: sites}) do
+    [
+      "native  #{Format.bytes(stats[:live_bytes])} live in " <>
+        "#{Format.count(stats[:live_count] || 0, "block")}; heap " <>
+        "#{Format.bytes(stats[:used_bytes])} used, #{Format.bytes(stats[:free_bytes])} free, " <>
+        "#{Format.bytes(stats[:mmap_bytes])} mmapped"
+      | Enum.map(sites, &site_line/1)
+    ]
+  end
+
+  defp native_lines(_) do
+    [
+      "native  not traced; to see which native code holds memory, add to rel/env.sh.eex:",
+      "          #{Native.enable_hint()}"
+    ]
+  end
+
+  defp site_line(site) do
+    frames =
+      site
+      |> Map.get(:frames, [])
+      |> Enum.take(4)
+      |> Enum.map_join(" <- ", &Mtrace.Frame.label/1)
+
+    "          #{Format.bytes(site[:bytes])} in #{Format.count(site[:count] || 0, "block")}, " <>
+      "oldest #{Format.age(site[:oldest] || 0)}: #{frames}"
+  end
+
+  defp nif_lines({:ok, []}), do: ["nif     no NIF or driver holds memory in the VM's allocators"]
+
+  defp nif_lines({:ok, rows}) do
+    shown =
+      rows
+      |> Enum.take(3)
+      |> Enum.map_join("; ", fn r ->
+        "#{inspect(r.module)} #{Native.nif_held(r)}"
+      end)
+
+    ["nif     " <> shown <> if(length(rows) > 3, do: "; ...", else: "")]
+  end
+
+  defp nif_lines({:error, reason}), do: ["nif     " <> Native.nif_explain(reason)]
+  defp nif_lines(_), do: []
+
+  defp growth_lines(nil), do: []
+
+  defp growth_lines(g) do
+    vm =
+      [:total, :processes, :binary, :ets, :code, :atom]
+      |> Enum.filter(&is_number(g[&1]))
+      |> Enum.map_join(", ", &"#{&1} #{per_s(g[&1])}")
+
+    native =
+      case g[:native] do
+        %{} = n -> ["        native " <> Findings.describe_growth(n)]
+        _ -> []
+      end
+
+    ["growth  " <> vm | native]
+  end
+
+  defp per_s(rate) when rate < 0, do: "-#{Format.bytes(-rate)}/s"
+  defp per_s(rate), do: "+#{Format.bytes(rate)}/s"
+
+  defp window_line(nil), do: "window  none: sizes only; pass window: 10_000 to judge growth too"
+  defp window_line(ms), do: "window  #{Format.int(ms)} ms: growth judged as well as size"
+
+  defp finding_lines([]), do: ["findings: none, the node looks healthy"]
+
+  defp finding_lines(findings) do
+    [
+      "findings (a score of 50 or more is a problem):"
+      | Enum.flat_map(findings, fn f ->
+          score = :erlang.float_to_binary(f.score * 1.0, decimals: 1)
+
+          [
+            "  #{String.pad_leading(score, 6)}  #{f.kind}: #{f.summary}",
+            "          next: #{f.next}"
+          ]
+        end)
+    ]
+  end
 
   defimpl Inspect do
     def inspect(%{verdict: verdict, findings: findings, node: node}, _opts) do

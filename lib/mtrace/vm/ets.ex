@@ -7,7 +7,7 @@ defmodule Mtrace.VM.ETS do
   table are not part of it: they count under `binary` in `erlang:memory/0`.
   """
 
-  alias Mtrace.VM.TopN
+  import Mtrace.VM.Procs, only: [ranking: 1, rank: 3, ranked: 1]
 
   @typedoc "How a table is described in results."
   @type info :: [
@@ -23,21 +23,21 @@ defmodule Mtrace.VM.ETS do
   ## Example
 
       [{_table, _bytes, [name: _, owner: _, size: _, memory_bytes: _]} | _] =
-        Mtrace.VM.ETS.top(3, :memory)
+        Mtrace.VM.ETS.top(:memory, 3)
   """
-  @spec top(pos_integer, :memory | :size) :: [{:ets.table(), non_neg_integer, info}]
-  def top(n, by) do
+  @spec top(:memory | :size, pos_integer) :: [{:ets.table(), non_neg_integer, info}]
+  def top(by, n) do
     word = :erlang.system_info(:wordsize)
 
     :ets.all()
-    |> Enum.reduce({TopN.new(n), %{}}, fn table, {top, infos} ->
+    |> Enum.reduce({ranking(n), %{}}, fn table, {top, infos} ->
       case describe(table, word) do
         nil -> {top, infos}
-        info -> {TopN.add(top, table, info[by_key(by)]), Map.put(infos, table, info)}
+        info -> {rank(top, table, info[by_key(by)]), Map.put(infos, table, info)}
       end
     end)
     |> then(fn {top, infos} ->
-      for {table, value} <- TopN.to_list(top), do: {table, value, Map.fetch!(infos, table)}
+      for {table, value} <- ranked(top), do: {table, value, Map.fetch!(infos, table)}
     end)
   end
 

@@ -1,6 +1,9 @@
 defmodule Mtrace.VM.Findings do
   @moduledoc """
-  Turns samples into scored findings and a verdict.
+  Turns samples into scored findings and a verdict: the scoring every check
+  shares, how growth across a window is measured, and the checks that look
+  at processes (mailbox build-up, process leaks, monitor leaks). The checks
+  that look at where memory sits are in `Mtrace.VM.MemoryChecks`.
 
   ## Scores
 
@@ -37,9 +40,17 @@ defmodule Mtrace.VM.Findings do
 
   When scores tie, the more specific cause wins: a stuck mailbox or a
   process leak inflates memory everywhere else as a consequence.
+
+  ## Growth
+
+  How a figure moved across a window is measured from samples taken at
+  even steps (`growth/2`): its rate, and how steadily it grew (the share of
+  steps in which it went up). A leak grows in almost every step; churn and
+  a working set taken and given back go up and down, and score low on
+  steadiness whatever their net change.
   """
 
-  alias Mtrace.VM.{MemoryChecks, NifChecks, ProcessChecks, Snapshot}
+  alias Mtrace.VM.{Diagnose, Format, MemoryChecks, Procs, Thresholds}
 
   @typedoc "One finding of `Mtrace.VM.diagnose/1`."
   @type finding :: %{
@@ -48,6 +59,16 @@ defmodule Mtrace.VM.Findings do
           summary: String.t(),
           evidence: term,
           next: String.t()
+        }
+
+  @typedoc "`from`/`to` are the first and last samples; `per_s` the rate between them."
+  @type growth :: %{
+          from: number,
+          to: number,
+          per_s: float,
+          ups: non_neg_integer,
+          steps: pos_integer,
+          steadiness: float
         }
 
   @problem 50.0
@@ -69,23 +90,21 @@ defmodule Mtrace.VM.Findings do
   `nil`), highest score first. `extra` carries what is measured once, after
   sampling: `:bin_leak` (a `Mtrace.VM.bin_leak/1` result or `nil`),
   `:preloaded` and `:sites`, and optionally `:thresholds`,
-  `:native_series` and `:limit` (see `Mtrace.VM.MemoryChecks.run/4`).
+  `:native_series`, `:limit` and `:nif` (see `Mtrace.VM.MemoryChecks.run/4`).
 
   ## Example
 
-      snap = Mtrace.VM.Snapshot.take()
+      snap = Mtrace.VM.Diagnose.snapshot()
       Mtrace.VM.Findings.judge(nil, snap, %{bin_leak: nil, preloaded: false, sites: []})
       #=> []
   """
-  @spec judge(Snapshot.t() | nil, Snapshot.t(), map) :: [finding]
+  @spec judge(Diagnose.snapshot() | nil, Diagnose.snapshot(), map) :: [finding]
   def judge(prev, snap, extra) do
     secs = if prev, do: max(snap.at_ms - prev.at_ms, 1) / 1000
 
-    thresholds = Map.get(extra, :thresholds, Mtrace.VM.Thresholds.defaults())
+    thresholds = Map.get(extra, :thresholds, Thresholds.defaults())
 
-    (ProcessChecks.run(prev, snap, secs, thresholds) ++
-       MemoryChecks.run(prev, snap, secs, extra) ++
-       [NifChecks.run(extra[:nif], secs, snap.memory, thresholds)])
+    (process_checks(prev, snap, secs, thresholds) ++ MemoryChecks.run(prev, snap, secs, extra))
     |> Enum.reject(&is_nil/1)
     |> Enum.filter(&(&1.score >= @listed))
     |> Enum.sort_by(&{-&1.score, Enum.find_index(@priority, fn k -> k == &1.kind end)})
@@ -183,4 +202,227 @@ defmodule Mtrace.VM.Findings do
   @spec ratio(number | nil, number) :: number
   def ratio(value, threshold) when is_number(value) and threshold > 0, do: value / threshold
   def ratio(_, _), do: 0
+
+  @doc """
+  The growth of `samples` (oldest first, taken evenly over `secs` seconds),
+  or `nil` without at least two samples and a window.
+
+  ## Examples
+
+      iex> g = Mtrace.VM.Findings.growth([0, 100, 200, 300, 400, 500], 5.0)
+      iex> {g.per_s, g.ups, g.steps, g.steadiness}
+      {100.0, 5, 5, 1.0}
+      iex> Mtrace.VM.Findings.growth([0, 900, 0, 900, 0, 900], 5.0).steadiness
+      0.6
+      iex> Mtrace.VM.Findings.growth([5], 5.0)
+      nil
+  """
+  @spec growth([number] | nil, number | nil) :: growth | nil
+  def growth(samples, secs)
+      when is_list(samples) and length(samples) >= 2 and is_number(secs) and secs > 0 do
+    if Enum.all?(samples, &is_number/1) do
+      steps = length(samples) - 1
+      ups = samples |> Enum.chunk_every(2, 1, :discard) |> Enum.count(fn [a, b] -> b > a end)
+      from = hd(samples)
+      to = List.last(samples)
+
+      %{
+        from: from,
+        to: to,
+        per_s: (to - from) / secs,
+        ups: ups,
+        steps: steps,
+        steadiness: ups / steps
+      }
+    end
+  end
+
+  def growth(_samples, _secs), do: nil
+
+  @doc """
+  A `growth/2` in words.
+
+  ## Example
+
+      iex> Mtrace.VM.Findings.growth([0, 100, 200, 300, 400, 500], 5.0)
+      ...> |> Mtrace.VM.Findings.describe_growth()
+      "grew by +100 B/s (+351.6 KiB/h), up in 5 of 5 steps"
+  """
+  @spec describe_growth(growth) :: String.t()
+  def describe_growth(%{per_s: per_s, ups: ups, steps: steps}) do
+    verb = if per_s >= 0, do: "grew", else: "shrank"
+    "#{verb} by #{Format.rate(per_s)}, up in #{ups} of #{steps} steps"
+  end
+
+  @doc """
+  Seconds until the figure has grown by `room` more at this rate, `0` when
+  there is no room left, `nil` when it is not growing.
+
+  ## Example
+
+      iex> Mtrace.VM.Findings.time_to(%{per_s: 100.0}, 3600 * 100)
+      3600
+  """
+  @spec time_to(%{per_s: number}, number) :: non_neg_integer | nil
+  def time_to(%{per_s: per_s}, _room) when per_s <= 0, do: nil
+  def time_to(_growth, room) when room <= 0, do: 0
+  def time_to(%{per_s: per_s}, room), do: round(room / per_s)
+
+  @doc """
+  Runs the checks that look at processes: mailbox build-up, process leaks
+  and monitor leaks (`nil` where there is nothing to report); `secs` is
+  the window length, or `nil` without one.
+
+  ## Example
+
+      snap = Mtrace.VM.Diagnose.snapshot()
+      [_mailbox, _processes, _monitors] = Mtrace.VM.Findings.process_checks(nil, snap, nil)
+  """
+  @spec process_checks(
+          Diagnose.snapshot() | nil,
+          Diagnose.snapshot(),
+          number | nil,
+          Thresholds.t()
+        ) :: [finding | nil]
+  def process_checks(prev, snap, secs, t \\ Thresholds.defaults()) do
+    [mailbox(snap, secs, t), processes(prev, snap, secs, t), monitors(snap, secs, t)]
+  end
+
+  defp mailbox(snap, secs, t) do
+    {pid, score, per_s, own_per_s} =
+      leader(snap.procs.mql_top, snap.procs.mql_growth, secs, t.mailbox_len,
+        growth: t.mailbox_growth,
+        min: t.mailbox_growth_min
+      )
+
+    if pid do
+      info = Procs.info(pid)
+      len = Map.get(snap.procs.mql, pid, 0)
+
+      finding(
+        :mailbox_buildup,
+        score,
+        "#{Format.process(pid, info)} has #{Format.int(len)} messages waiting" <>
+          growth_text(own_per_s, "messages"),
+        %{
+          pid: pid,
+          message_queue_len: len,
+          growth_per_s: per_s,
+          info: info,
+          top: snap.procs.mql_top
+        },
+        "Process.info(#{Format.pid_expr(pid)}, [:current_stacktrace, :status]) shows " <>
+          "why it is not receiving; Mtrace.VM.top(:message_queue_len, 5) lists the others"
+      )
+    end
+  end
+
+  defp processes(prev, snap, secs, t) do
+    {count, limit} = snap.counts.processes
+    group = snap.procs.idle_groups
+    delta = prev && count - elem(prev.counts.processes, 0)
+    per_s = delta && rate(delta, secs)
+    share = ratio(count / limit, t.process_share)
+
+    grouped =
+      if group,
+        do: min(ratio(group.count, t.idle_group), ratio(group.count / count, t.idle_share)),
+        else: 0
+
+    growth = growth_ratio(delta, secs, t.process_growth, t.process_growth_min)
+    group = group && Map.put(group, :started_as, started_as(group.sample))
+
+    summary =
+      cond do
+        grouped >= max(share, growth) and group != nil ->
+          "#{Format.int(group.count)} of #{Format.int(count)} processes are idle in " <>
+            "#{Format.mfa(group.current_function)}, started as #{Format.mfa(group.started_as)}"
+
+        true ->
+          "#{Format.int(count)} processes of a limit of #{Format.int(limit)}"
+      end
+
+    next =
+      if group,
+        do:
+          "Process.info(#{Format.pid_expr(group.sample)}, [:current_stacktrace, :parent, " <>
+            ":dictionary]) shows one of the idle ones and who started it",
+        else: "Mtrace.VM.top(:memory, 10)"
+
+    finding(
+      :process_leak,
+      Enum.max([share, grouped, growth]),
+      summary <> growth_text(per_s, "processes"),
+      %{processes: count, limit: limit, idle_group: group, growth_per_s: per_s},
+      next
+    )
+  end
+
+  defp monitors(snap, secs, t) do
+    {pid, score, per_s, own_per_s} =
+      leader(snap.procs.monitors_top, snap.procs.monitors_growth, secs, t.monitors,
+        growth: t.monitor_growth,
+        min: t.monitor_growth_min
+      )
+
+    if pid do
+      n = Map.get(snap.procs.monitors, pid, 0)
+      targets = monitor_targets(pid)
+
+      finding(
+        :monitor_leak,
+        score,
+        "#{Format.process(pid, Procs.info(pid))} holds #{Format.int(n)} monitors" <>
+          growth_text(own_per_s, "monitors"),
+        %{pid: pid, monitors: n, growth_per_s: per_s, targets: targets},
+        "Process.info(#{Format.pid_expr(pid)}, :monitors); look for Process.monitor/1 " <>
+          "calls in its code that are never matched by a demonitor or a :DOWN"
+      )
+    end
+  end
+
+  # The processes or ports monitored most often by one process: a leak
+  # usually monitors the same few targets over and over, or a stream of new ones.
+  defp monitor_targets(pid) do
+    case :erlang.process_info(pid, :monitors) do
+      {:monitors, list} ->
+        list
+        |> Enum.frequencies_by(&elem(&1, 1))
+        |> Enum.sort_by(fn {_, times} -> -times end)
+        |> Enum.take(3)
+
+      _ ->
+        []
+    end
+  end
+
+  defp started_as(pid) do
+    case :proc_lib.translate_initial_call(pid) do
+      {_, _, _} = mfa -> mfa
+      _ -> nil
+    end
+  catch
+    _, _ -> nil
+  end
+
+  # The process to report for a per-process measure: the largest one, or the
+  # fastest-growing one when its growth scores higher. Returns {pid, score,
+  # growth_per_s, growth_per_s when it is that process's own (else nil)}.
+  defp leader(top, growth_top, secs, size_limit, growth: growth_limit, min: growth_min) do
+    {pid, value} = first(top)
+    {gpid, delta} = first(growth_top)
+    per_s = rate(delta, secs)
+    size = ratio(value, size_limit)
+    growth = growth_ratio(delta, secs, growth_limit, growth_min)
+    pid = if growth > size, do: gpid, else: pid
+    {pid, max(size, growth), per_s, per_s && gpid == pid && per_s}
+  end
+
+  defp first([head | _]), do: head
+  defp first([]), do: {nil, 0}
+
+  defp growth_text(per_s, what) when is_number(per_s) and per_s > 0,
+    do: ", growing by #{Format.int(round(per_s))} #{what}/s"
+
+  defp growth_text(_, _), do: ""
 end

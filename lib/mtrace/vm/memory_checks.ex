@@ -1,14 +1,19 @@
 defmodule Mtrace.VM.MemoryChecks do
   @moduledoc """
   The checks of `Mtrace.VM.diagnose/1` that look at where memory sits: ETS
-  tables, refc binaries, native memory and allocator fragmentation.
-  Thresholds are listed in `Mtrace.VM.Thresholds`; `extra` may carry them
+  tables, refc binaries, native memory, allocator fragmentation, and memory
+  NIFs and drivers hold in the VM's own allocators (`enif_alloc` blocks,
+  resources and binaries, which the native tracer cannot see: see
+  `Mtrace.VM.Native`). Scores are those of `Mtrace.VM.Findings`;
+  thresholds are listed in `Mtrace.VM.Thresholds`. `extra` may carry them
   as `:thresholds`, with `:native_series` (native bytes sampled across the
-  window) and `:limit` (`Mtrace.VM.Memory.limit/0`).
+  window), `:limit` (`Mtrace.VM.Memory.limit/0`) and `:nif` (see `nif/4`).
   """
 
-  import Mtrace.VM.Findings, only: [finding: 5, growth_ratio: 4, rate: 2, ratio: 2]
-  alias Mtrace.VM.{ETS, Format, Growth, Native, Thresholds}
+  import Mtrace.VM.Findings,
+    only: [finding: 5, growth_ratio: 4, rate: 2, ratio: 2, growth: 2, describe_growth: 1]
+
+  alias Mtrace.VM.{Diagnose, ETS, Findings, Format, Native, Thresholds}
 
   @ets_samples 64
   # Without the forced GC, dominating binaries score below a problem.
@@ -16,16 +21,18 @@ defmodule Mtrace.VM.MemoryChecks do
   @binary_untested_cap 0.9
 
   @doc """
-  Runs the memory checks; `secs` is the window length, or `nil` without one.
+  Runs the memory checks (`nil` where there is nothing to report); `secs`
+  is the window length, or `nil` without one.
 
   ## Example
 
-      snap = Mtrace.VM.Snapshot.take()
+      snap = Mtrace.VM.Diagnose.snapshot()
       extra = %{bin_leak: nil, preloaded: false, sites: []}
-      [_ets, _binary, _native, _fragmentation] = Mtrace.VM.MemoryChecks.run(nil, snap, nil, extra)
+      [_ets, _binary, _native, _fragmentation, _nif] =
+        Mtrace.VM.MemoryChecks.run(nil, snap, nil, extra)
   """
-  @spec run(Mtrace.VM.Snapshot.t() | nil, Mtrace.VM.Snapshot.t(), number | nil, map) ::
-          [map | nil]
+  @spec run(Diagnose.snapshot() | nil, Diagnose.snapshot(), number | nil, map) ::
+          [Findings.finding() | nil]
   def run(prev, snap, secs, extra) do
     th = Map.get(extra, :thresholds, Thresholds.defaults())
 
@@ -33,7 +40,8 @@ defmodule Mtrace.VM.MemoryChecks do
       ets(prev, snap, secs, th),
       binary(snap, extra.bin_leak, th),
       native(snap, secs, extra, th),
-      fragmentation(snap, th)
+      fragmentation(snap, th),
+      nif(extra[:nif], secs, snap.memory, th)
     ]
   end
 
@@ -47,6 +55,7 @@ defmodule Mtrace.VM.MemoryChecks do
       false
   """
   @spec bin_leak_worth_it?(%{memory: map}) :: boolean
+  @spec bin_leak_worth_it?(%{memory: map}, Thresholds.t()) :: boolean
   def bin_leak_worth_it?(snap, th \\ Thresholds.defaults())
 
   def bin_leak_worth_it?(%{memory: %{binary: binary, total: total}}, th)
@@ -175,7 +184,7 @@ defmodule Mtrace.VM.MemoryChecks do
   defp native(snap, secs, extra, th) do
     {bytes, what} = native_bytes(snap, extra)
     vm = vm_bytes(snap, extra)
-    growth = Growth.of(extra[:native_series], secs)
+    growth = growth(extra[:native_series], secs)
 
     steady =
       if growth && growth.steadiness >= th.native_steady,
@@ -197,7 +206,7 @@ defmodule Mtrace.VM.MemoryChecks do
       if growth,
         do:
           "; over the #{Format.age(secs)} window it " <>
-            Growth.describe(growth) <> projection(growth, steady, extra[:limit], snap),
+            describe_growth(growth) <> projection(growth, steady, extra[:limit], snap),
         else: ""
 
     kind = if growth && steady == 0, do: :native_heap, else: :native_leak
@@ -238,7 +247,7 @@ defmodule Mtrace.VM.MemoryChecks do
   defp vm_bytes(snap, _extra), do: snap.memory.allocated || 0
 
   defp projection(g, steady_ratio, limit, snap) when steady_ratio > 0 and is_map(limit) do
-    case Growth.time_to(g, limit.bytes - (snap.memory.rss || 0)) do
+    case Findings.time_to(g, limit.bytes - (snap.memory.rss || 0)) do
       nil ->
         ""
 
@@ -282,6 +291,88 @@ defmodule Mtrace.VM.MemoryChecks do
           "Mtrace.VM.allocators(); if it stays low, start the VM with a different " <>
             "allocation strategy for it (e.g. +M<X>as aobf) or smaller carriers (+M<X>lmbcs)"
         )
+    end
+  end
+
+  @doc """
+  The check of memory NIFs and drivers hold in the VM's own allocators
+  (`Mtrace.VM.Native.nif_memory/0`): the `:nif_alloc_leak` finding for the module that scores highest, or
+  `nil`. `nif` is `%{series: [rows] | nil, now: {:ok, rows} | {:error, _}}`:
+  with a window, `series` holds the rows read at each step, and growth
+  counts only when steady (up in `native_steady` of the steps), as for
+  native memory; `secs` is the window, or `nil`.
+
+  ## Example
+
+      row = %{module: :my_nif, kind: :enif_alloc, count: 10_240, bytes: 80 <<< 20,
+              bytes_min: 64 <<< 20, bytes_max: 96 <<< 20}
+      Mtrace.VM.MemoryChecks.nif(%{series: nil, now: {:ok, [row]}}, nil, %{total: 120 <<< 20},
+                                 Mtrace.VM.Thresholds.defaults()).kind
+      #=> :nif_alloc_leak
+  """
+  @spec nif(map | nil, number | nil, map, Thresholds.t()) :: Findings.finding() | nil
+  def nif(%{now: {:ok, rows}} = nif, secs, memory, th) when rows != [] do
+    series = if secs && is_list(nif[:series]), do: Enum.reject(nif.series, &is_nil/1)
+
+    rows
+    |> Enum.group_by(& &1.module)
+    |> Enum.map(fn {module, mine} -> nif_module(module, mine, series, secs, memory, th) end)
+    |> Enum.max_by(& &1.score, fn -> nil end)
+  end
+
+  def nif(_nif, _secs, _memory, _th), do: nil
+
+  defp nif_module(module, rows, series, secs, memory, th) do
+    # Judged on the lower bounds of the size classes: never more than is held.
+    bytes = rows |> Enum.map(& &1.bytes_min) |> Enum.sum()
+    total = memory[:total] || 0
+
+    # each kind's growth across the window's steps; only steady growth counts
+    grown =
+      Enum.map(rows, fn row ->
+        g = series && growth(Enum.map(series, &bytes_of(&1, row.module, row.kind)), secs)
+        steady = g && g.steadiness >= th.native_steady && g.to - g.from >= th.nif_growth_min
+        Map.merge(row, %{growth: g, steady: steady || false})
+      end)
+
+    per_s = for(%{steady: true, growth: g} <- grown, do: g.per_s) |> Enum.sum()
+
+    share =
+      if bytes >= th.nif_share_min and total > 0,
+        do: ratio(bytes / total, th.nif_share),
+        else: 0
+
+    score = Enum.max([ratio(bytes, th.nif_bytes), share, ratio(per_s, th.nif_growth)])
+
+    finding(
+      :nif_alloc_leak,
+      score,
+      "NIF module #{inspect(module)} holds " <>
+        Enum.map_join(rows, ", ", &Native.nif_held/1) <>
+        " in the VM's allocators" <> nif_growth_text(grown, series),
+      %{module: module, bytes: bytes, rows: grown, growth_per_s: series && per_s},
+      "Mtrace.VM.nif_memory(window: 10_000) shows which kind grows; for the C stacks that " <>
+        "allocate it, start the VM with +MRe false +MBe false (enif_alloc, resources and " <>
+        "binaries then go through malloc) and run Mtrace.report()"
+    )
+  end
+
+  defp bytes_of(rows, module, kind) do
+    Enum.find_value(rows, 0, &(&1.module == module and &1.kind == kind and &1.bytes_min))
+  end
+
+  defp nif_growth_text(_rows, nil), do: ""
+
+  defp nif_growth_text(rows, _series) do
+    case Enum.filter(rows, & &1.steady) do
+      [] ->
+        "; not growing steadily over the window"
+
+      growing ->
+        "; growing steadily by " <>
+          Enum.map_join(growing, ", ", fn row ->
+            "#{Format.rate(row.growth.per_s)} (#{row.kind})"
+          end)
     end
   end
 end

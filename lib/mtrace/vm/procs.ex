@@ -1,15 +1,22 @@
 defmodule Mtrace.VM.Procs do
   @moduledoc """
   Per-process measures behind `Mtrace.VM.top/2`, `Mtrace.VM.window/3` and
-  `Mtrace.VM.bin_leak/1`.
+  `Mtrace.VM.bin_leak/1`, the counts of `Mtrace.VM.counts/0`, and the
+  bounded ranking every "top n" here is built with.
 
   Processes are read one at a time with `:erlang.process_info/2`; a process
   that dies while it is being read is skipped, never an error. The process
   asking (a shell's evaluator, an rpc) is left out: it is the one holding
   the answers being built.
-  """
 
-  alias Mtrace.VM.TopN
+  ## Rankings
+
+  Scanning hundreds of thousands of processes must not build a list of them
+  all just to sort it and keep ten, so values are streamed into a ranking
+  (`ranking/1`, `rank/3`, `ranked/1`): an ordered set that never holds more
+  than `n` elements, where a new pair either beats the current smallest
+  (which is then dropped) or is discarded at once.
+  """
 
   @attrs [
     :memory,
@@ -129,10 +136,10 @@ defmodule Mtrace.VM.Procs do
   @spec top(attr, pos_integer) :: [{pid, non_neg_integer, info}]
   def top(attr, n) do
     others()
-    |> Enum.reduce(TopN.new(n), fn pid, acc ->
+    |> Enum.reduce(ranking(n), fn pid, acc ->
       case value(pid, attr) do
         nil -> acc
-        v -> TopN.add(acc, pid, v)
+        v -> rank(acc, pid, v)
       end
     end)
     |> with_info()
@@ -161,10 +168,10 @@ defmodule Mtrace.VM.Procs do
     Process.sleep(ms)
 
     others()
-    |> Enum.reduce(TopN.new(n), fn pid, acc ->
+    |> Enum.reduce(ranking(n), fn pid, acc ->
       case value(pid, attr) do
         nil -> acc
-        v -> TopN.add(acc, pid, v - Map.get(before, pid, 0))
+        v -> rank(acc, pid, v - Map.get(before, pid, 0))
       end
     end)
     |> with_info()
@@ -195,11 +202,11 @@ defmodule Mtrace.VM.Procs do
     binary_after = settled_binary_memory(binary_memory(), 25)
 
     {top, freed} =
-      Enum.reduce(before, {TopN.new(n), 0}, fn {pid, count}, {top, freed} ->
+      Enum.reduce(before, {ranking(n), 0}, fn {pid, count}, {top, freed} ->
         case :erlang.process_info(pid, :binary) do
           {:binary, bins} when length(bins) < count ->
             drop = count - length(bins)
-            {TopN.add(top, pid, drop), freed + drop}
+            {rank(top, pid, drop), freed + drop}
 
           _ ->
             {top, freed}
@@ -288,6 +295,91 @@ defmodule Mtrace.VM.Procs do
   defp others, do: List.delete(:erlang.processes(), self())
 
   defp with_info(top) do
-    for {pid, value} <- TopN.to_list(top), info = info(pid), info != nil, do: {pid, value, info}
+    for {pid, value} <- ranked(top), info = info(pid), info != nil, do: {pid, value, info}
+  end
+
+  @typedoc "Each entry is `{count, limit}`."
+  @type counts :: %{
+          processes: {non_neg_integer, pos_integer},
+          ports: {non_neg_integer, pos_integer},
+          atoms: {non_neg_integer, pos_integer},
+          ets: {non_neg_integer, pos_integer}
+        }
+
+  @doc """
+  How many processes, ports, atoms and ETS tables the node has, against the
+  limits it was started with (`+P`, `+Q`, `+t`, `+e`). See
+  `Mtrace.VM.counts/0`.
+
+  ## Example
+
+      %{processes: {count, limit}} = Mtrace.VM.Procs.counts()
+      true = count <= limit
+  """
+  @spec counts() :: counts
+  def counts do
+    %{
+      processes: pair(:process_count, :process_limit),
+      ports: pair(:port_count, :port_limit),
+      atoms: pair(:atom_count, :atom_limit),
+      ets: pair(:ets_count, :ets_limit)
+    }
+  end
+
+  defp pair(count, limit), do: {:erlang.system_info(count), :erlang.system_info(limit)}
+
+  @opaque ranking :: {non_neg_integer, pos_integer, :gb_sets.set({number, term})}
+
+  @doc """
+  An empty ranking that keeps the `n` largest `{key, value}` pairs offered
+  to it, and nothing else.
+
+  ## Example
+
+      iex> Mtrace.VM.Procs.ranking(3) |> Mtrace.VM.Procs.ranked()
+      []
+  """
+  @spec ranking(pos_integer) :: ranking
+  def ranking(n) when is_integer(n) and n > 0, do: {0, n, :gb_sets.new()}
+
+  @doc """
+  Offers `value` for `key`; it is kept only if it is among the `n` largest.
+
+  Keys must be distinct within one ranking (pids, tables).
+
+  ## Example
+
+      iex> import Mtrace.VM.Procs, only: [ranking: 1, rank: 3, ranked: 1]
+      iex> ranking(2) |> rank(:a, 1) |> rank(:b, 3) |> rank(:c, 2) |> ranked()
+      [b: 3, c: 2]
+  """
+  @spec rank(ranking, term, number) :: ranking
+  def rank({size, n, set}, key, value) when size < n do
+    {size + 1, n, :gb_sets.add({value, key}, set)}
+  end
+
+  def rank({size, n, set} = top, key, value) do
+    {smallest, _} = :gb_sets.smallest(set)
+
+    if value > smallest do
+      {_, rest} = :gb_sets.take_smallest(set)
+      {size, n, :gb_sets.add({value, key}, rest)}
+    else
+      top
+    end
+  end
+
+  @doc """
+  The kept pairs, largest value first.
+
+  ## Example
+
+      iex> import Mtrace.VM.Procs, only: [ranking: 1, rank: 3, ranked: 1]
+      iex> ranking(5) |> rank(:x, 10) |> rank(:y, 20) |> ranked()
+      [y: 20, x: 10]
+  """
+  @spec ranked(ranking) :: [{term, number}]
+  def ranked({_, _, set}) do
+    set |> :gb_sets.to_list() |> Enum.reverse() |> Enum.map(fn {value, key} -> {key, value} end)
   end
 end
