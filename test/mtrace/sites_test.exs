@@ -174,7 +174,9 @@ defmodule Mtrace.SitesTest do
 
     foreign = %Mtrace.Mark{node: :elsewhere@nowhere, t_ms: 1}
 
-    # a mark's query runs on its node, here unreachable ...
+    # a mark's query runs on its node, here unreachable (from a distributed
+    # node: an undistributed one says :not_distributed, tested elsewhere) ...
+    Mtrace.Test.Remote.distribute!()
     assert %Mtrace.Error{reason: :nodedown} = catch_error(Mtrace.sites(since: foreign))
 
     # ... and means nothing on any other
