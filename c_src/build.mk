@@ -79,6 +79,19 @@ ctest-asan: $(ASAN_TESTS) $(BUILD)/symbols_fixture.so $(BUILD)/ubsan/mtrace.so $
 	sh test/c/run.sh $(BUILD) $(PRIV) $(ASAN_TESTS)
 	sh test/c/run.sh $(BUILD) $(BUILD)/ubsan $(INTERPOSE_TESTS)
 
+# The C tests built for musl (make ctest-musl: MAKEVARS written for musl-gcc),
+# run with musl's loader: every test of ctest, without the NIF (no Erlang
+# for musl here).
+ctest-musl: $(PRIV)/mtrace.so $(CTESTS) $(BUILD)/test_libc_glue $(BUILD)/symbols_fixture.so $(DL_FIXTURES)
+	sh test/c/run.sh $(BUILD) $(PRIV) $(CTESTS) $(BUILD)/test_libc_glue
+
+# The musl glue alone, its dlsym calls routed to the test (see the test).
+$(BUILD)/test_libc_glue: test/c/test_libc_glue.c test/c/check.h c_src/preload/libc.c c_src/preload/libc.h \
+		$(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ddlsym=glue_dlsym -Ic_src -Ic_src/preload -o $@ test/c/test_libc_glue.c \
+		c_src/preload/libc.c $(DL_LIBS)
+
 # Table, query, configuration and symbol code under valgrind memcheck.
 ctest-valgrind: $(VALGRIND_TESTS) $(BUILD)/symbols_fixture.so
 	sh test/c/run.sh --valgrind $(BUILD) $(PRIV) $(VALGRIND_TESTS)
@@ -176,11 +189,11 @@ $(BUILD)/asan_test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC
 
 $(BUILD)/test_unwind: test/c/test_unwind.c test/c/check.h $(UNWIND_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind.c $(UNWIND_SRC) -lunwind $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind.c $(UNWIND_SRC) $(UNWIND_LIBS) $(DL_LIBS) -lpthread
 
 $(BUILD)/asan_test_unwind: test/c/test_unwind.c test/c/check.h $(UNWIND_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind.c $(UNWIND_SRC) -lunwind $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind.c $(UNWIND_SRC) $(UNWIND_LIBS) $(DL_LIBS) -lpthread
 
 $(BUILD)/symbols_fixture.so: test/c/symbols_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)

@@ -49,12 +49,32 @@ try() {
     $cc $extra_inc "$tmp/t.c" -o "$tmp/t" $extra_lib $3 >"$tmp/log" 2>&1
 }
 
-try unwind libunwind.h "-lunwind" ||
-    die "libunwind not found: install libunwind-dev (Debian: apt-get install libunwind-dev); compiler said: $(head -3 "$tmp/log")"
+# The C library $cc builds for.  Debian's libunwind and libdw are built for
+# glibc; with musl the stack walker works without libunwind (MT_NO_LIBUNWIND)
+# and the symbolizer without libdw.
+libc=glibc
+printf '#include <stdlib.h>\n#ifndef __GLIBC__\n#error not glibc\n#endif\n' >"$tmp/libc.c"
+if [ "$os" = Linux ] && ! $cc -c "$tmp/libc.c" -o "$tmp/libc.o" >/dev/null 2>&1; then
+    libc=musl
+fi
+
+libc_cflags=""
+unwind_libs="-lunwind"
+if [ "$libc" = musl ]; then
+    # The stack walker finds unwind tables through PT_GNU_EH_FRAME, which
+    # Debian's musl-gcc wrapper does not ask the linker for (musl toolchains do).
+    libc_cflags="-DMT_NO_LIBUNWIND -Wl,--eh-frame-hdr"
+    unwind_libs=""
+else
+    try unwind libunwind.h "-lunwind" ||
+        die "libunwind not found: install libunwind-dev (Debian: apt-get install libunwind-dev); compiler said: $(head -3 "$tmp/log")"
+fi
 
 dw_cflags=""
 dw_libs=""
-if try dw elfutils/libdw.h "-ldw -lelf"; then
+if [ "$libc" = musl ]; then
+    echo "mtrace: $cc builds for musl: no libunwind (the stack walker works alone), no libdw (no source file:line)" >&2
+elif try dw elfutils/libdw.h "-ldw -lelf"; then
     dw_cflags="-DMT_HAVE_LIBDW"
     dw_libs="-ldw -lelf"
 else
@@ -66,9 +86,10 @@ cat >"$out.tmp" <<VARS
 CC = $cc
 ERTS_INCLUDE = $ERTS_INCLUDE_DIR
 WARN_CFLAGS = -Wall -Wextra
-BASE_CFLAGS = -std=gnu11 -O2 -g -fPIC $extra_inc
+BASE_CFLAGS = -std=gnu11 -O2 -g -fPIC $extra_inc $libc_cflags
 PRELOAD_CFLAGS = -fvisibility=hidden -ftls-model=initial-exec -fno-plt
-PRELOAD_LIBS = $extra_lib -lunwind $dl_libs -lpthread -lm
+PRELOAD_LIBS = $extra_lib $unwind_libs $dl_libs -lpthread -lm
+UNWIND_LIBS = $unwind_libs
 SO_LDFLAGS = $so_ldflags
 NIF_LDFLAGS = $nif_ldflags
 NIF_CFLAGS = -fvisibility=hidden $dw_cflags

@@ -124,6 +124,9 @@ struct mtrace_stats {
     /* MTRACE_ variables whose value was not understood (and fell back to the
      * default): 1 DEPTH, 2 ENABLED, 4 SAMPLE_BYTES, 8 UNWIND, 16 ERLANG. */
     uint32_t config_garbage;
+    /* In a build without libunwind (musl) fast_unwind is always 1, and the
+     * fallbacks are stacks the walker cut short where it gave up (a signal
+     * frame, a rule it does not model). */
     uint32_t fast_unwind;      /* 1 = own stack walker, 0 = libunwind only (MTRACE_UNWIND) */
     uint64_t unwind_fallbacks; /* stacks the fast walker handed to libunwind */
     uint32_t erlang_frames;    /* 1 = Erlang frames are captured (see erlang_frames below) */

@@ -122,9 +122,10 @@ static void *grow(void *arr, size_t *cap, size_t need, size_t elem) {
 
 static int scan_cb(void *arg, const struct mtrace_object *o) {
     struct scan *s = arg;
-    /* The main program comes first and has no name; other nameless entries have no file. */
+    /* The main program comes first, nameless (glibc) or named as it was started,
+     * perhaps relative (musl); other nameless entries have no file. */
     const char *name = o->path;
-    int is_exe = o->index == 0 && name[0] == '\0';
+    int is_exe = o->index == 0;
     const char *path = is_exe ? s->exe : name;
     if (!path[0])
         return 0;

@@ -324,6 +324,13 @@ static int run(struct cursor *c, const struct cie *cie, struct state *s, const s
 
 /* ---- finding the FDE ----------------------------------------------------- */
 
+/* musl's signal return trampoline has no FDE (glibc's has one, marked 'S'):
+ * it is known by its code, mov $15, %rax; syscall, as libgcc knows it. */
+static int is_sigreturn(uintptr_t ra, const struct mtrace_object *o) {
+    static const uint8_t code[9] = {0x48, 0xc7, 0xc0, 0x0f, 0, 0, 0, 0x0f, 0x05};
+    return ra >= o->lo && ra + sizeof code <= o->hi && !memcmp((const void *)ra, code, sizeof code);
+}
+
 void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loads) {
     memset(out, 0, sizeof *out);
     struct mtrace_object o;
@@ -354,7 +361,7 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
             hi = mid;
     }
     if (table[2 * lo] > rel) {
-        out->kind = MT_RULE_NO_INFO;
+        out->kind = is_sigreturn(target + 1, &o) ? MT_RULE_UNSUPPORTED : MT_RULE_NO_INFO;
         return;
     }
     const uint8_t *fde = h + table[2 * lo + 1];
@@ -373,7 +380,7 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
     if (d.bad)
         return;
     if (target < begin || target >= begin + range) {
-        out->kind = MT_RULE_NO_INFO;
+        out->kind = is_sigreturn(target + 1, &o) ? MT_RULE_UNSUPPORTED : MT_RULE_NO_INFO;
         return;
     }
     if (cie.has_z)

@@ -56,7 +56,7 @@ EXPORT void *reallocarray(void *p, size_t n, size_t size) {
     size_t bytes;
     if (__builtin_mul_overflow(n, size, &bytes)) {
         mt_seen(MT_FN_REALLOCARRAY);
-        errno = ENOMEM; /* as glibc: p is left untouched */
+        errno = ENOMEM; /* as glibc and musl: p is left untouched */
         return NULL;
     }
     struct mt_realloc r;
@@ -64,23 +64,18 @@ EXPORT void *reallocarray(void *p, size_t n, size_t size) {
     return mt_realloc_end(&r, libc_realloc(p, bytes), bytes);
 }
 
-/* glibc's own posix_memalign/aligned_alloc validate alignment differently
- * across versions; calling them keeps errno and EINVAL behaviour exact. */
 EXPORT int posix_memalign(void **memptr, size_t al, size_t n) {
-    int (*real)(void **, size_t, size_t) =
-        mt_libc.posix_memalign ? mt_libc.posix_memalign : mt_libc_posix_memalign_early;
     int record = mt_will_record(MT_FN_POSIX_MEMALIGN, n);
-    int r = real(memptr, al, n);
+    int r = libc_posix_memalign(memptr, al, n);
     if (record && r == 0)
         mt_record_now(*memptr, n);
     return r;
 }
 
 EXPORT void *aligned_alloc(size_t al, size_t n) {
-    void *(*real)(size_t, size_t) = mt_libc.aligned_alloc ? mt_libc.aligned_alloc : libc_memalign;
     if (mt_will_record(MT_FN_ALIGNED_ALLOC, n))
-        return mt_recorded(real(al, n), n);
-    return real(al, n);
+        return mt_recorded(libc_aligned_alloc(al, n), n);
+    return libc_aligned_alloc(al, n);
 }
 
 EXPORT void *memalign(size_t al, size_t n) {
@@ -95,11 +90,13 @@ EXPORT void *valloc(size_t n) {
     return libc_valloc(n);
 }
 
+#ifdef MT_LIBC_HAS_PVALLOC /* not every C library has it */
 EXPORT void *pvalloc(size_t n) {
     if (mt_will_record(MT_FN_PVALLOC, n))
         return mt_recorded(libc_pvalloc(n), n);
     return libc_pvalloc(n);
 }
+#endif
 
 /* strdup/strndup are hooked so that frame 0 is their caller and the
  * counters match the seed's; glibc's would call malloc from inside libc. */

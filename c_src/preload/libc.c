@@ -7,6 +7,8 @@
 
 struct mt_libc mt_libc;
 
+#if defined(__GLIBC__)
+
 void mt_libc_resolve(void) {
     mt_libc.posix_memalign = dlsym(RTLD_NEXT, "posix_memalign");
     mt_libc.aligned_alloc = dlsym(RTLD_NEXT, "aligned_alloc");
@@ -22,3 +24,201 @@ int mt_libc_posix_memalign_early(void **memptr, size_t al, size_t n) {
     *memptr = p;
     return 0;
 }
+
+#else /* musl */
+
+#include <malloc.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- the bootstrap arena ------------------------------------------------- */
+
+/* Blocks are 16-aligned (or more, for aligned_alloc) with their size in the
+ * word before them; they are never reused. */
+__attribute__((aligned(4096))) char mt_libc_arena[MT_LIBC_ARENA_BYTES];
+static _Atomic size_t arena_used;
+#define ARENA_HEADER 16
+
+static void *arena_alloc(size_t al, size_t n) {
+    if (al < ARENA_HEADER)
+        al = ARENA_HEADER;
+    if (n > MT_LIBC_ARENA_BYTES || al > MT_LIBC_ARENA_BYTES)
+        goto full;
+    size_t used = atomic_load_explicit(&arena_used, memory_order_relaxed), start;
+    do {
+        start = (used + ARENA_HEADER + al - 1) & ~(al - 1);
+        if (start + n > MT_LIBC_ARENA_BYTES)
+            goto full;
+    } while (!atomic_compare_exchange_weak(&arena_used, &used, start + n));
+    memcpy(mt_libc_arena + start - sizeof n, &n, sizeof n);
+    return mt_libc_arena + start;
+full:
+    errno = ENOMEM;
+    return NULL;
+}
+
+static size_t arena_size(const void *p) {
+    size_t n;
+    memcpy(&n, (const char *)p - sizeof n, sizeof n);
+    return n;
+}
+
+/* ---- before musl's functions are found ----------------------------------- */
+
+static void *first_malloc(size_t n);
+static void *first_realloc(void *p, size_t n);
+static void first_free(void *p);
+static void *first_aligned_alloc(size_t al, size_t n);
+static size_t first_usable_size(void *p);
+
+struct mt_libc_real mt_libc_real = {first_malloc, first_realloc, first_free, first_aligned_alloc,
+                                    first_usable_size};
+
+/* Set while this thread is in dlsym: whatever it allocates meanwhile comes
+ * from the arena (musl's dlsym allocates nothing, but another libc might). */
+static __thread int resolving __attribute__((tls_model("initial-exec")));
+
+/* dlsym(RTLD_NEXT) from here finds the next definition after this library:
+ * musl's, or another preloaded allocator's.  All or none are taken: a block
+ * must go back to the allocator it came from. */
+static void find_real(void) {
+    if (resolving || MT_LIBC_REAL(malloc) != first_malloc)
+        return;
+    resolving = 1;
+    void *m = dlsym(RTLD_NEXT, "malloc"), *r = dlsym(RTLD_NEXT, "realloc");
+    void *f = dlsym(RTLD_NEXT, "free"), *a = dlsym(RTLD_NEXT, "aligned_alloc");
+    void *u = dlsym(RTLD_NEXT, "malloc_usable_size");
+    if (m && r && f && a && u) {
+        __atomic_store_n(&mt_libc_real.usable_size, (size_t(*)(void *))u, __ATOMIC_RELEASE);
+        __atomic_store_n(&mt_libc_real.free, (void (*)(void *))f, __ATOMIC_RELEASE);
+        __atomic_store_n(&mt_libc_real.realloc, (void *(*)(void *, size_t))r, __ATOMIC_RELEASE);
+        __atomic_store_n(&mt_libc_real.aligned_alloc, (void *(*)(size_t, size_t))a,
+                         __ATOMIC_RELEASE);
+        __atomic_store_n(&mt_libc_real.malloc, (void *(*)(size_t))m, __ATOMIC_RELEASE);
+    }
+    resolving = 0;
+}
+
+void mt_libc_resolve(void) {
+    find_real();
+    mt_libc.dlclose = dlsym(RTLD_NEXT, "dlclose");
+}
+
+static void *first_malloc(size_t n) {
+    find_real();
+    void *(*f)(size_t) = MT_LIBC_REAL(malloc);
+    return f != first_malloc ? f(n) : arena_alloc(ARENA_HEADER, n);
+}
+
+static void *first_aligned_alloc(size_t al, size_t n) {
+    find_real();
+    void *(*f)(size_t, size_t) = MT_LIBC_REAL(aligned_alloc);
+    if (f != first_aligned_alloc)
+        return f(al, n);
+    if ((al & -al) != al) { /* musl's check: not a power of two (0 is allowed) */
+        errno = EINVAL;
+        return NULL;
+    }
+    return arena_alloc(al, n);
+}
+
+static void *first_realloc(void *p, size_t n) {
+    find_real();
+    void *(*f)(void *, size_t) = MT_LIBC_REAL(realloc);
+    if (f != first_realloc)
+        return f(p, n);
+    if (!p)
+        return libc_malloc(n);
+    errno = ENOMEM; /* a block of musl's while its realloc is unknown: cannot be */
+    return NULL;
+}
+
+static void first_free(void *p) {
+    find_real();
+    void (*f)(void *) = MT_LIBC_REAL(free);
+    if (f != first_free)
+        f(p);
+}
+
+static size_t first_usable_size(void *p) {
+    find_real();
+    size_t (*f)(void *) = MT_LIBC_REAL(usable_size);
+    return f != first_usable_size ? f(p) : 0;
+}
+
+/* realloc of an arena block: moved to a new block, the old one left as is. */
+void *mt_libc_realloc_arena(void *p, size_t n) {
+    if (n > PTRDIFF_MAX) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    void *q = libc_malloc(n);
+    if (q) {
+        size_t had = arena_size(p);
+        memcpy(q, p, had < n ? had : n);
+    }
+    return q;
+}
+
+/* musl's malloc_usable_size knows nothing of the arena. */
+__attribute__((visibility("default"))) size_t malloc_usable_size(void *p) {
+    if (mt_libc_in_arena(p))
+        return arena_size(p);
+    return MT_LIBC_REAL(usable_size)(p);
+}
+
+/* ---- what musl builds on malloc and aligned_alloc ------------------------ */
+
+/* A page is zeroed only if it is not already zero, as musl's calloc does
+ * when malloc is replaced: untouched pages of a fresh mapping stay unbacked. */
+static int page_is_zero(const unsigned char *page, size_t bytes) {
+    typedef uint64_t __attribute__((may_alias)) word;
+    const word *w = (const word *)page;
+    word any = 0;
+    for (size_t i = 0; i < bytes / sizeof(word); i++)
+        any |= w[i];
+    return any == 0;
+}
+
+static void clear(unsigned char *p, size_t n) {
+    const size_t page = 4096;
+    unsigned char *end = p + n;
+    unsigned char *q = (unsigned char *)(((uintptr_t)p + page - 1) & ~(uintptr_t)(page - 1));
+    if (n < page || q >= end) {
+        memset(p, 0, n);
+        return;
+    }
+    memset(p, 0, (size_t)(q - p));
+    for (; (size_t)(end - q) >= page; q += page)
+        if (!page_is_zero(q, page))
+            memset(q, 0, page);
+    memset(q, 0, (size_t)(end - q));
+}
+
+void *libc_calloc(size_t n, size_t size) {
+    size_t bytes;
+    if (__builtin_mul_overflow(n, size, &bytes)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    unsigned char *p = libc_malloc(bytes);
+    if (p)
+        clear(p, bytes);
+    return p;
+}
+
+void *libc_valloc(size_t n) { return libc_aligned_alloc((size_t)sysconf(_SC_PAGESIZE), n); }
+
+int libc_posix_memalign(void **memptr, size_t al, size_t n) {
+    if (al < sizeof(void *))
+        return EINVAL;
+    void *p = libc_aligned_alloc(al, n);
+    if (!p)
+        return errno;
+    *memptr = p;
+    return 0;
+}
+
+#endif

@@ -1,20 +1,51 @@
 /*
  * The C library's own allocator, which every hook forwards to: the one place
- * that knows how to reach it.  glibc exports its implementations as
- * __libc_malloc & co., callable before any constructor runs (no dlsym
- * bootstrap, no allocation to find them).  posix_memalign, aligned_alloc
- * and dlclose have no such aliases; they are looked up with dlsym once the
- * library is loaded (mt_libc_resolve), with fallbacks for earlier calls.
+ * that knows how to reach it.  The hooks call libc_malloc, libc_calloc,
+ * libc_realloc, libc_free, libc_memalign, libc_valloc, libc_pvalloc (where
+ * MT_LIBC_HAS_PVALLOC), libc_posix_memalign and libc_aligned_alloc, and
+ * mt_libc.dlclose once mt_libc_resolve has run.
+ *
+ * glibc exports its implementations as __libc_malloc & co., callable before
+ * any constructor runs (no dlsym bootstrap, no allocation to find them).
+ * posix_memalign, aligned_alloc and dlclose have no such aliases; they are
+ * looked up with dlsym once the library is loaded (mt_libc_resolve), with
+ * fallbacks for earlier calls.
+ *
+ * musl (1.2) exports no such aliases: its __libc_malloc & co. are hidden.
+ * It lets a preloaded library replace malloc, calloc, realloc, free,
+ * memalign, posix_memalign, aligned_alloc and malloc_usable_size (the
+ * symbols its libc.so leaves interposable), and its own code calls the
+ * replacements: calloc, memalign, posix_memalign and valloc are built on
+ * the public malloc or aligned_alloc.  So only malloc, realloc, free,
+ * aligned_alloc and malloc_usable_size are taken from musl, found with
+ * dlsym(RTLD_NEXT) (which allocates nothing there); the rest are built here
+ * on them exactly as musl builds them.  Until the lookup is done (the first
+ * call, the constructor at the latest), and on the thread doing it, blocks
+ * come from a small static arena that free, realloc and malloc_usable_size
+ * recognise by address.
  */
 #ifndef MT_LIBC_H
 #define MT_LIBC_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h> /* defines __GLIBC__ on glibc */
 
-#ifndef __GLIBC__
-#error "mtrace's interposer supports glibc (x86-64 and aarch64 Linux)"
-#endif
+/* The functions found with dlsym (NULL until mt_libc_resolve). */
+struct mt_libc {
+    int (*posix_memalign)(void **, size_t, size_t);
+    void *(*aligned_alloc)(size_t, size_t);
+    int (*dlclose)(void *);
+};
+extern struct mt_libc mt_libc;
+
+/* Fills mt_libc.  dlsym may allocate: the caller keeps its thread out of the
+ * table meanwhile. */
+void mt_libc_resolve(void);
+
+#if defined(__GLIBC__)
+
+#define MT_LIBC_HAS_PVALLOC 1
 
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
@@ -32,20 +63,74 @@ extern void *__libc_pvalloc(size_t);
 #define libc_valloc __libc_valloc
 #define libc_pvalloc __libc_pvalloc
 
-/* The functions found with dlsym (NULL until mt_libc_resolve). */
-struct mt_libc {
-    int (*posix_memalign)(void **, size_t, size_t);
-    void *(*aligned_alloc)(size_t, size_t);
-    int (*dlclose)(void *);
-};
-extern struct mt_libc mt_libc;
-
-/* Fills mt_libc.  dlsym may allocate: the caller keeps its thread out of the
- * table meanwhile. */
-void mt_libc_resolve(void);
-
 /* posix_memalign for calls made before mt_libc_resolve: glibc's checks,
  * then its memalign. */
 int mt_libc_posix_memalign_early(void **memptr, size_t alignment, size_t size);
+
+/* glibc's own posix_memalign/aligned_alloc validate alignment differently
+ * across versions; calling them keeps errno and EINVAL behaviour exact. */
+static inline int libc_posix_memalign(void **memptr, size_t al, size_t n) {
+    if (mt_libc.posix_memalign)
+        return mt_libc.posix_memalign(memptr, al, n);
+    return mt_libc_posix_memalign_early(memptr, al, n);
+}
+
+static inline void *libc_aligned_alloc(size_t al, size_t n) {
+    return mt_libc.aligned_alloc ? mt_libc.aligned_alloc(al, n) : __libc_memalign(al, n);
+}
+
+#elif defined(__linux__) && !defined(__BIONIC__)
+
+/* musl: it defines no macro of its own (glibc and uClibc define __GLIBC__,
+ * bionic __BIONIC__). */
+
+/* The functions the hooks reach: musl's once found, and until then the
+ * glue's own, which find them (or serve from the arena).  Each is set once,
+ * as a whole pointer: a hook reads it with one load and calls it. */
+struct mt_libc_real {
+    void *(*malloc)(size_t);
+    void *(*realloc)(void *, size_t);
+    void (*free)(void *);
+    void *(*aligned_alloc)(size_t, size_t);
+    size_t (*usable_size)(void *);
+};
+extern struct mt_libc_real mt_libc_real;
+#define MT_LIBC_REAL(f) __atomic_load_n(&mt_libc_real.f, __ATOMIC_ACQUIRE)
+
+/* The bootstrap arena, whose blocks never reach musl. */
+extern char mt_libc_arena[];
+#define MT_LIBC_ARENA_BYTES (64u << 10)
+static inline int mt_libc_in_arena(const void *p) {
+    return (uintptr_t)p - (uintptr_t)mt_libc_arena < MT_LIBC_ARENA_BYTES;
+}
+void *mt_libc_realloc_arena(void *p, size_t n);
+
+static inline void *libc_malloc(size_t n) { return MT_LIBC_REAL(malloc)(n); }
+
+static inline void *libc_realloc(void *p, size_t n) {
+    if (__builtin_expect(mt_libc_in_arena(p), 0))
+        return mt_libc_realloc_arena(p, n);
+    return MT_LIBC_REAL(realloc)(p, n);
+}
+
+static inline void libc_free(void *p) {
+    if (__builtin_expect(!mt_libc_in_arena(p), 1)) /* arena blocks are never reused */
+        MT_LIBC_REAL(free)(p);
+}
+
+/* musl's aligned_alloc, which its memalign is. */
+static inline void *libc_aligned_alloc(size_t al, size_t n) {
+    return MT_LIBC_REAL(aligned_alloc)(al, n);
+}
+#define libc_memalign libc_aligned_alloc
+
+/* musl's calloc, valloc and posix_memalign, on the functions above. */
+void *libc_calloc(size_t n, size_t size);
+void *libc_valloc(size_t n);
+int libc_posix_memalign(void **memptr, size_t al, size_t n);
+
+#else
+#error "mtrace's interposer supports glibc and musl (Linux)"
+#endif
 
 #endif

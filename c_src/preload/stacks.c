@@ -9,7 +9,9 @@
 #define UNW_LOCAL_ONLY
 #include "stacks.h"
 
+#ifndef MT_NO_LIBUNWIND
 #include <libunwind.h>
+#endif
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -66,8 +68,10 @@ static void *map(size_t bytes) {
 void mt_stacks_init(void) {
     if (!buckets)
         buckets = map(sizeof(*buckets) << BUCKET_BITS);
+#ifndef MT_NO_LIBUNWIND
     /* Per-thread caches keep libunwind off its global lock while unwinding. */
     unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
+#endif
 }
 
 /* The multiplies are independent of each other, so a deep stack hashes in
@@ -193,7 +197,11 @@ uint32_t mt_stack_capture(uint32_t depth) {
     if (n < 0) {
         if (mt_state.fast_unwind)
             mt_unwind_count_fallback();
+#ifdef MT_NO_LIBUNWIND
+        n = -1 - n; /* no libunwind (musl): the frames walked before the walker gave up */
+#else
         n = unw_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
+#endif
     }
     int skip = 0;
     while (skip < n && (const char *)buf[skip] >= __ehdr_start && (const char *)buf[skip] < etext)

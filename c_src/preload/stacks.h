@@ -1,6 +1,7 @@
 /*
  * Call stacks: captured by the fast walker of unwind.c (libunwind where it
- * gives up), interned once, named by a 24-bit id.
+ * gives up; in a build without libunwind, -DMT_NO_LIBUNWIND as on musl, the
+ * frames it walked until then), interned once, named by a 24-bit id.
  *
  * Most allocations come from a few thousand call sites, so a table entry
  * stores an id instead of its frames.  The store only grows (ids stay valid

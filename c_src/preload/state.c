@@ -15,7 +15,11 @@ void mt_state_configure(void) {
     mt_config_load(&c);
     mt_state.cfg = c;
     mt_state.sample_mean = c.active ? c.sample_bytes : 0;
+#ifdef MT_NO_LIBUNWIND
+    mt_state.fast_unwind = 1; /* the walker is all there is (MTRACE_UNWIND=libunwind ignored) */
+#else
     mt_state.fast_unwind = c.fast_unwind;
+#endif
     atomic_store(&mt_state.enabled, c.enabled);
 }
 

@@ -180,29 +180,38 @@ static __thread int last_max __attribute__((tls_model("initial-exec")));
 
 /* ---- the bounds of this thread's stack ---------------------------------- */
 
+#if defined(__GLIBC__)
 extern void *__libc_stack_end; /* ld.so: where the main thread's stack begins */
+/* argv, the environment and the auxiliary vector (hundreds of bytes at
+ * least) lie above it. */
+#define MAIN_STACK_TOP() ((uintptr_t)__libc_stack_end + 256)
+#else
+#include <sys/auxv.h>
+/* musl has no __libc_stack_end: the kernel puts the program's file name
+ * (AT_EXECFN) at the very top of the main thread's stack. */
+#define MAIN_STACK_TOP() ((uintptr_t)getauxval(AT_EXECFN))
+#endif
 
 #define MAX_STACK ((uintptr_t)1 << 30)
 
 static __thread uintptr_t stack_top __attribute__((tls_model("initial-exec")));
 
 /* Above every frame of this thread, and below it all is mapped; 0 when it
- * cannot be known (a thread on a stack glibc did not set up, such as a
- * coroutine's), and then the walk is left to libunwind.  glibc puts a
- * thread's control block (the thread pointer) at the top of its stack; the
- * main thread's stack ends at __libc_stack_end, with argv, the environment
- * and the auxiliary vector (hundreds of bytes at least) above it. */
+ * cannot be known (a thread on a stack libc did not set up, such as a
+ * coroutine's), and then the walk is left to libunwind.  glibc and musl put
+ * a thread's control block (the thread pointer) at the top of its stack;
+ * the main thread's stack ends at MAIN_STACK_TOP. */
 static uintptr_t top_of_stack(uintptr_t sp) {
     uintptr_t top = stack_top;
     if (top > sp && top - sp < MAX_STACK)
         return top;
     uintptr_t tp;
     __asm__("mov %%fs:0, %0" : "=r"(tp));
-    uintptr_t end = (uintptr_t)__libc_stack_end;
+    uintptr_t end = MAIN_STACK_TOP();
     if (tp > sp && tp - sp < MAX_STACK)
         top = tp;
     else if (end > sp && end - sp < MAX_STACK && syscall(SYS_gettid) == getpid())
-        top = end + 256;
+        top = end;
     else
         return 0;
     stack_top = top;
@@ -299,11 +308,11 @@ READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int
     if (max > WALK_MAX)
         max = WALK_MAX;
     *same = 0;
+    int n = 0, natural = 0, valid = -1; /* valid: frames from here on checked */
     uintptr_t top = top_of_stack(sp);
     if (!top)
         goto give_up;
     last_max = max;
-    int n = 0, natural = 0, valid = -1; /* valid: frames from here on checked */
     while (n < max) {
         while (c < last_n && last.sp[c] < sp)
             c++;
@@ -366,7 +375,7 @@ READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int
     return n;
 give_up:
     last_n = 0;
-    return -1;
+    return -1 - n;
 }
 
 #else /* not x86-64 Linux */

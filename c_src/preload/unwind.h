@@ -10,8 +10,10 @@
  * It handles what compilers emit for ordinary code (CFA from RSP or RBP,
  * return address at CFA - 8).  Anything else (signal frames, DWARF
  * expressions, realigned stacks) makes it give up, and the caller asks
- * libunwind for that stack instead.  A frame without any unwind
- * information (JIT code) ends the stack: the frame itself is kept.
+ * libunwind for that stack instead (a build without libunwind, as on musl,
+ * keeps the frames walked until then).  A frame without any unwind
+ * information (JIT code, musl's libc) ends the stack: the frame itself is
+ * kept.
  *
  * x86-64 Linux only; elsewhere mt_unwind always gives up.
  */
@@ -21,15 +23,18 @@
 #include <stdint.h>
 
 /* Writes up to max addresses: out[0] is inside mt_unwind, then one return
- * address per frame.  Returns the count, or -1 when libunwind must be used.
- * *same is set to 1 when the stack is exactly the one this thread walked
- * last time (with the same max), else 0. */
+ * address per frame.  Returns the count, or -1 - k when libunwind must be
+ * used, out then holding the k frames walked before it gave up (the last
+ * one the frame it could not step past).  *same is set to 1 when the stack
+ * is exactly the one this thread walked last time (with the same max),
+ * else 0. */
 int mt_unwind(uintptr_t *out, int max, int *same);
 
 /* Code may have been unmapped (dlclose): forget every cached rule. */
 void mt_unwind_forget(void);
 
-/* Walks that gave up (and were done by libunwind), for stats. */
+/* Walks that gave up (and were done by libunwind, or in a build without
+ * libunwind were cut short), for stats. */
 uint64_t mt_unwind_fallbacks(void);
 void mt_unwind_count_fallback(void);
 

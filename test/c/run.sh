@@ -1,6 +1,7 @@
 #!/bin/sh
 # Runs C test programs; each prints "N passed, M failed" last.  Tests named
-# test_interpose* run with the preload PRIV/mtrace.so active for every program.
+# test_interpose* run with the preload PRIV/mtrace.so active for every program
+# they start (not for timeout: a preload built for musl cannot enter glibc's).
 # With --valgrind, each runs under valgrind memcheck, and any error it reports
 # (a definite leak included) fails the test.  Each test gets at most 300 s.
 #   sh test/c/run.sh [--valgrind] BUILD PRIV TEST...
@@ -21,8 +22,8 @@ for t in "$@"; do
     echo "== $name${wrap:+ (valgrind)}"
     case "$name" in
     test_interpose*)
-        LD_PRELOAD="$(cd "$priv" && pwd)/mtrace.so" MTRACE_PROGRAMS="$name" \
-            timeout 300 $wrap "$t" "$build" || failed=$((failed + 1)) ;;
+        timeout 300 env LD_PRELOAD="$(cd "$priv" && pwd)/mtrace.so" MTRACE_PROGRAMS="$name" \
+            $wrap "$t" "$build" || failed=$((failed + 1)) ;;
     *) timeout 300 $wrap "$t" "$build" || failed=$((failed + 1)) ;;
     esac
 done

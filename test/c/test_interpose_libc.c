@@ -1,168 +1,18 @@
-/* libc semantics under the preload, compared with glibc itself.  Every case
- * runs here (preload active, tracking on) and again in a copy of this program
- * started without LD_PRELOAD: the two transcripts (NULL or not, errno, memptr
- * left alone, alignment, usable size, contents) must be identical, line for
- * line.  The preload run also checks that each block is recorded with its
- * requested size and forgotten when freed.  A few calls are made from
- * DT_PREINIT_ARRAY, which runs before any library constructor (the preload's
- * included), where the preload still uses its fallback paths. */
+/* libc semantics under the preload, compared with the C library itself
+ * (glibc or musl).  Every case runs here (preload active, tracking on) and
+ * again in a copy of this program started without LD_PRELOAD: the two
+ * transcripts (NULL or not, errno, memptr left alone, alignment, usable
+ * size, contents) must be identical, line for line.  The preload run also
+ * checks that each block is recorded with its requested size and forgotten
+ * when freed.  A few calls are made from DT_PREINIT_ARRAY, which glibc runs
+ * before any library constructor (the preload's included), where the
+ * preload still uses its fallback paths; musl runs no DT_PREINIT_ARRAY (its
+ * bootstrap is test_libc_glue's).  Functions the C library lacks (musl:
+ * pvalloc) are skipped, and the transcript says so. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
-#include <errno.h>
-#include <malloc.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include "check.h"
-#include "queries.h"
-#include "mtrace_api.h"
-
-#define KEPT 4321 /* not an errno value: still there means errno was left alone */
-
-static const struct mtrace_api *api; /* NULL in the glibc run */
-static char transcript[1 << 18];
-static size_t tlen;
-
-static void note(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(transcript + tlen, sizeof transcript - tlen, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        tlen = tlen + (size_t)n < sizeof transcript ? tlen + (size_t)n : sizeof transcript - 1;
-}
-
-static const char *errno_name(int e) {
-    static char buf[32];
-    switch (e) {
-    case KEPT:
-        return "kept";
-    case ENOMEM:
-        return "ENOMEM";
-    case EINVAL:
-        return "EINVAL";
-    default:
-        snprintf(buf, sizeof buf, "%d", e);
-        return buf;
-    }
-}
-
-/* Values the compiler must not see, or it warns about (or folds) the calls. */
-static volatile size_t v_max = SIZE_MAX;
-#define SMAX ((size_t)v_max)
-#define PMAX ((size_t)v_max / 2) /* PTRDIFF_MAX */
-
-/* The same pointer, opaque to the compiler: after a realloc that failed the
- * old block is still valid, and after one that freed it only its address is
- * compared, which gcc's use-after-free analysis cannot know. */
-static void *launder(void *p) {
-    __asm__ volatile("" : "+r"(p));
-    return p;
-}
-
-static size_t pow2_at_least(size_t a) {
-    size_t p = 1;
-    while (p < a && p <= SIZE_MAX / 2)
-        p <<= 1;
-    return p;
-}
-
-/* --- the preload's view (only when preloaded) ----------------------------- */
-
-static struct mtrace_alloc found_buf[8192];
-
-/* Size recorded for p, or -1 when p is not in the table. */
-static long long recorded_size(const void *p) {
-    size_t n = query_olds(api, NULL, found_buf, sizeof found_buf / sizeof *found_buf);
-    for (size_t i = 0; i < n; i++)
-        if (found_buf[i].addr == (uintptr_t)p)
-            return (long long)found_buf[i].size;
-    return -1;
-}
-
-static void expect_recorded(const char *what, const void *p, size_t size) {
-    if (!api || !p)
-        return;
-    long long got = recorded_size(p);
-    CHECK_EQ(got, (long long)size);
-    if (got != (long long)size)
-        fprintf(stderr, "  after %s\n", what);
-}
-
-static void expect_forgotten(const char *what, const void *p) {
-    if (!api || !p)
-        return;
-    long long got = recorded_size(p);
-    CHECK_EQ(got, -1);
-    if (got != -1)
-        fprintf(stderr, "  after %s\n", what);
-}
-
-/* --- outcomes ------------------------------------------------------------- */
-
-/* One line for a call that returned a pointer; n is the size asked for,
- * al the alignment promised (1 = none beyond malloc's). */
-static void outcome(const char *call, void *p, int err, size_t n, size_t al) {
-    if (!p) {
-        note("%-44s NULL errno=%s\n", call, errno_name(err));
-        return;
-    }
-    size_t usable = malloc_usable_size(p);
-    note("%-44s ptr errno=%s aligned=%d usable>=n=%d\n", call, errno_name(err),
-         (uintptr_t)p % pow2_at_least(al) == 0 && (uintptr_t)p % 16 == 0, usable >= n);
-}
-
-/* Frees p (errno must survive that too) and checks the table forgot it. */
-static void release(const char *call, void *p) {
-    errno = KEPT;
-    free(p);
-    int err = errno;
-    if (err != KEPT)
-        note("%-44s free changed errno to %s\n", call, errno_name(err));
-    expect_forgotten(call, p);
-}
-
-static void *try_malloc(const char *call, size_t n) {
-    errno = KEPT;
-    void *p = malloc(n);
-    outcome(call, p, errno, n, 1);
-    expect_recorded(call, p, n);
-    return p;
-}
-
-static void check_zero(const char *call, const unsigned char *p, size_t n) {
-    size_t nonzero = 0;
-    for (size_t i = 0; p && i < n; i++)
-        nonzero += p[i] != 0;
-    note("%-44s nonzero bytes=%zu\n", call, nonzero);
-}
-
-static void *try_calloc(const char *call, size_t n, size_t size) {
-    errno = KEPT;
-    void *p = calloc(n, size);
-    outcome(call, p, errno, p ? n * size : 0, 1);
-    if (p) {
-        expect_recorded(call, p, n * size);
-        check_zero(call, p, n * size);
-    }
-    return p;
-}
-
-static void fill(unsigned char *p, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++)
-        p[i] = (unsigned char)(i * 31 + seed);
-}
-
-static void check_fill(const char *call, const unsigned char *p, size_t n, unsigned seed) {
-    size_t bad = 0;
-    for (size_t i = 0; p && i < n; i++)
-        bad += p[i] != (unsigned char)(i * 31 + seed);
-    note("%-44s changed bytes=%zu\n", call, bad);
-}
+#include "libc_transcript.h"
 
 /* --- the cases ------------------------------------------------------------ */
 
@@ -223,6 +73,17 @@ static void cases_calloc(void) {
     free(p);
     release("calloc(1, 200) after a dirty free",
             try_calloc("calloc(1, 200) after a dirty free", 1, 200));
+}
+
+/* After realloc(p, 0): glibc frees p and returns NULL, musl returns a block
+ * of size 0 (p itself, shrunk, or another). */
+static void shrunk_to_zero(const char *call, void *p, void *r) {
+    if (launder(p) != r)
+        expect_forgotten(call, p);
+    if (r) {
+        expect_recorded(call, r, 0);
+        release(call, r);
+    }
 }
 
 static void *try_realloc(const char *call, void *p, size_t n) {
@@ -293,11 +154,9 @@ static void cases_realloc(void) {
     }
 
     errno = KEPT;
-    void *r = realloc(launder(q), 0); /* glibc: frees the block, returns NULL */
+    void *r = realloc(launder(q), 0);
     outcome("realloc(p, 0)", r, errno, 0, 1);
-    expect_forgotten("realloc(p, 0)", q);
-    if (r)
-        free(r);
+    shrunk_to_zero("realloc(p, 0)", q, r);
 }
 
 static void *try_reallocarray(const char *call, void *p, size_t n, size_t size) {
@@ -342,16 +201,12 @@ static void cases_reallocarray(void) {
     void *r = try_reallocarray("reallocarray(NULL, SIZE_MAX, 2)", NULL, SMAX, 2);
     if (r)
         free(r);
-    r = try_reallocarray("reallocarray(p, 0, 5)", p, 0, 5); /* realloc(p, 0): frees */
-    expect_forgotten("reallocarray(p, 0, 5)", p);
-    if (r)
-        free(r);
+    r = try_reallocarray("reallocarray(p, 0, 5)", p, 0, 5); /* realloc(p, 0) */
+    shrunk_to_zero("reallocarray(p, 0, 5)", p, r);
     p = try_reallocarray("reallocarray(NULL, 5, 0)", NULL, 5, 0);
     expect_recorded("reallocarray(NULL, 5, 0)", p, 0);
     r = try_reallocarray("reallocarray(p, 5, 0)", p, 5, 0);
-    expect_forgotten("reallocarray(p, 5, 0)", p);
-    if (r)
-        free(r);
+    shrunk_to_zero("reallocarray(p, 5, 0)", p, r);
 }
 
 /* Alignments and sizes every aligned allocator is tried with. */
@@ -444,6 +299,7 @@ static void cases_page(void) {
         expect_recorded(call, p, sizes[i]);
         if (p)
             release(call, p);
+#ifdef __GLIBC__
         snprintf(call, sizeof call, "pvalloc(%s)", names[i]);
         errno = KEPT;
         p = pvalloc(sizes[i]);
@@ -453,7 +309,11 @@ static void cases_page(void) {
         expect_recorded(call, p, sizes[i]);
         if (p)
             release(call, p);
+#endif
     }
+#ifndef __GLIBC__
+    note("%-44s skipped: " LIBC_NAME " has no pvalloc\n", "pvalloc");
+#endif
 }
 
 static void cases_strings(void) {
@@ -525,6 +385,10 @@ __attribute__((section(".preinit_array"),
                used)) static void (*const run_preinit)(int, char **, char **) = preinit;
 
 static void cases_early(void) {
+#ifndef __GLIBC__
+    note("%-44s skipped: " LIBC_NAME " runs no DT_PREINIT_ARRAY\n", "preinit");
+    return;
+#endif
     note("%-44s returns %s aligned=%d\n", "preinit posix_memalign(&p, 64, 100)",
          errno_name(early.pm_ok), early.pm_block && (uintptr_t)early.pm_block % 64 == 0);
     note("%-44s returns %s memptr %s\n", "preinit posix_memalign(&p, 24, 100)",
@@ -555,61 +419,8 @@ static void run_cases(void) {
     cases_strings();
 }
 
-/* --- glibc's transcript, from a copy of this program without the preload -- */
-
-static char glibc_out[sizeof transcript];
-
-static size_t glibc_transcript(char **argv) {
-    int fds[2];
-    if (pipe(fds) != 0)
-        return 0;
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(fds[1], 1);
-        close(fds[0]);
-        close(fds[1]);
-        unsetenv("LD_PRELOAD");
-        char *args[] = {argv[0], "--glibc", NULL};
-        execv("/proc/self/exe", args);
-        _exit(127);
-    }
-    close(fds[1]);
-    size_t len = 0;
-    ssize_t r;
-    while (len < sizeof glibc_out - 1 &&
-           (r = read(fds[0], glibc_out + len, sizeof glibc_out - 1 - len)) > 0)
-        len += (size_t)r;
-    glibc_out[len] = 0;
-    close(fds[0]);
-    int status = -1;
-    waitpid(pid, &status, 0);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    return len;
-}
-
-/* Compares line by line; each differing line is a failed check. */
-static void compare(const char *mine, const char *theirs) {
-    size_t lines = 0, same = 0;
-    while (*mine || *theirs) {
-        const char *me = strchr(mine, '\n'), *them = strchr(theirs, '\n');
-        size_t lm = me ? (size_t)(me - mine) : strlen(mine);
-        size_t lt = them ? (size_t)(them - theirs) : strlen(theirs);
-        lines++;
-        if (lm == lt && !memcmp(mine, theirs, lm)) {
-            same++;
-        } else {
-            fprintf(stderr, "differs from glibc:\n  preload: %.*s\n  glibc:   %.*s\n", (int)lm,
-                    mine, (int)lt, theirs);
-        }
-        mine += lm + (me != NULL);
-        theirs += lt + (them != NULL);
-    }
-    CHECK_EQ(same, lines);
-    printf("%zu outcomes compared with glibc, %zu identical\n", lines, same);
-}
-
 int main(int argc, char **argv) {
-    if (argc > 1 && !strcmp(argv[1], "--glibc")) {
+    if (argc > 1 && !strcmp(argv[1], "--libc")) {
         run_cases();
         fwrite(transcript, 1, tlen, stdout);
         return 0;
@@ -623,9 +434,9 @@ int main(int argc, char **argv) {
     CHECK_EQ(s.active, 1);
     run_cases();
     CHECK(tlen > 0 && tlen < sizeof transcript - 1);
-    size_t theirs = glibc_transcript(argv);
+    size_t theirs = libc_transcript(argv);
     CHECK(theirs > 0);
-    compare(transcript, glibc_out);
+    compare(transcript, libc_out);
     api->stats(&s, sizeof s);
     CHECK_EQ(s.dropped, 0);
     if (getenv("MTRACE_TEST_VERBOSE"))
