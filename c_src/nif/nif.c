@@ -9,7 +9,10 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdlib.h>
+#if defined(__GLIBC__)
 #include <malloc.h>
+#endif
 #include <stddef.h>
 #include <string.h>
 
@@ -171,13 +174,21 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put(env, &m, "erlang_frames", mt_nif_boolean(s.erlang_frames));
     put(env, &m, "erlang_frames_off", *why ? mt_nif_binary(env, why) : mt_atoms.nil);
     put_u64(env, &m, "erlang_stacks", s.erlang_stacks);
-    /* glibc's own view of the heap, as the seed reported it. */
+    /* glibc's own view of the heap, as the seed reported it; other C
+     * libraries do not report theirs (nil). */
+#if defined(__GLIBC__)
     struct mallinfo2 mi = mallinfo2();
     put_u64(env, &m, "allocated_bytes", mi.arena);
     put_u64(env, &m, "used_bytes", mi.uordblks);
     put_u64(env, &m, "free_bytes", mi.fordblks);
     put_u64(env, &m, "mmap_chunks", mi.hblks);
     put_u64(env, &m, "mmap_bytes", mi.hblkhd);
+#else
+    static const char *const heap[] = {"allocated_bytes", "used_bytes", "free_bytes", "mmap_chunks",
+                                       "mmap_bytes"};
+    for (size_t i = 0; i < sizeof heap / sizeof *heap; i++)
+        put(env, &m, heap[i], mt_atoms.nil);
+#endif
     return m;
 }
 

@@ -89,6 +89,14 @@ defmodule Mtrace.Stats do
   defimpl Inspect do
     alias Mtrace.VM.Format
 
+    # mallinfo2's figures; nil where the C library does not report them.
+    defp heap(%{allocated_bytes: nil}), do: "  C library heap: not reported by this C library"
+
+    defp heap(s) do
+      "  glibc heap: #{size(s.allocated_bytes)} allocated, #{size(s.used_bytes)} used, " <>
+        "#{size(s.free_bytes)} free; #{size(s.mmap_bytes)} in #{count(s.mmap_chunks, "mmap chunk")}"
+    end
+
     def inspect(s, _opts) do
       [
         "#Mtrace.Stats<" <> live(s),
@@ -96,8 +104,7 @@ defmodule Mtrace.Stats do
         "  table: #{size(s.table_bytes)}; #{count(s.stacks, "stack")} in #{size(s.stack_bytes)}" <>
           "; depth #{s.depth}",
         "  tracking: " <> tracking(s),
-        "  glibc heap: #{size(s.allocated_bytes)} allocated, #{size(s.used_bytes)} used, " <>
-          "#{size(s.free_bytes)} free; #{size(s.mmap_bytes)} in #{count(s.mmap_chunks, "mmap chunk")}>"
+        heap(s) <> ">"
       ]
       |> Enum.flat_map(&Format.wrap/1)
       |> Enum.join("\n")
