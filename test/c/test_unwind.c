@@ -21,6 +21,18 @@
 
 static int compared, mismatches, gave_up;
 
+/* A frame as libunwind reports it.  On aarch64, libunwind's unw_backtrace
+ * gives every return address minus one (libunwind issue 911, fixed after
+ * 1.8; Debian 12 has 1.6.2): instructions are 4-byte aligned there, so an
+ * odd address is one of those. */
+static uintptr_t libunwind_frame(void *p) {
+#if defined(__aarch64__)
+    return (uintptr_t)p & 1 ? (uintptr_t)p + 1 : (uintptr_t)p;
+#else
+    return (uintptr_t)p;
+#endif
+}
+
 /* Compares the two walkers from the leaf's caller outwards: frame 0 of each
  * is inside the walker, frame 1 (fast) / 0 (libunwind) a call site in here. */
 static __attribute__((noinline)) void compare_here(void) {
@@ -36,13 +48,13 @@ static __attribute__((noinline)) void compare_here(void) {
     }
     int same = n - 1 == m;
     for (int i = 1; same && i < m; i++)
-        same = fast[i + 1] == (uintptr_t)slow[i];
+        same = fast[i + 1] == libunwind_frame(slow[i]);
     if (!same && mismatches++ < 3) {
         fprintf(stderr, "mismatch: fast %d frames, libunwind %d\n", n - 1, m);
         for (int i = 0; i < MAXF && (i < n || i < m); i++)
             fprintf(stderr, "  %2d %#18lx %#18lx\n", i,
                     i + 1 < n ? (unsigned long)fast[i + 1] : 0ul,
-                    i < m ? (unsigned long)slow[i] : 0ul);
+                    i < m ? (unsigned long)libunwind_frame(slow[i]) : 0ul);
     }
 }
 
@@ -157,19 +169,28 @@ static void test_unchanged(void) {
     CHECK_EQ(other, 0);
 }
 
-/* A signal frame is libunwind's business: the walker must give up there. */
-static int in_handler;
-static void on_signal(int sig) {
+/* A signal frame is libunwind's business: the walker must give up there.
+ * It knows one by its unwind information (libc's or the vDSO's sigreturn
+ * trampoline); qemu-user before 8.0 returns from aarch64 handlers through a
+ * trampoline of its own, outside every object, where the walk just ends. */
+static int in_handler, trampoline_known;
+static __attribute__((noinline)) void on_signal(int sig) {
     (void)sig;
     uintptr_t fast[MAXF];
     int unchanged;
+    Dl_info info;
+    trampoline_known = dladdr(__builtin_return_address(0), &info) != 0;
     in_handler = mt_unwind(fast, MAXF, &unchanged);
 }
 
 static void test_signal_frame(void) {
     signal(SIGUSR1, on_signal);
     raise(SIGUSR1);
-    CHECK_EQ(in_handler, -1);
+    if (trampoline_known)
+        CHECK_EQ(in_handler, -1);
+    else
+        printf("skipped: signal frame (the handler returns to code outside every object, as "
+               "under qemu-user without a vDSO)\n");
 }
 
 /* After dlclose and mt_unwind_forget, code loaded at the same place is
