@@ -67,6 +67,13 @@ ctest-asan: $(ASAN_TESTS) $(BUILD)/symbols_fixture.so $(BUILD)/ubsan/mtrace.so $
 	sh test/c/run.sh $(BUILD) $(PRIV) $(ASAN_TESTS)
 	sh test/c/run.sh $(BUILD) $(BUILD)/ubsan $(INTERPOSE_TESTS)
 
+# The C tests of a cross build under a user-mode emulator (make ctest-aarch64
+# passes EMULATOR, the target's library root EMULATOR_SYSROOT, for qemu-user,
+# and the directories of its libraries, EMULATOR_LIBS).
+ctest-emulated: all $(CTESTS) $(BUILD)/symbols_fixture.so $(DL_FIXTURES)
+	QEMU_LD_PREFIX=$(EMULATOR_SYSROOT) LD_LIBRARY_PATH=$(EMULATOR_LIBS) \
+		sh test/c/run.sh --emulator $(EMULATOR) $(BUILD) $(PRIV) $(CTESTS)
+
 # Table, query, configuration and symbol code under valgrind memcheck.
 ctest-valgrind: $(VALGRIND_TESTS) $(BUILD)/symbols_fixture.so
 	sh test/c/run.sh --valgrind $(BUILD) $(PRIV) $(VALGRIND_TESTS)

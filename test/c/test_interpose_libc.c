@@ -569,7 +569,7 @@ static size_t glibc_transcript(char **argv) {
         close(fds[1]);
         unsetenv("LD_PRELOAD");
         char *args[] = {argv[0], "--glibc", NULL};
-        execv("/proc/self/exe", args);
+        check_exec_self(args);
         _exit(127);
     }
     close(fds[1]);
