@@ -5,7 +5,19 @@ BUILD ?= _build/c
 MAKEVARS = $(BUILD)/makevars.mk
 SUBMAKE = $(MAKE) --no-print-directory -f c_src/build.mk PRIV=$(PRIV) BUILD=$(BUILD) MAKEVARS=$(MAKEVARS)
 
-.PHONY: all fixtures ctest ctest-asan ctest-valgrind ctest-musl test bench clean
+# aarch64 (glibc), cross-built with Debian's gcc-aarch64-linux-gnu and the
+# arm64 multiarch libraries, tested under qemu-user (bin/install-deps
+# installs them all): the preload, the NIF and the C tests in AARCH64_BUILD.
+AARCH64_BUILD = _build/c-aarch64
+AARCH64_CC = aarch64-linux-gnu-gcc
+AARCH64_EMULATOR = qemu-aarch64-static
+AARCH64_SYSROOT = /usr/aarch64-linux-gnu
+AARCH64_LIBS = /usr/aarch64-linux-gnu/lib:/usr/lib/aarch64-linux-gnu
+AARCH64_MAKE = $(MAKE) --no-print-directory -f c_src/build.mk CC=$(AARCH64_CC) \
+	PRIV=$(AARCH64_BUILD)/priv BUILD=$(AARCH64_BUILD) MAKEVARS=$(AARCH64_BUILD)/makevars.mk \
+	EMULATOR=$(AARCH64_EMULATOR) EMULATOR_SYSROOT=$(AARCH64_SYSROOT) EMULATOR_LIBS=$(AARCH64_LIBS)
+
+.PHONY: all fixtures ctest ctest-asan ctest-valgrind ctest-musl ctest-aarch64 test bench clean
 
 all fixtures ctest ctest-asan ctest-valgrind: $(MAKEVARS)
 	$(SUBMAKE) $@
@@ -28,6 +40,13 @@ $(MUSL_BUILD)/makevars.mk: c_src/makevars.sh
 	@mkdir -p $(MUSL_BUILD)
 	CC=$(MUSL_CC) sh c_src/makevars.sh $@
 
+ctest-aarch64: $(AARCH64_BUILD)/makevars.mk
+	$(AARCH64_MAKE) ctest-emulated
+
+$(AARCH64_BUILD)/makevars.mk: c_src/makevars.sh
+	@mkdir -p $(AARCH64_BUILD)
+	CC=$(AARCH64_CC) sh c_src/makevars.sh $@
+
 test:
 	bin/test
 
@@ -35,4 +54,4 @@ bench: $(MAKEVARS)
 	$(SUBMAKE) bench-c
 
 clean:
-	rm -rf $(BUILD) $(MUSL_BUILD) $(PRIV)/mtrace.so $(PRIV)/mtrace_nif.so
+	rm -rf $(BUILD) $(MUSL_BUILD) $(AARCH64_BUILD) $(PRIV)/mtrace.so $(PRIV)/mtrace_nif.so

@@ -92,6 +92,13 @@ $(BUILD)/test_libc_glue: test/c/test_libc_glue.c test/c/check.h c_src/preload/li
 	$(CC) $(CFLAGS_ALL) -Ddlsym=glue_dlsym -Ic_src -Ic_src/preload -o $@ test/c/test_libc_glue.c \
 		c_src/preload/libc.c $(DL_LIBS)
 
+# The C tests of a cross build under a user-mode emulator (make ctest-aarch64
+# passes EMULATOR, the target's library root EMULATOR_SYSROOT, for qemu-user,
+# and the directories of its libraries, EMULATOR_LIBS).
+ctest-emulated: all $(CTESTS) $(BUILD)/symbols_fixture.so $(DL_FIXTURES)
+	QEMU_LD_PREFIX=$(EMULATOR_SYSROOT) LD_LIBRARY_PATH=$(EMULATOR_LIBS) \
+		sh test/c/run.sh --emulator $(EMULATOR) $(BUILD) $(PRIV) $(CTESTS)
+
 # Table, query, configuration and symbol code under valgrind memcheck.
 ctest-valgrind: $(VALGRIND_TESTS) $(BUILD)/symbols_fixture.so
 	sh test/c/run.sh --valgrind $(BUILD) $(PRIV) $(VALGRIND_TESTS)

@@ -33,6 +33,7 @@ enum {
     DW_CFA_val_expression = 0x16,
     DW_CFA_GNU_args_size = 0x2e,
     DW_CFA_GNU_negative_offset_extended = 0x2f,
+    DW_CFA_AARCH64_negate_ra_state = 0x2d, /* aarch64 only (elsewhere 0x2d is GNU_window_save) */
     /* the three with their operand in the low 6 bits */
     DW_CFA_advance_loc = 0x40,
     DW_CFA_offset = 0x80,

@@ -4,12 +4,13 @@
  * The object holding an address is found by objects.c, its FDE by
  * binary search in .eh_frame_hdr, and the CIE's and FDE's call-frame
  * instructions are run up to the address, tracking only what a walk needs:
- * the CFA, the return address and RBP.
+ * the CFA, the return address and the frame pointer (RBP on x86-64, x29 on
+ * aarch64).
  */
 #define _GNU_SOURCE
 #include "eh_frame.h"
 
-#if defined(__x86_64__) && defined(__linux__)
+#if (defined(__x86_64__) || defined(__aarch64__)) && defined(__linux__)
 
 #include <stddef.h>
 #include <string.h>
@@ -17,7 +18,17 @@
 #include "dwarf_cfi.h"
 #include "objects.h"
 
-enum { REG_RBP = 6, REG_RSP = 7, REG_RA = 16 };
+/* DWARF register numbers, and the CFA before a function's first instruction. */
+#if defined(__x86_64__)
+enum { REG_FP = 6 /* RBP */, REG_SP = 7 /* RSP */, REG_RA = 16, INIT_CFA_OFF = 8 };
+#else
+enum {
+    REG_FP = 29 /* x29 */,
+    REG_SP = 31,
+    REG_RA = 30 /* x30, the link register */,
+    INIT_CFA_OFF = 0
+};
+#endif
 
 /* ---- reading .eh_frame -------------------------------------------------- */
 
@@ -187,7 +198,7 @@ static int parse_cie(const uint8_t *at, struct cie *cie) {
 }
 
 static void set_rule(struct state *s, uint64_t reg, uint8_t how, int64_t off) {
-    if (reg == REG_RBP) {
+    if (reg == REG_FP) {
         s->bp = how;
         s->bp_off = off;
     } else if (reg == REG_RA) {
@@ -214,8 +225,8 @@ static int run(struct cursor *c, const struct cie *cie, struct state *s, const s
             continue;
         case DW_CFA_restore:
             reg = op & DW_CFA_LOW_MASK;
-            set_rule(s, reg, reg == REG_RBP ? init->bp : init->ra,
-                     reg == REG_RBP ? init->bp_off : init->ra_off);
+            set_rule(s, reg, reg == REG_FP ? init->bp : init->ra,
+                     reg == REG_FP ? init->bp_off : init->ra_off);
             continue;
         }
         switch (op) {
@@ -241,8 +252,8 @@ static int run(struct cursor *c, const struct cie *cie, struct state *s, const s
             continue;
         case DW_CFA_restore_extended:
             reg = uleb(c);
-            set_rule(s, reg, reg == REG_RBP ? init->bp : init->ra,
-                     reg == REG_RBP ? init->bp_off : init->ra_off);
+            set_rule(s, reg, reg == REG_FP ? init->bp : init->ra,
+                     reg == REG_FP ? init->bp_off : init->ra_off);
             continue;
         case DW_CFA_undefined:
             set_rule(s, uleb(c), R_UNDEF, 0);
@@ -253,7 +264,7 @@ static int run(struct cursor *c, const struct cie *cie, struct state *s, const s
         case DW_CFA_register: /* register: only harmless for registers we do not follow */
             reg = uleb(c);
             uleb(c);
-            if (reg == REG_RBP || reg == REG_RA)
+            if (reg == REG_FP || reg == REG_RA)
                 return 0;
             continue;
         case DW_CFA_remember_state:
@@ -280,7 +291,7 @@ static int run(struct cursor *c, const struct cie *cie, struct state *s, const s
         case DW_CFA_val_expression:
             reg = uleb(c);
             c->p += uleb(c);
-            if (reg == REG_RBP || reg == REG_RA || reg == REG_RSP || c->p > c->end)
+            if (reg == REG_FP || reg == REG_RA || reg == REG_SP || c->p > c->end)
                 return 0;
             continue;
         case DW_CFA_offset_extended_sf:
@@ -301,12 +312,17 @@ static int run(struct cursor *c, const struct cie *cie, struct state *s, const s
                 uleb(c);
             else
                 sleb(c);
-            if (reg == REG_RBP || reg == REG_RA)
+            if (reg == REG_FP || reg == REG_RA)
                 return 0;
             continue;
         case DW_CFA_GNU_args_size:
             uleb(c);
             continue; /* GNU_args_size */
+#if defined(__aarch64__)
+        case DW_CFA_AARCH64_negate_ra_state:
+            continue; /* return addresses signed with pointer authentication: the walker strips
+                         every return address it reads */
+#endif
         case DW_CFA_GNU_negative_offset_extended:
             reg = uleb(c);
             set_rule(s, reg, R_OFFSET, -(int64_t)uleb(c) * cie->data_align);
@@ -385,7 +401,7 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
     }
     if (cie.has_z)
         d.p += uleb(&d);
-    struct state s = {REG_RSP, 8, R_UNSET, R_UNSET, 0, 0}, init;
+    struct state s = {REG_SP, INIT_CFA_OFF, R_UNSET, R_UNSET, 0, 0}, init;
     uintptr_t loc = begin;
     if (!run(&cie.insns, &cie, &s, &s, &loc, ~(uintptr_t)0))
         return;
@@ -394,26 +410,34 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
     if (!run(&d, &cie, &s, &init, &loc, target))
         return;
 
-    if (s.cfa_reg != REG_RSP && s.cfa_reg != REG_RBP)
-        return;
-    if (s.cfa_off < INT32_MIN || s.cfa_off > INT32_MAX)
-        return;
-    if (s.ra == R_UNDEF) {
+    if (s.ra == R_UNDEF) { /* whatever the CFA (aarch64's _start and thread start say sp + 0) */
         out->kind = MT_RULE_LAST;
         return;
     }
-    if (s.ra != R_OFFSET || s.ra_off != -8)
+    if (s.cfa_reg != REG_SP && s.cfa_reg != REG_FP)
         return;
+    if (s.cfa_off <= 0 || s.cfa_off > INT32_MAX) /* the CFA lies above the register it is from */
+        return;
+    /* The return address saved below the CFA: at CFA - 8 on x86-64 (where the
+     * call put it), anywhere in the frame on aarch64 (where the function saved
+     * x30; a function that did not is a leaf, and only frame 0 can be one). */
+    if (s.ra != R_OFFSET || s.ra_off >= 0 || s.ra_off % 8 || s.ra_off < INT32_MIN)
+        return;
+#if defined(__x86_64__)
+    if (s.ra_off != -8)
+        return;
+#endif
     if (s.bp == R_OFFSET) {
-        if (s.bp_off % 8 || s.bp_off < -1024 || s.bp_off > 1016) /* packed as a slot index */
+        if (s.bp_off >= 0 || s.bp_off % 8 || s.bp_off < INT32_MIN)
             return;
         out->bp_saved = 1;
-        out->bp_off = (int16_t)s.bp_off;
+        out->bp_off = (int32_t)s.bp_off;
     } else if (s.bp != R_UNSET && s.bp != R_SAME) {
         return;
     }
     out->cfa_off = (int32_t)s.cfa_off;
-    out->cfa_bp = s.cfa_reg == REG_RBP;
+    out->ra_off = (int32_t)s.ra_off;
+    out->cfa_bp = s.cfa_reg == REG_FP;
     out->kind = MT_RULE_FRAME;
 }
 

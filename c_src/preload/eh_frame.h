@@ -1,11 +1,12 @@
 /*
  * Frame rules from .eh_frame, for the stack walker (unwind.c).
  *
- * A rule is what one instruction address needs to step to its caller on
- * x86-64: where the CFA is (RSP or RBP plus an offset), that the return
- * address sits at CFA - 8, and where RBP was saved, if it was.  Anything
- * else the call-frame instructions may say (signal frames, DWARF
- * expressions, realigned stacks) is reported as unsupported.
+ * A rule is what one instruction address needs to step to its caller: where
+ * the CFA is (the stack pointer or the frame pointer plus an offset), where
+ * the return address was saved (CFA - 8 on x86-64; on aarch64 wherever the
+ * function stored x30), and where the frame pointer (RBP, x29) was saved, if
+ * it was.  Anything else the call-frame instructions may say (signal frames,
+ * DWARF expressions, realigned stacks) is reported as unsupported.
  */
 #ifndef MT_EH_FRAME_H
 #define MT_EH_FRAME_H
@@ -20,9 +21,10 @@ enum {
 };
 
 struct mt_frame_rule {
-    int32_t cfa_off;
-    int16_t bp_off; /* RBP saved at CFA + bp_off, when bp_saved (a multiple of 8) */
-    uint8_t cfa_bp; /* CFA = RBP + cfa_off, else RSP + cfa_off */
+    int32_t cfa_off; /* > 0 */
+    int32_t ra_off;  /* the return address saved at CFA + ra_off (< 0, a multiple of 8) */
+    int32_t bp_off;  /* the frame pointer saved at CFA + bp_off, when bp_saved (likewise) */
+    uint8_t cfa_bp;  /* CFA = frame pointer + cfa_off, else stack pointer + cfa_off */
     uint8_t bp_saved;
     uint8_t kind; /* MT_RULE_* */
 };

@@ -46,6 +46,7 @@ static const struct mtrace_erl_frame *erl_names(const struct stack_rec *r) {
 static _Atomic uint32_t *buckets; /* head id per bucket, 0 = empty */
 static struct stack_rec **_Atomic dir[1u << DIR_BITS];
 static mt_spinlock insert_lock;
+static mt_spinlock libunwind_lock; /* around every call into libunwind; see mt_stack_capture */
 static _Atomic uint32_t next_id = 1;
 static char *chunk, *chunk_end;
 static _Atomic uint64_t mapped_bytes, dropped;
@@ -200,7 +201,13 @@ uint32_t mt_stack_capture(uint32_t depth) {
 #ifdef MT_NO_LIBUNWIND
         n = -1 - n; /* no libunwind (musl): the frames walked before the walker gave up */
 #else
+        /* libunwind takes a global lock of its own (Debian's ignores the
+         * per-thread cache setting) and blocks signals meanwhile: a fork
+         * while another thread holds it would leave the child's first
+         * fallback waiting for ever.  fork holds this lock too. */
+        mt_lock(&libunwind_lock);
         n = unw_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
+        mt_unlock(&libunwind_lock);
 #endif
     }
     int skip = 0;
@@ -251,5 +258,12 @@ void mt_stack_figures(struct mt_stack_figures *out) {
     out->erl_stacks = atomic_load_explicit(&erl_stacks, memory_order_relaxed);
 }
 
-void mt_stacks_lock(void) { mt_lock(&insert_lock); }
-void mt_stacks_unlock(void) { mt_unlock(&insert_lock); }
+void mt_stacks_lock(void) {
+    mt_lock(&libunwind_lock);
+    mt_lock(&insert_lock);
+}
+
+void mt_stacks_unlock(void) {
+    mt_unlock(&insert_lock);
+    mt_unlock(&libunwind_lock);
+}

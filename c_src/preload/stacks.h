@@ -41,7 +41,8 @@ struct mt_stack_figures {
 };
 void mt_stack_figures(struct mt_stack_figures *out);
 
-/* Held across fork() so that no half-published stack reaches the child. */
+/* Held across fork() so that no half-published stack, and no lock inside
+ * libunwind, reaches the child. */
 void mt_stacks_lock(void);
 void mt_stacks_unlock(void);
 

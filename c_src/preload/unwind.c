@@ -30,7 +30,7 @@ void mt_unwind_count_fallback(void) {
     atomic_fetch_add_explicit(&fallbacks, 1, memory_order_relaxed);
 }
 
-#if defined(__x86_64__) && defined(__linux__)
+#if (defined(__x86_64__) || defined(__aarch64__)) && defined(__linux__)
 
 #include <stddef.h>
 #include <string.h>
@@ -45,7 +45,19 @@ void mt_unwind_count_fallback(void) {
 
 #define CACHE_BITS 15 /* 32768 addresses, 512 KiB */
 #define CACHE_PROBES 8
-#define GEN_SHIFT 44
+/* A rule packed in one word: offsets in 8-byte units as magnitudes (the CFA
+ * lies above its register, the saved registers below the CFA), then flags,
+ * then the generation.  aarch64 compilers put the saved x29 and x30 at the
+ * bottom of the frame, so they need the range of the CFA offset; a rule
+ * beyond these ranges (a frame over 1 MiB, saved registers more than
+ * 128 KiB below the CFA) is left to libunwind. */
+#define CFA_BITS 17
+#define SLOT_BITS 14
+#define RA_SHIFT CFA_BITS
+#define BP_SHIFT (RA_SHIFT + SLOT_BITS)
+#define FLAGS_SHIFT (BP_SHIFT + SLOT_BITS)
+#define GEN_SHIFT (FLAGS_SHIFT + 4)
+#define GEN_MASK ((1ull << (64 - GEN_SHIFT)) - 1)
 
 struct entry {
     _Atomic uint64_t key; /* return address; 0 = free */
@@ -58,19 +70,28 @@ static _Atomic uint64_t seen_loads; /* mt_objects_generation at the last miss */
 
 void mt_unwind_forget(void) { atomic_fetch_add(&generation, 1); }
 
-/* cfa_off in bits 0-31, bp_off / 8 in 32-39, flags in 40-43, generation above. */
+/* Can r be packed?  eh_frame.c only makes frame rules with cfa_off > 0 and
+ * ra_off, bp_off < 0, all multiples of 8 but cfa_off. */
+static int packable(const struct mt_frame_rule *r) {
+    return r->kind != MT_RULE_FRAME ||
+           (r->cfa_off % 8 == 0 && r->cfa_off / 8 < (1 << CFA_BITS) &&
+            -(r->ra_off / 8) < (1 << SLOT_BITS) && -(r->bp_off / 8) < (1 << SLOT_BITS));
+}
+
 static uint64_t pack(const struct mt_frame_rule *r, uint64_t gen) {
-    return (uint64_t)(uint32_t)r->cfa_off | (uint64_t)(uint8_t)(int8_t)(r->bp_off / 8) << 32 |
-           (uint64_t)r->cfa_bp << 40 | (uint64_t)r->bp_saved << 41 | (uint64_t)(r->kind & 3) << 42 |
-           gen << GEN_SHIFT;
+    return (uint64_t)(r->cfa_off / 8) | (uint64_t)(-(r->ra_off / 8)) << RA_SHIFT |
+           (uint64_t)(-(r->bp_off / 8)) << BP_SHIFT | (uint64_t)r->cfa_bp << FLAGS_SHIFT |
+           (uint64_t)r->bp_saved << (FLAGS_SHIFT + 1) |
+           (uint64_t)(r->kind & 3) << (FLAGS_SHIFT + 2) | gen << GEN_SHIFT;
 }
 
 static void unpack(uint64_t v, struct mt_frame_rule *r) {
-    r->cfa_off = (int32_t)(uint32_t)v;
-    r->bp_off = (int16_t)((int8_t)(uint8_t)(v >> 32) * 8);
-    r->cfa_bp = (v >> 40) & 1;
-    r->bp_saved = (v >> 41) & 1;
-    r->kind = (v >> 42) & 3;
+    r->cfa_off = (int32_t)(v & ((1u << CFA_BITS) - 1)) * 8;
+    r->ra_off = -(int32_t)((v >> RA_SHIFT) & ((1u << SLOT_BITS) - 1)) * 8;
+    r->bp_off = -(int32_t)((v >> BP_SHIFT) & ((1u << SLOT_BITS) - 1)) * 8;
+    r->cfa_bp = (v >> FLAGS_SHIFT) & 1;
+    r->bp_saved = (v >> (FLAGS_SHIFT + 1)) & 1;
+    r->kind = (v >> (FLAGS_SHIFT + 2)) & 3;
 }
 
 static struct entry *cache_table(void) {
@@ -92,7 +113,7 @@ static struct entry *cache_table(void) {
 static inline size_t slot_of(uintptr_t ra) { return (size_t)mt_hash_index(ra, CACHE_BITS); }
 
 static void rule_for(uintptr_t ra, struct mt_frame_rule *r) {
-    uint64_t gen = atomic_load_explicit(&generation, memory_order_relaxed) & ((1ull << 20) - 1);
+    uint64_t gen = atomic_load_explicit(&generation, memory_order_relaxed) & GEN_MASK;
     struct entry *t = cache_table();
     size_t mask = ((size_t)1 << CACHE_BITS) - 1, i = slot_of(ra);
     if (t) {
@@ -112,10 +133,12 @@ static void rule_for(uintptr_t ra, struct mt_frame_rule *r) {
     }
     uint64_t loads;
     mt_eh_frame_rule(ra - 1, r, &loads);
+    if (!packable(r))
+        r->kind = MT_RULE_UNSUPPORTED;
     uint64_t was = atomic_exchange_explicit(&seen_loads, loads, memory_order_relaxed);
     if (was && was != loads) { /* objects came or went since: drop every cached rule */
         mt_unwind_forget();
-        gen = atomic_load_explicit(&generation, memory_order_relaxed) & ((1ull << 20) - 1);
+        gen = atomic_load_explicit(&generation, memory_order_relaxed) & GEN_MASK;
     }
     if (!t)
         return;
@@ -150,10 +173,11 @@ static void rule_for(uintptr_t ra, struct mt_frame_rule *r) {
  * (ip, sp, bp) at a frame and of the stack words it reads from there on, so
  * when a frame matches a frame of the previous walk, re-reading those words
  * (independent loads, no hash probes) and finding them unchanged proves the
- * rest of the stack is the same.  bp only matters if a later frame uses it
- * before restoring it from the stack.  The previous walk lives in TLS
- * (1.7 KiB a thread); new frames above the match point are collected on the
- * C stack first, so the common case (same frames, same depth) copies none. */
+ * rest of the stack is the same.  bp (the frame pointer) only matters if a
+ * later frame uses it before restoring it from the stack.  The previous walk
+ * lives in TLS (2.1 KiB a thread); new frames above the match point are
+ * collected on the C stack first, so the common case (same frames, same
+ * depth) copies none. */
 #define WALK_MAX 64
 #define PREFIX_MAX 16
 #define F_BP_SAVED 1
@@ -162,14 +186,14 @@ static void rule_for(uintptr_t ra, struct mt_frame_rule *r) {
 
 struct frames {
     uintptr_t ip[WALK_MAX], sp[WALK_MAX], bp[WALK_MAX];
-    int16_t bp_off[WALK_MAX];
+    int32_t bp_off[WALK_MAX], ra_off[WALK_MAX]; /* from the frame's rule */
     uint8_t flags[WALK_MAX];
 };
 
 /* The same columns, wherever they are stored (TLS or the C stack). */
 struct cols {
     uintptr_t *ip, *sp, *bp;
-    int16_t *bp_off;
+    int32_t *bp_off, *ra_off;
     uint8_t *flags;
 };
 
@@ -177,6 +201,20 @@ static __thread struct frames last __attribute__((tls_model("initial-exec")));
 static __thread int last_n __attribute__((tls_model("initial-exec"))); /* 0 = none */
 static __thread uint64_t last_gen __attribute__((tls_model("initial-exec")));
 static __thread int last_max __attribute__((tls_model("initial-exec")));
+
+/* A return address as read from the stack.  On aarch64 it may be signed
+ * (pointer authentication, -mbranch-protection=pac-ret): XPACLRI strips the
+ * signature, and is a no-op where there is none (it is in the hint space, so
+ * also on processors without pointer authentication). */
+static inline uintptr_t return_address(uintptr_t word) {
+#if defined(__aarch64__)
+    register uintptr_t x30 __asm__("x30") = word;
+    __asm__("hint #7" : "+r"(x30)); /* xpaclri */
+    return x30;
+#else
+    return word;
+#endif
+}
 
 /* ---- the bounds of this thread's stack ---------------------------------- */
 
@@ -195,22 +233,36 @@ extern void *__libc_stack_end; /* ld.so: where the main thread's stack begins */
 #define MAX_STACK ((uintptr_t)1 << 30)
 
 static __thread uintptr_t stack_top __attribute__((tls_model("initial-exec")));
+/* 1 in the process's main thread (whose thread id is the process id), 2 in
+ * any other, 0 until known.  A fork child's only thread keeps its parent
+ * thread's answer: a thread's stack and thread pointer stay as they were. */
+static __thread int8_t is_main __attribute__((tls_model("initial-exec")));
 
 /* Above every frame of this thread, and below it all is mapped; 0 when it
  * cannot be known (a thread on a stack libc did not set up, such as a
  * coroutine's), and then the walk is left to libunwind.  glibc and musl put
- * a thread's control block (the thread pointer) at the top of its stack;
- * the main thread's stack ends at MAIN_STACK_TOP. */
+ * a thread's control block at the top of its stack, and the thread pointer
+ * (%fs:0 on x86-64; TPIDR_EL0 on aarch64, just above the control block)
+ * there; the main thread's stack ends at MAIN_STACK_TOP. */
 static uintptr_t top_of_stack(uintptr_t sp) {
     uintptr_t top = stack_top;
     if (top > sp && top - sp < MAX_STACK)
         return top;
     uintptr_t tp;
+#if defined(__x86_64__)
     __asm__("mov %%fs:0, %0" : "=r"(tp));
+#else
+    __asm__("mrs %0, tpidr_el0" : "=r"(tp));
+#endif
     uintptr_t end = MAIN_STACK_TOP();
-    if (tp > sp && tp - sp < MAX_STACK)
+    /* The main thread's thread pointer is not on its stack, and may lie above
+     * it within MAX_STACK with unmapped pages between (qemu-user maps the
+     * stack below the libraries): the main thread only trusts its own end. */
+    if (!is_main)
+        is_main = syscall(SYS_gettid) == getpid() ? 1 : 2;
+    if (is_main == 2 && tp > sp && tp - sp < MAX_STACK)
         top = tp;
-    else if (end > sp && end - sp < MAX_STACK && syscall(SYS_gettid) == getpid())
+    else if (is_main == 1 && end > sp && end - sp < MAX_STACK)
         top = end;
     else
         return 0;
@@ -228,7 +280,9 @@ static uintptr_t top_of_stack(uintptr_t sp) {
 static READS_STACK int valid_from(int c) {
     int from = c;
     for (int j = c; j + 1 < last_n; j++) {
-        int same = *(const uintptr_t *)(last.sp[j + 1] - 8) == last.ip[j + 1];
+        int same =
+            return_address(*(const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.ra_off[j])) ==
+            last.ip[j + 1];
         if ((last.flags[j] & F_BP_SAVED) && (last.flags[j + 1] & F_NEEDS_BP))
             same &=
                 *(const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.bp_off[j]) == last.bp[j + 1];
@@ -254,6 +308,7 @@ static void put(struct cols *f, int i, uintptr_t ip, uintptr_t sp, uintptr_t bp)
     f->bp[i] = bp;
     f->flags[i] = 0;
     f->bp_off[i] = 0;
+    f->ra_off[i] = 0;
 }
 
 static void copy_frames(struct cols *to, const struct cols *from, int n) {
@@ -262,12 +317,13 @@ static void copy_frames(struct cols *to, const struct cols *from, int n) {
         to->sp[i] = from->sp[i];
         to->bp[i] = from->bp[i];
         to->bp_off[i] = from->bp_off[i];
+        to->ra_off[i] = from->ra_off[i];
         to->flags[i] = from->flags[i];
     }
 }
 
 static struct cols last_cols(void) {
-    return (struct cols){last.ip, last.sp, last.bp, last.bp_off, last.flags};
+    return (struct cols){last.ip, last.sp, last.bp, last.bp_off, last.ra_off, last.flags};
 }
 
 /* Frames [0, n) of pre replace the previous walk's frames above c. */
@@ -279,7 +335,8 @@ static void splice(const struct cols *pre, int n, int c) {
         memmove(last.ip + n, last.ip + c, (size_t)tail * sizeof(uintptr_t));
         memmove(last.sp + n, last.sp + c, (size_t)tail * sizeof(uintptr_t));
         memmove(last.bp + n, last.bp + c, (size_t)tail * sizeof(uintptr_t));
-        memmove(last.bp_off + n, last.bp_off + c, (size_t)tail * sizeof(int16_t));
+        memmove(last.bp_off + n, last.bp_off + c, (size_t)tail * sizeof(int32_t));
+        memmove(last.ra_off + n, last.ra_off + c, (size_t)tail * sizeof(int32_t));
         memmove(last.flags + n, last.flags + c, (size_t)tail);
     }
     struct cols l = last_cols();
@@ -290,14 +347,19 @@ static void splice(const struct cols *pre, int n, int c) {
 
 READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int *same) {
     uintptr_t ip, sp, bp;
+#if defined(__x86_64__)
     __asm__ volatile("lea 0(%%rip), %0\n\tmov %%rsp, %1\n\tmov %%rbp, %2"
                      : "=r"(ip), "=r"(sp), "=r"(bp));
+#else
+    __asm__ volatile("adr %0, .\n\tmov %1, sp\n\tmov %2, x29" : "=r"(ip), "=r"(sp), "=r"(bp));
+#endif
     uint64_t gen = atomic_load_explicit(&generation, memory_order_relaxed);
     uintptr_t pre_ip[PREFIX_MAX], pre_sp[PREFIX_MAX], pre_bp[PREFIX_MAX];
-    int16_t pre_bp_off[PREFIX_MAX];
+    int32_t pre_bp_off[PREFIX_MAX], pre_ra_off[PREFIX_MAX];
     uint8_t pre_flags[PREFIX_MAX];
     /* While a match is possible, frames go to pre (the C stack), else to last. */
-    struct cols pre = {pre_ip, pre_sp, pre_bp, pre_bp_off, pre_flags}, in_last = last_cols();
+    struct cols pre = {pre_ip, pre_sp, pre_bp, pre_bp_off, pre_ra_off, pre_flags},
+                in_last = last_cols();
     struct cols *f = &pre;
     int c = (last_n && last_gen == gen) ? 0 : WALK_MAX;
     if (c) { /* nothing to reuse: write straight into last */
@@ -349,14 +411,18 @@ READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int
         if (r.kind != MT_RULE_FRAME)
             goto give_up;
         uintptr_t cfa = (r.cfa_bp ? bp : sp) + (intptr_t)r.cfa_off;
-        if (cfa <= sp || cfa > top || (r.bp_saved && r.bp_off >= 0))
-            goto give_up; /* stacks grow down, and end at top: a rule that says otherwise is wrong
-                           */
+        /* Stacks grow down, and end at top: a rule that says otherwise is
+         * wrong.  The saved words lie below the CFA (ra_off, bp_off < 0) and
+         * must lie in this frame too. */
+        if (cfa <= sp || cfa > top || cfa + (intptr_t)r.ra_off < sp ||
+            (r.bp_saved && cfa + (intptr_t)r.bp_off < sp))
+            goto give_up;
         f->flags[n - 1] = (r.cfa_bp ? F_CFA_BP : 0) | (r.bp_saved ? F_BP_SAVED : 0);
         f->bp_off[n - 1] = r.bp_off;
+        f->ra_off[n - 1] = r.ra_off;
         if (r.bp_saved)
             bp = *(const uintptr_t *)(cfa + (intptr_t)r.bp_off);
-        ip = *(const uintptr_t *)(cfa - 8);
+        ip = return_address(*(const uintptr_t *)(cfa + (intptr_t)r.ra_off));
         sp = cfa;
         if (!ip) {
             natural = 1;
@@ -378,7 +444,7 @@ give_up:
     return -1 - n;
 }
 
-#else /* not x86-64 Linux */
+#else /* neither x86-64 nor aarch64 Linux */
 
 int mt_unwind(uintptr_t *out, int max, int *same) {
     (void)out;

@@ -7,15 +7,15 @@
  * address at CFA - 8, RBP saved at CFA - 16") that is cached by address, so
  * a warm walk is a hash probe and one or two stack loads per frame.
  *
- * It handles what compilers emit for ordinary code (CFA from RSP or RBP,
- * return address at CFA - 8).  Anything else (signal frames, DWARF
- * expressions, realigned stacks) makes it give up, and the caller asks
- * libunwind for that stack instead (a build without libunwind, as on musl,
- * keeps the frames walked until then).  A frame without any unwind
- * information (JIT code, musl's libc) ends the stack: the frame itself is
- * kept.
+ * It handles what compilers emit for ordinary code (CFA from the stack or
+ * the frame pointer, return address and frame pointer saved in the frame).
+ * Anything else (signal frames, DWARF expressions, realigned stacks) makes
+ * it give up, and the caller asks libunwind for that stack instead (a build
+ * without libunwind, as on musl, keeps the frames walked until then).  A
+ * frame without any unwind information (JIT code, musl's libc) ends the
+ * stack: the frame itself is kept.
  *
- * x86-64 Linux only; elsewhere mt_unwind always gives up.
+ * x86-64 and aarch64 Linux; elsewhere mt_unwind always gives up.
  */
 #ifndef MT_UNWIND_H
 #define MT_UNWIND_H

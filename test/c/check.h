@@ -4,6 +4,8 @@
 #define MT_CHECK_H
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 static int checks_passed, checks_failed;
 
@@ -28,6 +30,36 @@ static int checks_passed, checks_failed;
                     #a, va_, #b, vb_);                                                             \
         }                                                                                          \
     } while (0)
+
+/* The user-mode emulator the tests run under (test/c/run.sh --emulator sets
+ * MTRACE_TEST_EMULATOR for a cross build), or NULL when they run natively. */
+static inline const char *check_emulator(void) {
+    const char *e = getenv("MTRACE_TEST_EMULATOR");
+    return e && *e ? e : NULL;
+}
+
+/* Starts this program again with args (args[0] its name); returns only if
+ * that failed.  Under an emulator it is started through the emulator: without
+ * binfmt_misc the kernel cannot start a foreign executable by itself. */
+static inline void check_exec_self(char **args) {
+    const char *emulator = check_emulator();
+    if (!emulator) {
+        execv("/proc/self/exe", args);
+        return;
+    }
+    char self[4096], *argv[16];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1); /* the emulated program */
+    if (n <= 0)
+        return;
+    self[n] = 0;
+    int k = 0;
+    argv[k++] = (char *)emulator;
+    argv[k++] = self;
+    for (int i = 1; args[i] && k < 15; i++)
+        argv[k++] = args[i];
+    argv[k] = NULL;
+    execvp(emulator, argv);
+}
 
 static inline int check_summary(void) {
     printf("%d passed, %d failed\n", checks_passed, checks_failed);

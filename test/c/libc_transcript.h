@@ -185,7 +185,7 @@ static size_t libc_transcript(char **argv) {
         close(fds[1]);
         unsetenv("LD_PRELOAD");
         char *args[] = {argv[0], "--libc", NULL};
-        execv("/proc/self/exe", args);
+        check_exec_self(args);
         _exit(127);
     }
     close(fds[1]);

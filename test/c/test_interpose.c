@@ -60,8 +60,11 @@ static void test_caller_is_frame_zero(void) {
  * through the signal frame to here; without it (musl) it is the frames
  * walked until then: the handler's and the trampoline's. */
 static void *in_handler;
-static void on_signal(int sig) {
+static int trampoline_known;
+static __attribute__((noinline)) void on_signal(int sig) {
     (void)sig;
+    Dl_info info;
+    trampoline_known = dladdr(__builtin_return_address(0), &info) != 0;
     in_handler = leak_here(4321);
 }
 
@@ -71,6 +74,12 @@ static __attribute__((noinline)) void test_signal_stack(void) {
     signal(SIGUSR1, on_signal);
     raise(SIGUSR1);
     api->stats(&after, sizeof after);
+    if (!trampoline_known) { /* qemu-user before 8.0 on aarch64: no vDSO, no unwind info */
+        printf("skipped: signal stack (the handler returns to code outside every object, as "
+               "under qemu-user without a vDSO)\n");
+        free(in_handler);
+        return;
+    }
     CHECK_EQ(after.fast_unwind, 1);
     CHECK(after.unwind_fallbacks > before.unwind_fallbacks);
     struct mtrace_alloc a;

@@ -49,7 +49,7 @@ int main(int argc, char **argv) {
     (void)argc;
     if (!getenv("MTRACE_SAMPLE_BYTES")) {
         setenv("MTRACE_SAMPLE_BYTES", "16384", 1);
-        execv("/proc/self/exe", argv);
+        check_exec_self(argv);
         perror("execv");
         return 1;
     }

@@ -110,6 +110,18 @@ static __attribute__((noinline)) int reference_backtrace(void **buf, int max) {
 
 static int compared, mismatches, gave_up;
 
+/* A frame as libunwind reports it.  On aarch64, libunwind's unw_backtrace
+ * gives every return address minus one (libunwind issue 911, fixed after
+ * 1.8; Debian 12 has 1.6.2): instructions are 4-byte aligned there, so an
+ * odd address is one of those. */
+static uintptr_t libunwind_frame(void *p) {
+#if defined(__aarch64__)
+    return (uintptr_t)p & 1 ? (uintptr_t)p + 1 : (uintptr_t)p;
+#else
+    return (uintptr_t)p;
+#endif
+}
+
 /* Compares the two walkers from the leaf's caller outwards: frame 0 of each
  * is inside the walker, frame 1 (fast) / 0 (reference) a call site in here. */
 static __attribute__((noinline)) void compare_here(void) {
@@ -125,13 +137,13 @@ static __attribute__((noinline)) void compare_here(void) {
     }
     int same = n - 1 == m;
     for (int i = 1; same && i < m; i++)
-        same = fast[i + 1] == (uintptr_t)slow[i];
+        same = fast[i + 1] == libunwind_frame(slow[i]);
     if (!same && mismatches++ < 3) {
         fprintf(stderr, "mismatch: fast %d frames, " REFERENCE " %d\n", n - 1, m);
         for (int i = 0; i < MAXF && (i < n || i < m); i++)
             fprintf(stderr, "  %2d %#18lx %#18lx\n", i,
                     i + 1 < n ? (unsigned long)fast[i + 1] : 0ul,
-                    i < m ? (unsigned long)slow[i] : 0ul);
+                    i < m ? (unsigned long)libunwind_frame(slow[i]) : 0ul);
     }
 }
 
@@ -251,20 +263,29 @@ static void test_unchanged(void) {
 }
 
 /* A signal frame is libunwind's business: the walker must give up there,
- * after the handler's frames (glibc marks its trampoline's FDE as a signal
- * frame; musl's trampoline has none and is known by its code). */
-static int in_handler;
-static void on_signal(int sig) {
+ * after the handler's frames.  It knows one by its unwind information
+ * (glibc's or the vDSO's sigreturn trampoline) or, for musl's trampoline,
+ * which has none, by its code; qemu-user before 8.0 returns from aarch64
+ * handlers through a trampoline of its own, outside every object, where the
+ * walk just ends. */
+static int in_handler, trampoline_known;
+static __attribute__((noinline)) void on_signal(int sig) {
     (void)sig;
     uintptr_t fast[MAXF];
     int unchanged;
+    Dl_info info;
+    trampoline_known = dladdr(__builtin_return_address(0), &info) != 0;
     in_handler = mt_unwind(fast, MAXF, &unchanged);
 }
 
 static void test_signal_frame(void) {
     signal(SIGUSR1, on_signal);
     raise(SIGUSR1);
-    CHECK(in_handler <= -3); /* -1 - frames walked: the walker's, on_signal's, the trampoline */
+    if (trampoline_known)
+        CHECK(in_handler <= -3); /* -1 - frames walked: the walker's, on_signal's, the trampoline */
+    else
+        printf("skipped: signal frame (the handler returns to code outside every object, as "
+               "under qemu-user without a vDSO)\n");
 }
 
 /* After dlclose and mt_unwind_forget, code loaded at the same place is
