@@ -10,7 +10,9 @@
 #define _GNU_SOURCE
 #include "eh_frame.h"
 
-#if (defined(__x86_64__) || defined(__aarch64__)) && defined(__linux__)
+#if !(defined(__x86_64__) || defined(__aarch64__)) || !defined(__linux__)
+#error "mtrace's walker supports Linux on x86-64 and aarch64"
+#endif
 
 #include <stddef.h>
 #include <string.h>
@@ -30,109 +32,7 @@ enum {
 };
 #endif
 
-/* ---- reading .eh_frame -------------------------------------------------- */
-
-struct cursor {
-    const uint8_t *p, *end;
-    int bad;
-};
-
-static uint64_t uleb(struct cursor *c) {
-    uint64_t v = 0;
-    for (unsigned shift = 0; c->p < c->end; shift += 7) {
-        uint8_t b = *c->p++;
-        if (shift < 64)
-            v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80))
-            return v;
-    }
-    c->bad = 1;
-    return 0;
-}
-
-static int64_t sleb(struct cursor *c) {
-    int64_t v = 0;
-    unsigned shift = 0;
-    uint8_t b = 0x80;
-    while (c->p < c->end && (b & 0x80)) {
-        b = *c->p++;
-        if (shift < 64)
-            v |= (int64_t)((uint64_t)(b & 0x7f) << shift);
-        shift += 7;
-    }
-    if (b & 0x80)
-        c->bad = 1;
-    else if (shift < 64 && (b & 0x40))
-        v |= -(int64_t)((uint64_t)1 << shift);
-    return v;
-}
-
-static uint64_t fixed(struct cursor *c, size_t n) {
-    if ((size_t)(c->end - c->p) < n) {
-        c->bad = 1;
-        return 0;
-    }
-    uint64_t v = 0;
-    memcpy(&v, c->p, n); /* little-endian */
-    c->p += n;
-    return v;
-}
-
-/* A pointer in DW_EH_PE encoding; datarel is relative to base. */
-static uint64_t encoded(struct cursor *c, uint8_t enc, uintptr_t base) {
-    if (enc == DW_EH_PE_omit)
-        return 0;
-    uintptr_t at = (uintptr_t)c->p;
-    uint64_t v;
-    switch (enc & DW_EH_PE_FORMAT_MASK) {
-    case DW_EH_PE_absptr:
-        v = fixed(c, 8);
-        break;
-    case DW_EH_PE_uleb128:
-        v = uleb(c);
-        break;
-    case DW_EH_PE_udata2:
-        v = fixed(c, 2);
-        break;
-    case DW_EH_PE_udata4:
-        v = fixed(c, 4);
-        break;
-    case DW_EH_PE_udata8:
-        v = fixed(c, 8);
-        break;
-    case DW_EH_PE_sleb128:
-        v = (uint64_t)sleb(c);
-        break;
-    case DW_EH_PE_sdata2:
-        v = (uint64_t)(int64_t)(int16_t)fixed(c, 2);
-        break;
-    case DW_EH_PE_sdata4:
-        v = (uint64_t)(int64_t)(int32_t)fixed(c, 4);
-        break;
-    case DW_EH_PE_sdata8:
-        v = fixed(c, 8);
-        break;
-    default:
-        c->bad = 1;
-        return 0;
-    }
-    switch (enc & DW_EH_PE_APPL_MASK) {
-    case DW_EH_PE_absptr:
-        break;
-    case DW_EH_PE_pcrel:
-        v += at;
-        break;
-    case DW_EH_PE_datarel:
-        v += base;
-        break;
-    default:
-        c->bad = 1;
-        return 0;
-    }
-    if (enc & DW_EH_PE_indirect) /* never used for code addresses */
-        c->bad = 1;
-    return v;
-}
+/* ---- reading .eh_frame (the readers are in dwarf_cfi.h) ------------------ */
 
 /* Rules of the registers that matter, while running CFA instructions. */
 enum { R_UNSET, R_OFFSET, R_UNDEF, R_SAME };
@@ -440,12 +340,3 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
     out->cfa_bp = s.cfa_reg == REG_FP;
     out->kind = MT_RULE_FRAME;
 }
-
-#else
-
-void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loads) {
-    (void)target, (void)loads;
-    out->kind = 0; /* not modelled here: the walker hands every stack to libunwind */
-}
-
-#endif

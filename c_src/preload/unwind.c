@@ -30,7 +30,9 @@ void mt_unwind_count_fallback(void) {
     atomic_fetch_add_explicit(&fallbacks, 1, memory_order_relaxed);
 }
 
-#if (defined(__x86_64__) || defined(__aarch64__)) && defined(__linux__)
+#if !(defined(__x86_64__) || defined(__aarch64__)) || !defined(__linux__)
+#error "mtrace's walker supports Linux on x86-64 and aarch64"
+#endif
 
 #include <stddef.h>
 #include <string.h>
@@ -216,59 +218,7 @@ static inline uintptr_t return_address(uintptr_t word) {
 #endif
 }
 
-/* ---- the bounds of this thread's stack ---------------------------------- */
-
-#if defined(__GLIBC__)
-extern void *__libc_stack_end; /* ld.so: where the main thread's stack begins */
-/* argv, the environment and the auxiliary vector (hundreds of bytes at
- * least) lie above it. */
-#define MAIN_STACK_TOP() ((uintptr_t)__libc_stack_end + 256)
-#else
-#include <sys/auxv.h>
-/* musl has no __libc_stack_end: the kernel puts the program's file name
- * (AT_EXECFN) at the very top of the main thread's stack. */
-#define MAIN_STACK_TOP() ((uintptr_t)getauxval(AT_EXECFN))
-#endif
-
-#define MAX_STACK ((uintptr_t)1 << 30)
-
-static __thread uintptr_t stack_top __attribute__((tls_model("initial-exec")));
-/* 1 in the process's main thread (whose thread id is the process id), 2 in
- * any other, 0 until known.  A fork child's only thread keeps its parent
- * thread's answer: a thread's stack and thread pointer stay as they were. */
-static __thread int8_t is_main __attribute__((tls_model("initial-exec")));
-
-/* Above every frame of this thread, and below it all is mapped; 0 when it
- * cannot be known (a thread on a stack libc did not set up, such as a
- * coroutine's), and then the walk is left to libunwind.  glibc and musl put
- * a thread's control block at the top of its stack, and the thread pointer
- * (%fs:0 on x86-64; TPIDR_EL0 on aarch64, just above the control block)
- * there; the main thread's stack ends at MAIN_STACK_TOP. */
-static uintptr_t top_of_stack(uintptr_t sp) {
-    uintptr_t top = stack_top;
-    if (top > sp && top - sp < MAX_STACK)
-        return top;
-    uintptr_t tp;
-#if defined(__x86_64__)
-    __asm__("mov %%fs:0, %0" : "=r"(tp));
-#else
-    __asm__("mrs %0, tpidr_el0" : "=r"(tp));
-#endif
-    uintptr_t end = MAIN_STACK_TOP();
-    /* The main thread's thread pointer is not on its stack, and may lie above
-     * it within MAX_STACK with unmapped pages between (qemu-user maps the
-     * stack below the libraries): the main thread only trusts its own end. */
-    if (!is_main)
-        is_main = syscall(SYS_gettid) == getpid() ? 1 : 2;
-    if (is_main == 2 && tp > sp && tp - sp < MAX_STACK)
-        top = tp;
-    else if (is_main == 1 && end > sp && end - sp < MAX_STACK)
-        top = end;
-    else
-        return 0;
-    stack_top = top;
-    return top;
-}
+#include "stack_bounds.h"
 
 /* The walker reads other frames' stack words on purpose. */
 #define READS_STACK __attribute__((no_sanitize_address))
@@ -443,16 +393,3 @@ give_up:
     last_n = 0;
     return -1 - n;
 }
-
-#else /* neither x86-64 nor aarch64 Linux */
-
-int mt_unwind(uintptr_t *out, int max, int *same) {
-    (void)out;
-    (void)max;
-    *same = 0;
-    return -1;
-}
-
-void mt_unwind_forget(void) {}
-
-#endif
