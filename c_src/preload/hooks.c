@@ -41,9 +41,18 @@ EXPORT void *calloc(size_t n, size_t size) {
     return libc_calloc(n, size);
 }
 
-EXPORT void free(void *p) {
-    mt_freeing(p);
+/* free likewise: the common cases end in a tail call to libc. */
+static COLD void free_tracked(void *p, int verdict) {
+    mt_free_slow(p, verdict == 2);
     libc_free(p);
+}
+
+EXPORT void free(void *p) {
+    int verdict = mt_free_verdict(p);
+    if (mt_likely(verdict == 0))
+        libc_free(p);
+    else
+        free_tracked(p, verdict);
 }
 
 EXPORT void *realloc(void *p, size_t n) {

@@ -65,8 +65,8 @@ extern MT_TLS struct mt_thread mt_me;
 /* Out of line: the work behind the decisions below. */
 int mt_will_record_slow(enum mtrace_fn fn, size_t n);
 void mt_record_now(void *p, size_t n);
-void mt_free_slow(void *p, int counted);
-void mt_seen(enum mtrace_fn fn); /* counts a call that allocates nothing */
+void mt_free_slow(void *p, int counted); /* after mt_free_verdict */
+void mt_seen(enum mtrace_fn fn);         /* counts a call that allocates nothing */
 
 static inline enum mt_gate mt_gate(void) {
     return (enum mt_gate)atomic_load_explicit(&mt_state.gate, memory_order_relaxed);
@@ -128,24 +128,24 @@ static inline void *mt_recorded(void *p, size_t n) {
     return p;
 }
 
-/* Before a block goes back to libc: counts the free and forgets p if the
- * table may hold it.  Inline up to the table's lock-free filters, which
- * answer most frees. */
-static inline void mt_freeing(void *p) {
+/* The first look at a free, inline and free of calls: 0 when p goes
+ * straight back to libc (the free counted if tracked), else what
+ * mt_free_slow must do before it: 1 decide and count, 2 forget p only (the
+ * free counted).  Most frees are answered by the table's lock-free filters. */
+static inline int mt_free_verdict(void *p) {
     enum mt_gate g = mt_gate();
     if (mt_likely(g == MT_GATE_INERT))
-        return;
+        return 0;
     int counted = 0;
     if (mt_unlikely(g != MT_GATE_LIBC)) {
-        if (!mt_thread_fast(g)) {
-            mt_free_slow(p, 0);
-            return;
-        }
+        if (!mt_thread_fast(g))
+            return 1;
         mt_counts_bump(&mt_me.counts, MT_FN_FREE);
         counted = 1;
     }
     if (mt_unlikely(p && mt_table_may_hold((uintptr_t)p)))
-        mt_free_slow(p, counted);
+        return 1 + counted;
+    return 0;
 }
 
 /* A realloc moves a block: its old entry is taken out before the call and
