@@ -35,10 +35,13 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_libc $(BUILD)/test_interpose_stress $(BUILD)/test_interpose_concurrent \
 	$(BUILD)/test_interpose_fork $(BUILD)/test_interpose_dlopen $(BUILD)/test_interpose_growth
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
+	$(BUILD)/test_elf_symtab \
 	$(BUILD)/test_unwind $(BUILD)/test_erlang_frames $(INTERPOSE_TESTS)
 ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_query \
-	$(BUILD)/asan_test_symbols $(BUILD)/asan_test_unwind $(BUILD)/asan_test_erlang_frames
-VALGRIND_TESTS = $(BUILD)/test_table $(BUILD)/test_query $(BUILD)/test_config $(BUILD)/test_symbols
+	$(BUILD)/asan_test_symbols $(BUILD)/asan_test_elf_symtab $(BUILD)/asan_test_unwind \
+	$(BUILD)/asan_test_erlang_frames
+VALGRIND_TESTS = $(BUILD)/test_table $(BUILD)/test_query $(BUILD)/test_config $(BUILD)/test_symbols \
+	$(BUILD)/test_elf_symtab
 DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so
 # The preload without its exported hooks, for test_query; parts for the
 # tests of single parts.
@@ -186,6 +189,16 @@ $(BUILD)/dl_fixture_a.so: test/c/dl_fixture.c $(MAKEVARS)
 $(BUILD)/dl_fixture_b.so: test/c/dl_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -DFIXTURE_FRAME=65536 $(SO_LDFLAGS) -o $@ test/c/dl_fixture.c
+
+$(BUILD)/test_elf_symtab: test/c/test_elf_symtab.c test/c/check.h c_src/nif/elf_symtab.c $(SYM_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -g -Ic_src -Ic_src/nif -o $@ test/c/test_elf_symtab.c c_src/nif/elf_symtab.c
+
+$(BUILD)/asan_test_elf_symtab: test/c/test_elf_symtab.c test/c/check.h c_src/nif/elf_symtab.c $(SYM_HDR) \
+		$(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -g -Ic_src -Ic_src/nif -o $@ test/c/test_elf_symtab.c \
+		c_src/nif/elf_symtab.c
 
 $(BUILD)/test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) c_src/preload/objects.c $(MAKEVARS)
 	@mkdir -p $(BUILD)

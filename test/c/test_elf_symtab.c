@@ -1,0 +1,108 @@
+/*
+ * The ELF symbol reader (c_src/nif/elf_symtab.c) on its own: a static
+ * function of this program is named from the file on disk, and truncated or
+ * corrupted copies of the file, missing files, empty ones and directories
+ * never crash it.
+ */
+#define _GNU_SOURCE
+#include <link.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "symbols.h"
+
+/* Named only by .symtab: static, never inlined or cloned. */
+static __attribute__((noinline, noclone)) int static_target(void) {
+    __asm__ volatile("" ::: "memory");
+    return 7;
+}
+
+static int first_object(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    *(uintptr_t *)arg = (uintptr_t)info->dlpi_addr;
+    return 1; /* the main program comes first */
+}
+
+/* This program's load bias: run-time address = bias + link-time address. */
+static uintptr_t main_bias(void) {
+    uintptr_t bias = 0;
+    dl_iterate_phdr(first_object, &bias);
+    return bias;
+}
+
+/* Truncated and corrupted copies of this executable must never crash the ELF reader. */
+static void test_corrupt_elf(void) {
+    uintptr_t vaddr = (uintptr_t)static_target - main_bias() + 1;
+
+    FILE *in = fopen("/proc/self/exe", "rb");
+    CHECK(in != NULL);
+    if (!in)
+        return;
+    size_t cap = 1 << 20, size = 0, got;
+    unsigned char *img = malloc(cap);
+    while (img && (got = fread(img + size, 1, cap - size, in)) > 0)
+        if ((size += got) == cap)
+            img = realloc(img, cap *= 2);
+    fclose(in);
+    CHECK(img != NULL && size > 64);
+    if (!img)
+        return;
+
+    char path[] = "/tmp/mt_elf_symtab_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) {
+        free(img);
+        return;
+    }
+    close(fd);
+    unsigned char *copy = malloc(size);
+    char name[MT_SYM_TEXT];
+    unsigned long long seed = 42;
+    int intact = -1, survived = 0;
+    for (int round = 0; round < 400; round++) {
+        size_t len = size;
+        memcpy(copy, img, size);
+        if (round >= 1 && round < 40) { /* truncations, from nothing to all but the last byte */
+            static const size_t fixed[] = {0, 1, 4, 16, 63, 64, 65, 100, 4096};
+            len = round - 1 < 9 ? fixed[round - 1] : size - size / (size_t)(round - 8);
+        } else if (round >= 40) { /* random bytes: header, section headers, tail of the file */
+            for (int k = 0; k < 16; k++) {
+                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                size_t where = (seed >> 33) % 3 == 0   ? (seed >> 17) % 64
+                               : (seed >> 33) % 3 == 1 ? size - 1 - (seed >> 17) % 4096
+                                                       : size - 1 - (seed >> 17) % (size / 4);
+                copy[where] = (unsigned char)(seed >> 8);
+            }
+        }
+        FILE *out = fopen(path, "wb");
+        if (!out || fwrite(copy, 1, len, out) != len) {
+            if (out)
+                fclose(out);
+            break;
+        }
+        fclose(out);
+        int rc = mt_symbols_file_symbol(path, vaddr, name, sizeof name);
+        if (round == 0)
+            intact = rc == 0 && strcmp(name, "static_target") == 0;
+        survived++;
+    }
+    unlink(path);
+    free(copy);
+    free(img);
+    CHECK_EQ(intact, 1); /* the intact copy names static_target */
+    CHECK_EQ(survived, 400);
+    CHECK_EQ(mt_symbols_file_symbol("/nonexistent", 0x1000, name, sizeof name), -1);
+    CHECK_EQ(mt_symbols_file_symbol("/dev/null", 0x1000, name, sizeof name), -1);
+    CHECK_EQ(mt_symbols_file_symbol("/proc/self", 0x1000, name, sizeof name), -1);
+}
+
+int main(void) {
+    CHECK_EQ(static_target(), 7);
+    test_corrupt_elf();
+    return check_summary();
+}
