@@ -30,6 +30,12 @@ fi
 if stale "$build/vm_churn.beam" "$src/vm_churn.erl"; then
     erlc -o "$build" "$src/vm_churn.erl"
 fi
+if stale "$build/vm_mixed.beam" "$src/vm_mixed.erl"; then
+    erlc -o "$build" "$src/vm_mixed.erl"
+fi
+# The mixed row needs jiffy (Debian: erlang-jiffy); without it the row is left out.
+mixed_rounds=40000
+has_jiffy=$(erl -noshell -eval 'io:format("~p", [code:which(jiffy) =/= non_existing]), halt().')
 # mtrace's NIF module, laid out as an application (mtrace/ebin, mtrace/priv)
 # so that code:priv_dir(mtrace) finds the NIF built in PRIV.
 app=$build/vm_app/mtrace
@@ -59,6 +65,14 @@ churn_nif() { # churn_nif FRAMES [ENV=VALUE...]: with mtrace's NIF; FRAMES = tru
             /^wall_ms/ { ms = $2 }
             END { if (on == want) print ms; else print "erlang_frames " on ", not " want > "/dev/stderr" }'
 }
+mixed() { # mixed [ENV=VALUE...] -> prints the mixed workload's wall ms
+    env "$@" erl -noshell -pa "$build" -run vm_mixed main "$mixed_rounds" | awk '/^wall_ms/ { print $2 }'
+}
+mixed_nif() { # mixed_nif [ENV=VALUE...] -> the same with mtrace's NIF; mallocs go to the samples
+    env "$@" erl -noshell -pa "$build" -run vm_mixed main "$mixed_rounds" "$app/ebin" >"$tmp/mixed.out"
+    awk '/^mallocs/ { print "mixed_mallocs", $2 }' "$tmp/mixed.out" >>"$tmp/samples"
+    awk '/^wall_ms/ { print $2 }' "$tmp/mixed.out"
+}
 boot() { # boot [ENV=VALUE...] -> prints ms from exec to exit, as a user sees it
     t0=$(date +%s%N)
     env "$@" erl -noshell -eval 'halt().'
@@ -81,6 +95,11 @@ while [ "$r" -le "$rounds" ]; do
     sample enif_bare churn_enif ""
     sample enif_routed churn_enif "+MRe false"
     sample enif_routed_pre churn_enif "+MRe false" "$pre"
+    if [ "$has_jiffy" = true ]; then
+        sample mixed_bare mixed
+        sample mixed_pre mixed_nif "$pre"
+        sample mixed_sampling mixed "$pre" MTRACE_SAMPLE_BYTES=524288
+    fi
     b=1
     while [ "$b" -le "$boots" ]; do
         sample boot_bare boot
@@ -91,7 +110,8 @@ while [ "$r" -le "$rounds" ]; do
 done
 
 # Median per variant (every boot is a sample), then the markdown rows.
-sort -k1,1 -k2,2n "$tmp/samples" | awk -v rounds="$rounds" -v boots="$boots" -v pairs="$pairs" '
+sort -k1,1 -k2,2n "$tmp/samples" | awk -v rounds="$rounds" -v boots="$boots" -v pairs="$pairs" \
+    -v mixed_rounds="$mixed_rounds" '
 { n[$1]++; v[$1, n[$1]] = $2 }
 END {
     for (k in n) { c = n[k]; med[k] = (c % 2) ? v[k, (c + 1) / 2] : (v[k, c / 2] + v[k, c / 2 + 1]) / 2 }
@@ -101,10 +121,20 @@ END {
     row("same, with Erlang frames (MTRACE_ERLANG on)", "churn_bare", "churn_erl")
     row("same, sampling (MTRACE_SAMPLE_BYTES=524288)", "churn_bare", "churn_sampling")
     row("node boot + halt", "boot_bare", "boot_pre")
+    if ("mixed_bare" in med) {
+        row("mixed node work, lossless", "mixed_bare", "mixed_pre")
+        row("mixed node work, sampling (MTRACE_SAMPLE_BYTES=524288)", "mixed_bare", "mixed_sampling")
+    }
     printf "\nMedian of %d interleaved rounds (boot: of all %d boots). Churn: %d malloc/free pairs " \
         "(16-1040 bytes, live window 4096) in a dirty CPU NIF while 4 Erlang processes pass maps " \
         "and binaries until it ends; boot: erl -noshell -eval '"'"'halt().'"'"', exec to exit.\n",
         rounds, rounds * boots, pairs
+    if ("mixed_bare" in med)
+        printf "\nMixed node work (bench/vm_mixed.erl): 4 processes x %d rounds of a JSON document " \
+            "through jiffy, term_to_binary/binary_to_term, ETS insert/lookup/delete, crypto sha256 and " \
+            "random bytes, zlib compress/uncompress and a message round trip; the preload saw %.0f " \
+            "malloc-family calls in it, %.0f per second of the lossless run.\n",
+            mixed_rounds, med["mixed_mallocs"], med["mixed_mallocs"] * 1000 / med["mixed_pre"]
     print ""
     print "| enif_alloc churn in a dirty NIF (bench/vm.sh), wall ms | driver_alloc | +MRe false (glibc malloc) | +MRe false, preloaded |"
     print "|---|---|---|---|"
