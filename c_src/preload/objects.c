@@ -11,6 +11,7 @@ struct walk {
     uintptr_t addr; /* 0 = every object */
     uint32_t index;
     int found;
+    uint64_t generation; /* the same in every entry: kept from the first */
     struct mtrace_object *out;
 };
 
@@ -31,6 +32,7 @@ static int visit(struct dl_phdr_info *info, size_t size, void *arg) {
     struct walk *w = arg;
     struct mtrace_object o;
     describe(info, size, w->index++, &o);
+    w->generation = o.generation;
     if (!w->addr)
         return w->fn(w->ctx, &o);
     for (int i = 0; i < info->dlpi_phnum; i++) {
@@ -48,19 +50,18 @@ static int visit(struct dl_phdr_info *info, size_t size, void *arg) {
 }
 
 void mt_objects_each(mtrace_object_fn fn, void *ctx) {
-    struct walk w = {fn, ctx, 0, 0, 0, NULL};
+    struct walk w = {fn, ctx, 0, 0, 0, 0, NULL};
     if (fn)
         dl_iterate_phdr(visit, &w);
 }
 
 enum mtrace_result mt_object_at(uintptr_t addr, struct mtrace_object *out) {
-    struct walk w = {NULL, NULL, addr, 0, 0, out};
+    struct walk w = {NULL, NULL, addr ? addr : 1, 0, 0, 0, out};
     if (!out)
         return MTRACE_ERR_ARGUMENT;
-    out->generation = mt_objects_generation(); /* stays when no object holds addr */
-    if (addr)
-        dl_iterate_phdr(visit, &w);
-    return w.found ? MTRACE_OK : MTRACE_ERR_ARGUMENT;
+    dl_iterate_phdr(visit, &w); /* one pass: the generation comes with the lookup */
+    out->generation = w.generation;
+    return w.found && addr ? MTRACE_OK : MTRACE_ERR_ARGUMENT;
 }
 
 static int generation_of(struct dl_phdr_info *info, size_t size, void *arg) {
