@@ -25,13 +25,12 @@ struct olds_scan {
     const struct mtrace_query *q;
 };
 
-static void olds_shard(void *ctx, const struct mt_slot *slots, size_t cap) {
+static void olds_entries(void *ctx, const struct mt_entry *e, size_t n) {
     struct olds_scan *o = ctx;
-    for (size_t i = 0; i < cap; i++) {
-        const struct mt_slot *s = &slots[i];
-        if (!s->addr || !mt_query_matches(s, o->q))
+    for (size_t i = 0; i < n; i++) {
+        if (!mt_query_matches(&e[i], o->q))
             continue;
-        struct mtrace_alloc a = {s->addr, s->size, mt_slot_time(s), mt_slot_stack(s), 0};
+        struct mtrace_alloc a = {e[i].addr, e[i].size, e[i].t_ms, e[i].stack, 0};
         mt_topn_offer(&o->top, &a);
     }
 }
@@ -47,7 +46,7 @@ enum mtrace_result mt_olds(const struct mtrace_query *q, struct mtrace_alloc *ou
         return MTRACE_OK;
     mt_worse_fn worse = q->order == MTRACE_BY_OLDEST ? younger : smaller;
     struct olds_scan o = {{(char *)out, 0, (size_t)q->limit, sizeof *out, worse}, q};
-    mt_table_scan(olds_shard, &o);
+    mt_table_scan(olds_entries, &o);
     *written = mt_topn_sort(&o.top);
     return MTRACE_OK;
 }

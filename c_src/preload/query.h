@@ -12,11 +12,10 @@ static inline int mt_query_keeps_stack(const struct mtrace_query *q, uint32_t id
     return !q->stack_set || (id < q->stack_set_bits && ((q->stack_set[id / 64] >> (id % 64)) & 1u));
 }
 
-/* Whether a non-empty slot is one q considers. */
-static inline int mt_query_matches(const struct mt_slot *s, const struct mtrace_query *q) {
-    uint64_t t = mt_slot_time(s);
-    return t >= q->min_t_ms && t <= q->max_t_ms && s->size >= q->min_size &&
-           s->size <= q->max_size && mt_query_keeps_stack(q, mt_slot_stack(s));
+/* Whether an entry is one q considers. */
+static inline int mt_query_matches(const struct mt_entry *e, const struct mtrace_query *q) {
+    return e->t_ms >= q->min_t_ms && e->t_ms <= q->max_t_ms && e->size >= q->min_size &&
+           e->size <= q->max_size && mt_query_keeps_stack(q, e->stack);
 }
 
 /* api->olds and api->sites (see mtrace_api.h). */

@@ -27,15 +27,15 @@ struct sites_scan {
     const struct mtrace_query *q;
 };
 
-static void sites_shard(void *ctx, const struct mt_slot *slots, size_t cap) {
+static void sites_entries(void *ctx, const struct mt_entry *e, size_t n) {
     struct sites_scan *sc = ctx;
-    for (size_t i = 0; i < cap; i++) {
-        const struct mt_slot *s = &slots[i];
-        uint32_t id = mt_slot_stack(s);
-        if (!s->addr || id >= sc->ids || !mt_query_matches(s, sc->q))
+    for (size_t i = 0; i < n; i++) {
+        const struct mt_entry *s = &e[i];
+        uint32_t id = s->stack;
+        if (id >= sc->ids || !mt_query_matches(s, sc->q))
             continue;
         struct group *g = &sc->groups[id];
-        uint64_t t = mt_slot_time(s);
+        uint64_t t = s->t_ms;
         if (!g->count || t < g->oldest)
             g->oldest = t;
         if (!g->count || t > g->newest)
@@ -102,7 +102,7 @@ enum mtrace_result mt_sites(const struct mtrace_query *q, struct mtrace_site *ou
     if (groups == MAP_FAILED)
         return MTRACE_ERR_NO_MEMORY;
     struct sites_scan sc = {groups, ids, q};
-    mt_table_scan(sites_shard, &sc);
+    mt_table_scan(sites_entries, &sc);
 
     struct mt_topn top = {(char *)out, 0, (size_t)q->limit, sizeof *out, worse[q->order]};
     struct mtrace_site sum = {0, 0, 0, 0, 0, 0, 0, 0};

@@ -2,9 +2,10 @@
  * The live-allocation table: address -> (size, time, stack).
  *
  * Lossless by design: entries stay until their block is freed or the table is
- * reset.  It is split into shards, each an open-addressing hash table behind
- * its own spinlock, so threads that allocate at once rarely meet on a lock or
- * a cache line.  All of its memory comes from mmap, never from malloc.
+ * reset.  It is split into shards, each an extendible hash table behind its
+ * own spinlock, so threads that allocate at once rarely meet on a lock or a
+ * cache line, and growth never moves more than one bucket.  All of its
+ * memory comes from mmap (table_mem.c), never from malloc.
  */
 #ifndef MT_TABLE_H
 #define MT_TABLE_H
@@ -19,20 +20,12 @@
 #define MT_SHARD_BITS 9
 #define MT_SHARDS (1u << MT_SHARD_BITS)
 
-/* A slot packs time and stack into one word: 40 bits of milliseconds
- * (34 years) and the stack id (MTRACE_STACK_ID_BITS). */
-#define MT_STACK_BITS MTRACE_STACK_ID_BITS
-
-struct mt_slot {
-    uint64_t addr; /* 0 = empty */
-    uint64_t size;
-    uint64_t meta; /* t_ms << MT_STACK_BITS | stack_id */
+/* One live allocation, as the table's readers and writers see it (the
+ * table stores it packed, in 16 bytes: see table.c). */
+struct mt_entry {
+    uint64_t addr, size, t_ms;
+    uint32_t stack;
 };
-
-static inline uint64_t mt_slot_time(const struct mt_slot *s) { return s->meta >> MT_STACK_BITS; }
-static inline uint32_t mt_slot_stack(const struct mt_slot *s) {
-    return (uint32_t)(s->meta & MTRACE_MAX_STACK_ID);
-}
 
 enum mt_insert_result { MT_INSERTED, MT_REPLACED, MT_DROPPED };
 
@@ -72,16 +65,16 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
                                       uint32_t stack_id);
 
 /* Forgets a block; returns 1 and copies the entry to *old when it was there. */
-int mt_table_remove(uint64_t addr, struct mt_slot *old);
+int mt_table_remove(uint64_t addr, struct mt_entry *old);
 
-/* Forgets everything (large slot arrays go back to the system, small ones to
- * a free list for reuse); returns the count. */
+/* Forgets everything and gives all of the table's memory back to the
+ * system, in a few munmap calls; returns the count. */
 uint64_t mt_table_reset(void);
 
-/* Calls fn once per shard, under that shard's lock, with its slot array
- * (empty slots have addr 0).  fn must not allocate through malloc. */
-typedef void (*mt_shard_fn)(void *ctx, const struct mt_slot *slots, size_t cap);
-void mt_table_scan(mt_shard_fn fn, void *ctx);
+/* Calls fn with every entry, n at a time (n > 0), under the lock of the
+ * shard they belong to.  fn must not allocate through malloc. */
+typedef void (*mt_entries_fn)(void *ctx, const struct mt_entry *e, size_t n);
+void mt_table_scan(mt_entries_fn fn, void *ctx);
 
 struct mt_table_figures {
     uint64_t live_count, live_bytes, table_bytes, dropped, replaced;
@@ -95,7 +88,7 @@ void mt_table_lock_all(void);
 void mt_table_unlock_all(void);
 
 /* Test hook: when set, the table asks it instead of mmap for every mapping
- * (1 MiB chunks of small slot arrays, and large slot arrays). */
+ * (see table_mem.h). */
 extern void *(*mt_table_map_hook)(size_t bytes);
 
 #endif

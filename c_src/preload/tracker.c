@@ -147,7 +147,7 @@ __attribute__((noinline)) void mt_record_now(void *p, size_t size) {
     errno = saved;
 }
 
-static __attribute__((noinline)) int forget_now(void *p, struct mt_slot *old) {
+static __attribute__((noinline)) int forget_now(void *p, struct mt_entry *old) {
     unsigned char was = mt_tracker_enter();
     int found = mt_table_remove((uintptr_t)p, old);
     mt_tracker_leave(was);
@@ -155,7 +155,7 @@ static __attribute__((noinline)) int forget_now(void *p, struct mt_slot *old) {
 }
 
 /* Removes p from the table; returns 1 (and the entry) if it was recorded. */
-static inline int forget(void *p, struct mt_slot *old) {
+static inline int forget(void *p, struct mt_entry *old) {
     if (!p || !mt_table_may_hold((uintptr_t)p) || mt_me.f.b.busy >= MT_BUSY_LOCKED)
         return 0;
     return forget_now(p, old);
@@ -187,7 +187,7 @@ void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n) {
     } else if (r->had && n != 0) { /* failed: p is still allocated (n == 0 freed it) */
         int saved = errno;
         unsigned char was = mt_me.f.b.busy;
-        insert(r->old.addr, r->old.size, mt_slot_time(&r->old), mt_slot_stack(&r->old));
+        insert(r->old.addr, r->old.size, r->old.t_ms, r->old.stack);
         mt_me.f.b.busy = was;
         errno = saved;
     }

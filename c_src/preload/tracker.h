@@ -152,7 +152,7 @@ static inline int mt_free_verdict(void *p) {
  * put back if the call fails (the block is then still allocated). */
 struct mt_realloc {
     int track, had;
-    struct mt_slot old;
+    struct mt_entry old;
 };
 void mt_realloc_begin(struct mt_realloc *r, void *p, enum mtrace_fn fn);
 void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n);

@@ -12,31 +12,30 @@ struct tally {
     uint64_t count, bytes, sum_addr;
 };
 
-static void tally_shard(void *ctx, const struct mt_slot *slots, size_t cap) {
+static void tally_entries(void *ctx, const struct mt_entry *e, size_t n) {
     struct tally *t = ctx;
-    for (size_t i = 0; i < cap; i++)
-        if (slots[i].addr) {
-            t->count++;
-            t->bytes += slots[i].size;
-            t->sum_addr += slots[i].addr;
-        }
+    for (size_t i = 0; i < n; i++) {
+        t->count++;
+        t->bytes += e[i].size;
+        t->sum_addr += e[i].addr;
+    }
 }
 
 static struct tally scan(void) {
     struct tally t = {0, 0, 0};
-    mt_table_scan(tally_shard, &t);
+    mt_table_scan(tally_entries, &t);
     return t;
 }
 
 static void test_basics(void) {
-    struct mt_slot old;
+    struct mt_entry old;
     CHECK_EQ(mt_table_insert(0x1000, 10, 5, 7), MT_INSERTED);
     CHECK_EQ(mt_table_insert(0x1010, 20, 6, 8), MT_INSERTED);
     CHECK_EQ(mt_table_insert(0x1000, 30, 9, 9), MT_REPLACED);
     CHECK(mt_table_remove(0x1000, &old));
     CHECK_EQ(old.size, 30);
-    CHECK_EQ(mt_slot_time(&old), 9);
-    CHECK_EQ(mt_slot_stack(&old), 9);
+    CHECK_EQ(old.t_ms, 9);
+    CHECK_EQ(old.stack, 9);
     CHECK(!mt_table_remove(0x1000, NULL));
     CHECK(!mt_table_remove(0x9990, NULL));
     struct mt_table_figures f;
@@ -47,7 +46,66 @@ static void test_basics(void) {
     CHECK_EQ(mt_table_reset(), 1);
     mt_table_figures(&f);
     CHECK_EQ(f.live_count, 0);
-    CHECK_EQ(f.table_bytes, 1u << 20); /* the chunk of small arrays stays for reuse */
+    CHECK_EQ(f.table_bytes, 0); /* all of it back to the system */
+}
+
+/* What a 16-byte slot cannot hold goes to the spill, and comes back exact:
+ * sizes of 256 MiB and more, odd and high addresses, and the same address
+ * moving between slot and spill as its free is missed. */
+static void test_spill(void) {
+    const uint64_t big = (uint64_t)1 << 40, high = (uint64_t)1 << 50;
+    struct mt_entry old;
+    struct mt_table_figures f;
+    mt_table_figures(&f);
+    uint64_t replaced = f.replaced; /* counted since the start, across resets */
+    CHECK_EQ(mt_table_insert(0x2000, big, 11, 3), MT_INSERTED);
+    CHECK_EQ(mt_table_insert(0x2008, 5, 12, 4), MT_INSERTED);    /* not 16-aligned */
+    CHECK_EQ(mt_table_insert(high + 16, 6, 13, 5), MT_INSERTED); /* above 2^48 */
+    CHECK_EQ(mt_table_insert(0x2010, (1u << 28) - 1, 14, MTRACE_MAX_STACK_ID), MT_INSERTED);
+    struct tally t = scan();
+    CHECK_EQ(t.count, 4);
+    CHECK_EQ(t.bytes, big + 5 + 6 + (1u << 28) - 1);
+    CHECK_EQ(t.sum_addr, 0x2000 + 0x2008 + high + 16 + 0x2010);
+    CHECK(mt_table_remove(0x2010, &old)); /* the largest size a slot holds */
+    CHECK_EQ(old.size, (1u << 28) - 1);
+    CHECK_EQ(old.stack, MTRACE_MAX_STACK_ID);
+    CHECK_EQ(old.t_ms, 14);
+    /* A missed free: the slot's small block becomes a big one, and back. */
+    CHECK_EQ(mt_table_insert(0x3000, 7, 15, 6), MT_INSERTED);
+    CHECK_EQ(mt_table_insert(0x3000, big, 16, 7), MT_REPLACED);
+    CHECK_EQ(mt_table_insert(0x2000, 8, 17, 8), MT_REPLACED);
+    CHECK(mt_table_remove(0x3000, &old));
+    CHECK_EQ(old.size, big);
+    CHECK_EQ(old.t_ms, 16);
+    CHECK(mt_table_remove(0x2000, &old));
+    CHECK_EQ(old.size, 8);
+    CHECK(mt_table_remove(0x2008, &old));
+    CHECK_EQ(old.size, 5);
+    CHECK_EQ(old.stack, 4);
+    CHECK(mt_table_remove(high + 16, &old));
+    CHECK_EQ(old.t_ms, 13);
+    CHECK(!mt_table_remove(high + 16, NULL));
+    mt_table_figures(&f);
+    CHECK_EQ(f.live_count, 0);
+    CHECK_EQ(f.live_bytes, 0);
+    CHECK_EQ(f.replaced - replaced, 2);
+    CHECK_EQ(mt_table_reset(), 0);
+}
+
+/* Times are exact for 2^31 ms from an hour before the first entry, then
+ * kept in steps of 1024 ms, never later than they were.  test_basics made
+ * the first entry, at 5 ms: the epoch is 0. */
+static void test_times(void) {
+    struct mt_entry old;
+    const uint64_t day = 86400000, t0 = 0;
+    uint64_t ts[] = {t0, t0 + 1, t0 + (1ull << 31) - 1, t0 + 30 * day, t0 + 20000 * day};
+    for (unsigned i = 0; i < sizeof ts / sizeof *ts; i++) {
+        mt_table_insert(0x4000, 1, ts[i], 1);
+        CHECK(mt_table_remove(0x4000, &old));
+        CHECK(old.t_ms <= ts[i]);
+        CHECK(ts[i] - old.t_ms < (ts[i] - t0 < (1ull << 31) ? 1 : 1024));
+    }
+    mt_table_reset();
 }
 
 /* Grows every shard many times over, then empties it in a scattered order:
@@ -59,7 +117,7 @@ static void test_growth(void) {
     struct mt_table_figures f;
     mt_table_figures(&f);
     CHECK_EQ(f.live_count, n);
-    CHECK(f.table_bytes / n <= 64);
+    CHECK(f.table_bytes / n <= 40);
     printf("table bytes per live entry at %llu entries: %.1f\n", (unsigned long long)n,
            (double)f.table_bytes / (double)n);
     int missing = 0;
@@ -145,6 +203,8 @@ static void test_map_failure(void) {
 
 int main(void) {
     test_basics();
+    test_spill();
+    test_times();
     test_growth();
     test_threads();
     test_map_failure();

@@ -1,0 +1,129 @@
+/*
+ * The table's memory (see table_mem.h): chunks mapped one after another,
+ * blocks bump-allocated from them, given-back blocks on free lists by size.
+ *
+ * The first chunk is small and filled lazily, as a small process needs a few
+ * dozen KiB of table at most.  Later chunks are mapped with MAP_POPULATE:
+ * the table writes all over them soon anyway, and one populating call costs
+ * about a twentieth of faulting the same pages in one by one.  Chunks are
+ * capped at 4 MiB so that populating one never stalls the malloc that asked
+ * for it by more than about a millisecond.
+ */
+#define _GNU_SOURCE
+#include "table_mem.h"
+
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "spinlock.h"
+#include "table.h"
+
+#define FIRST_CHUNK ((size_t)1 << 20)
+#define MAX_CHUNK ((size_t)1 << 22)
+#define MIN_SHIFT 6 /* 64-byte blocks: a cache line */
+#define MAX_SHIFT 21
+#define HEADER 64 /* a chunk starts with its link, then its blocks */
+
+struct chunk {
+    struct chunk *next;
+    size_t bytes;
+};
+
+void *(*mt_table_map_hook)(size_t bytes);
+
+static mt_spinlock lock;     /* shards take and give blocks at once */
+static struct chunk *chunks; /* newest first */
+static char *next_free, *chunk_end;
+static void *free_lists[MAX_SHIFT + 1]; /* a given-back block's first word links */
+static _Atomic uint64_t mapped;
+
+static unsigned shift_of(size_t bytes) {
+    unsigned s = MIN_SHIFT;
+    while (((size_t)1 << s) < bytes)
+        s++;
+    return s;
+}
+
+static struct chunk *map_chunk(size_t bytes) {
+    void *p;
+    if (mt_table_map_hook)
+        p = mt_table_map_hook(bytes);
+    else
+        p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | (bytes > FIRST_CHUNK ? MAP_POPULATE : 0), -1, 0);
+    if (p == MAP_FAILED || !p)
+        return NULL;
+    atomic_fetch_add_explicit(&mapped, bytes, memory_order_relaxed);
+    struct chunk *c = p;
+    c->next = chunks;
+    c->bytes = bytes;
+    chunks = c;
+    return c;
+}
+
+static void *take(size_t bytes) {
+    unsigned s = shift_of(bytes);
+    if (s > MAX_SHIFT)
+        return NULL;
+    bytes = (size_t)1 << s;
+    void *p = free_lists[s];
+    if (p) {
+        memcpy(&free_lists[s], p, sizeof p);
+        memset(p, 0, bytes);
+        return p;
+    }
+    /* Blocks are aligned to their size up to a cache line. */
+    size_t align = bytes < 64 ? bytes : 64;
+    char *at =
+        next_free ? (char *)(((uintptr_t)next_free + align - 1) & ~(uintptr_t)(align - 1)) : NULL;
+    if (!at || (size_t)(chunk_end - at) < bytes) {
+        /* Each chunk as large as the table so far, within the bounds; the
+         * rest of the old one is left unused (at most one block's worth). */
+        size_t want = atomic_load_explicit(&mapped, memory_order_relaxed);
+        if (want < FIRST_CHUNK)
+            want = FIRST_CHUNK;
+        if (want > MAX_CHUNK)
+            want = MAX_CHUNK;
+        struct chunk *c = map_chunk(want);
+        if (!c)
+            return NULL;
+        at = (char *)c + HEADER;
+        chunk_end = (char *)c + c->bytes;
+    }
+    next_free = at + bytes;
+    return at; /* fresh mapped memory is zero */
+}
+
+void *mt_mem_take(size_t bytes) {
+    mt_lock(&lock);
+    void *p = take(bytes);
+    mt_unlock(&lock);
+    return p;
+}
+
+void mt_mem_give(void *p, size_t bytes) {
+    if (!p)
+        return;
+    unsigned s = shift_of(bytes);
+    mt_lock(&lock);
+    memcpy(p, &free_lists[s], sizeof p);
+    free_lists[s] = p;
+    mt_unlock(&lock);
+}
+
+void mt_mem_release_all(void) {
+    mt_lock(&lock);
+    while (chunks) {
+        struct chunk *c = chunks;
+        chunks = c->next;
+        size_t bytes = c->bytes;
+        munmap(c, bytes);
+        atomic_fetch_sub_explicit(&mapped, bytes, memory_order_relaxed);
+    }
+    next_free = chunk_end = NULL;
+    memset(free_lists, 0, sizeof free_lists);
+    mt_unlock(&lock);
+}
+
+uint64_t mt_mem_mapped(void) { return atomic_load_explicit(&mapped, memory_order_relaxed); }

@@ -1,0 +1,33 @@
+/*
+ * The entries the table's 16-byte slots cannot hold: blocks of 256 MiB and
+ * more, and addresses that are not 16-byte aligned or lie above 2^48 (no
+ * supported C library returns those, but a tagged pointer would be one).
+ * Few by nature, so one open-addressing table of whole entries under one
+ * lock.  Called only under the lock of the entry's shard (table.c), which
+ * keeps that shard's counters and filter in step with it.
+ */
+#ifndef MT_TABLE_SPILL_H
+#define MT_TABLE_SPILL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "table.h"
+
+/* Entries held; read without the lock to skip the spill when it is empty. */
+extern _Atomic uint64_t mt_spill_count;
+
+/* Records e: 1 when its address was there (*old is the former entry), 0 when
+ * new, -1 when no memory could be mapped to hold it. */
+int mt_spill_put(const struct mt_entry *e, struct mt_entry *old);
+
+/* Forgets addr; 1 and *old (if not NULL) when it was there. */
+int mt_spill_take(uint64_t addr, struct mt_entry *old);
+
+/* Calls fn with every entry (see mt_table_scan). */
+void mt_spill_scan(mt_entries_fn fn, void *ctx);
+
+/* Forgets everything; its memory goes with the table's (mt_mem_release_all). */
+void mt_spill_reset(void);
+
+#endif
