@@ -2,11 +2,11 @@
  * The table's memory (see table_mem.h): chunks mapped one after another,
  * blocks bump-allocated from them, given-back blocks on free lists by size.
  *
- * The first chunk is small and filled lazily, as a small process needs a few
- * dozen KiB of table at most.  Later chunks are mapped with MAP_POPULATE:
- * the table writes all over them soon anyway, and one populating call costs
- * about a twentieth of faulting the same pages in one by one.  Chunks are
- * capped at 4 MiB so that populating one never stalls the malloc that asked
+ * Chunks are mapped with MAP_POPULATE: the table writes all over them soon
+ * anyway (a node's boot touched 195 pages of the first one), and one
+ * populating call costs about a twentieth of faulting the same pages in one
+ * by one.  The first is 1 MiB; each later one as large as the table so far,
+ * up to 4 MiB, so that populating one never stalls the malloc that asked
  * for it by more than about a millisecond.
  */
 #define _GNU_SOURCE
@@ -50,8 +50,8 @@ static struct chunk *map_chunk(size_t bytes) {
     if (mt_table_map_hook)
         p = mt_table_map_hook(bytes);
     else
-        p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | (bytes > FIRST_CHUNK ? MAP_POPULATE : 0), -1, 0);
+        p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                 -1, 0);
     if (p == MAP_FAILED || !p)
         return NULL;
     atomic_fetch_add_explicit(&mapped, bytes, memory_order_relaxed);
