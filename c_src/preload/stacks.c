@@ -27,7 +27,8 @@
 #define DIR_BITS 12 /* ids = DIR_SLOTS * BLOCK_SLOTS = 2^24, the table's id width */
 #define BLOCK_BITS 12
 #define CHUNK_BYTES (1u << 20)
-#define MAX_OWN_FRAMES 8 /* frames of this library above the caller of malloc */
+#define MAX_OWN_FRAMES 8  /* frames of this library above the caller of malloc */
+#define MAX_HOOK_FRAMES 2 /* the same from a walk's start (mt_stack_capture's at) */
 
 /* ips holds depth native return addresses, then erl Erlang frame pcs (the
  * key is all of them), then the erl frames' names. */
@@ -188,13 +189,14 @@ static __thread uint32_t last_id __attribute__((tls_model("initial-exec")));
 /* Whether that stack had Erlang frames. */
 static __thread uint32_t last_erl __attribute__((tls_model("initial-exec")));
 
-uint32_t mt_stack_capture(uint32_t depth) {
+uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth) {
     void *buf[MAX_OWN_FRAMES + 2 * MTRACE_MAX_DEPTH];
     if (depth > MTRACE_MAX_DEPTH)
         depth = MTRACE_MAX_DEPTH;
     int same = 0;
-    int n = mt_state.fast_unwind ? mt_unwind((uintptr_t *)buf, (int)(depth + MAX_OWN_FRAMES), &same)
-                                 : -1;
+    int n = mt_state.fast_unwind
+                ? mt_unwind_from(at, (uintptr_t *)buf, (int)(depth + MAX_HOOK_FRAMES), &same)
+                : -1;
     if (n < 0) {
         if (mt_state.fast_unwind)
             mt_unwind_count_fallback();

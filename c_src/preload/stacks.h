@@ -13,14 +13,17 @@
 #include <stdint.h>
 
 #include "mtrace_api.h"
+#include "unwind.h"
 
 /* Called once before the first capture. */
 void mt_stacks_init(void);
 
-/* Captures the current call stack (through the fast walker unless
- * mt_state.fast_unwind is 0), skipping this library's own frames, and
- * returns its id (MTRACE_NO_STACK if it could not be stored). */
-uint32_t mt_stack_capture(uint32_t depth);
+/* Captures the current call stack (through the fast walker from *at,
+ * unless mt_state.fast_unwind is 0), skipping this library's own frames,
+ * and returns its id (MTRACE_NO_STACK if it could not be stored).  *at is a
+ * frame of this library's, at most MAX_HOOK_FRAMES (stacks.c) below the
+ * caller of malloc (see MT_WALK_START_CALLER). */
+uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth);
 
 /* Interns depth frames; returns the id, MTRACE_NO_STACK if the store is full. */
 uint32_t mt_stack_intern(const uintptr_t *ips, uint32_t depth);

@@ -138,13 +138,16 @@ static void insert(uint64_t addr, uint64_t size, uint64_t t_ms, uint32_t stack) 
     mt_table_insert(addr, size, t_ms, stack);
 }
 
+/* The walk starts in the hook that called this (or the tracker function
+ * between them): its frame and the caller of malloc are all that is walked. */
 __attribute__((noinline)) void mt_record_now(void *p, size_t size) {
-    int saved = errno; /* unwinding and mmap must not disturb what libc set */
+    struct mt_walk_start at = MT_WALK_START_CALLER();
+    int *err = &errno, saved = *err; /* unwinding and mmap must not disturb what libc set */
     mt_me.f.b.busy = MT_BUSY_UNWINDING;
-    uint32_t stack = mt_stack_capture(mt_state.cfg.depth);
+    uint32_t stack = mt_stack_capture(&at, mt_state.cfg.depth);
     insert((uintptr_t)p, size, mt_now_ms(), stack);
     mt_me.f.b.busy = MT_BUSY_NO;
-    errno = saved;
+    *err = saved;
 }
 
 static __attribute__((noinline)) int forget_now(void *p, struct mt_entry *old) {

@@ -295,14 +295,20 @@ static void splice(const struct cols *pre, int n, int c) {
     mark_needs(&l, n, last_n);
 }
 
-READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int *same) {
-    uintptr_t ip, sp, bp;
+__attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int *same) {
+    struct mt_walk_start at;
 #if defined(__x86_64__)
     __asm__ volatile("lea 0(%%rip), %0\n\tmov %%rsp, %1\n\tmov %%rbp, %2"
-                     : "=r"(ip), "=r"(sp), "=r"(bp));
+                     : "=r"(at.ip), "=r"(at.sp), "=r"(at.bp));
 #else
-    __asm__ volatile("adr %0, .\n\tmov %1, sp\n\tmov %2, x29" : "=r"(ip), "=r"(sp), "=r"(bp));
+    __asm__ volatile("adr %0, .\n\tmov %1, sp\n\tmov %2, x29"
+                     : "=r"(at.ip), "=r"(at.sp), "=r"(at.bp));
 #endif
+    return mt_unwind_from(&at, out, max, same);
+}
+
+READS_STACK int mt_unwind_from(const struct mt_walk_start *at, uintptr_t *out, int max, int *same) {
+    uintptr_t ip = at->ip, sp = at->sp, bp = at->bp;
     uint64_t gen = atomic_load_explicit(&generation, memory_order_relaxed);
     uintptr_t pre_ip[PREFIX_MAX], pre_sp[PREFIX_MAX], pre_bp[PREFIX_MAX];
     int32_t pre_bp_off[PREFIX_MAX], pre_ra_off[PREFIX_MAX];
@@ -337,7 +343,10 @@ READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int
                 last_max = max;
                 splice(f, n, c);
                 int give = last_n < max ? last_n : max;
-                memcpy(out, last.ip, (size_t)give * sizeof(uintptr_t));
+                /* A plain loop: the block is short, and GCC's inline memcpy
+                 * for it (rep movsq) costs more than the copy. */
+                for (int i = 0; i < give; i++)
+                    out[i] = last.ip[i];
                 return give;
             }
         }

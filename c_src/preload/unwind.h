@@ -30,6 +30,26 @@
  * else 0. */
 int mt_unwind(uintptr_t *out, int max, int *same);
 
+/* Where a walk starts: a return address and the stack pointer (the CFA of
+ * the function it returns from) and frame pointer that go with it. */
+struct mt_walk_start {
+    uintptr_t ip, sp, bp;
+};
+
+/* The caller's frame as it was when it called the current function, which
+ * gets a frame pointer for this.  A walk from there leaves out the frames
+ * of the function itself and of whatever it calls to walk, on every walk
+ * and every check of a previous walk. */
+#define MT_WALK_START_CALLER()                                                                     \
+    ((struct mt_walk_start){(uintptr_t)__builtin_return_address(0),                                \
+                            (uintptr_t)__builtin_dwarf_cfa(),                                      \
+                            *(const uintptr_t *)__builtin_frame_address(0)})
+
+/* mt_unwind from *at, whose frames must stay as they are meanwhile (a
+ * caller of this function, or the current function's own frame): out[0] is
+ * at->ip. */
+int mt_unwind_from(const struct mt_walk_start *at, uintptr_t *out, int max, int *same);
+
 /* Code may have been unmapped (dlclose): forget every cached rule. */
 void mt_unwind_forget(void);
 
