@@ -46,8 +46,10 @@ static inline unsigned mt_shard_index(uint64_t addr) {
 #define MT_FILTER_SLOTS 64
 extern _Atomic uint8_t mt_filters[MT_SHARDS][MT_FILTER_SLOTS];
 
+/* The block's address bits inside its region, folded: no multiply on the
+ * path of every free, and blocks of a region spread over the counters. */
 static inline unsigned mt_filter_slot(uint64_t addr) {
-    return (unsigned)((addr * MT_HASH_MIX) >> (64 - 6)); /* independent of the shard's hash */
+    return (unsigned)((addr >> 4 ^ addr >> 10) & (MT_FILTER_SLOTS - 1));
 }
 
 /* Could addr be in the table?  An exact "no" for any block whose insertion
