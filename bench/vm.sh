@@ -3,7 +3,7 @@
 # ordinary Erlang processes (bench/vm_churn.erl, bench/vm_churn_nif.c), on a
 # bare node, a preloaded one (mtrace's NIF loaded, Erlang frames off), the
 # same with Erlang frames on, and a preloaded one in sampling mode; and the
-# time to boot and halt a node, bare and preloaded.  Variants are interleaved
+# time to boot and halt a node and a release, bare and preloaded.  Variants are interleaved
 # for ROUNDS rounds; prints markdown rows of medians with ratios to bare.
 #   sh bench/vm.sh BUILD PRIV [ROUNDS] [PAIRS]
 set -eu
@@ -78,6 +78,22 @@ boot() { # boot [ENV=VALUE...] -> prints ms from exec to exit, as a user sees it
     env "$@" erl -noshell -eval 'halt().'
     echo $((($(date +%s%N) - t0) / 1000000))
 }
+# A release boot: a copy of examples/leaky_app's release (built by bin/test)
+# without its env.sh's LD_PRELOAD line, booted bare and with this build's
+# preload.  Left out when the release has not been built.
+release=$(cd "$src/.." && pwd)/examples/leaky_app/_build/prod/rel/leaky_app
+has_release=false
+if [ -x "$release/bin/leaky_app" ]; then
+    has_release=true
+    cp -R "$release" "$tmp/release"
+    sed -i.orig '/LD_PRELOAD/d' "$tmp"/release/releases/*/env.sh
+fi
+release_boot() { # release_boot [ENV=VALUE...] -> ms to boot the release (every app started) and halt
+    t0=$(date +%s%N)
+    env "$@" ELIXIR_ERL_OPTIONS="-eval erlang:halt()" RELEASE_NODE="mtrace_bench_$$" \
+        RELEASE_TMP="$tmp/release_tmp" "$tmp/release/bin/leaky_app" start >/dev/null 2>&1 </dev/null
+    echo $((($(date +%s%N) - t0) / 1000000))
+}
 sample() { # sample NAME COMMAND... -> appends "NAME value" to the samples
     name=$1
     shift
@@ -104,6 +120,10 @@ while [ "$r" -le "$rounds" ]; do
     while [ "$b" -le "$boots" ]; do
         sample boot_bare boot
         sample boot_pre boot "$pre"
+        if [ "$has_release" = true ]; then
+            sample release_bare release_boot
+            sample release_pre release_boot "$pre"
+        fi
         b=$((b + 1))
     done
     r=$((r + 1))
@@ -121,13 +141,16 @@ END {
     row("same, with Erlang frames (MTRACE_ERLANG on)", "churn_bare", "churn_erl")
     row("same, sampling (MTRACE_SAMPLE_BYTES=524288)", "churn_bare", "churn_sampling")
     row("node boot + halt", "boot_bare", "boot_pre")
+    if ("release_bare" in med)
+        row("release boot + halt (examples/leaky_app)", "release_bare", "release_pre")
     if ("mixed_bare" in med) {
         row("mixed node work, lossless", "mixed_bare", "mixed_pre")
         row("mixed node work, sampling (MTRACE_SAMPLE_BYTES=524288)", "mixed_bare", "mixed_sampling")
     }
     printf "\nMedian of %d interleaved rounds (boot: of all %d boots). Churn: %d malloc/free pairs " \
         "(16-1040 bytes, live window 4096) in a dirty CPU NIF while 4 Erlang processes pass maps " \
-        "and binaries until it ends; boot: erl -noshell -eval '"'"'halt().'"'"', exec to exit.\n",
+        "and binaries until it ends; boot: erl -noshell -eval '"'"'halt().'"'"', exec to exit; " \
+        "release boot: bin/leaky_app start with every application started, then halt.\n",
         rounds, rounds * boots, pairs
     if ("mixed_bare" in med)
         printf "\nMixed node work (bench/vm_mixed.erl): 4 processes x %d rounds of a JSON document " \
