@@ -23,7 +23,18 @@
 #include "state.h"
 #include "unwind.h"
 
-#define BUCKET_BITS 20
+/* 2^17 buckets (512 KiB), mapped populated: hashing scatters even a few
+ * hundred stacks over every page of the array, and faulting them in one by
+ * one costs far more than populating them at once (a node's boot interns
+ * ~900 stacks, which touched ~600 pages of a 4 MiB array).  Chains stay
+ * short for realistic stack counts: ~2 records at 300,000 stacks.
+ *
+ * The array is wiped in a fork child (MADV_WIPEONFORK), not shared copy on
+ * write: else every page the parent writes after a fork (the VM forks its
+ * child setup process early in its boot) faults again.  The buckets hold
+ * only the chain heads; the chains themselves are in the records, which the
+ * child keeps, so a child rebuilds the heads on its first miss. */
+#define BUCKET_BITS 17
 #define DIR_BITS 12 /* ids = DIR_SLOTS * BLOCK_SLOTS = 2^24, the table's id width */
 #define BLOCK_BITS 12
 #define CHUNK_BYTES (1u << 20)
@@ -44,7 +55,8 @@ static const struct mtrace_erl_frame *erl_names(const struct stack_rec *r) {
     return (const struct mtrace_erl_frame *)(r->ips + r->depth + r->erl);
 }
 
-static _Atomic uint32_t *buckets; /* head id per bucket, 0 = empty */
+static _Atomic uint32_t *buckets;     /* head id per bucket, 0 = empty */
+static _Atomic uint32_t *heads_valid; /* just after the buckets: 0 once wiped by a fork */
 static struct stack_rec **_Atomic dir[1u << DIR_BITS];
 static mt_spinlock insert_lock;
 static mt_spinlock libunwind_lock; /* around every call into libunwind; see mt_stack_capture */
@@ -58,18 +70,28 @@ static _Atomic uint64_t erl_stacks; /* stacks with Erlang frames */
 extern const char __ehdr_start[] __attribute__((visibility("hidden")));
 extern const char etext[] __attribute__((visibility("hidden")));
 
-static void *map(size_t bytes) {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
+static void *map(size_t bytes, int flags) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | flags, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
     atomic_fetch_add_explicit(&mapped_bytes, bytes, memory_order_relaxed);
     return p;
 }
 
+#define BUCKETS_BYTES (sizeof(*buckets) * ((1u << BUCKET_BITS) + 1))
+
 void mt_stacks_init(void) {
-    if (!buckets)
-        buckets = map(sizeof(*buckets) << BUCKET_BITS);
+    if (!buckets) {
+        _Atomic uint32_t *b = map(BUCKETS_BYTES, MAP_POPULATE);
+        if (b) {
+#ifdef MADV_WIPEONFORK
+            madvise((void *)b, BUCKETS_BYTES, MADV_WIPEONFORK); /* else shared: also correct */
+#endif
+            heads_valid = &b[1u << BUCKET_BITS];
+            atomic_store_explicit(heads_valid, 1, memory_order_relaxed);
+            buckets = b;
+        }
+    }
 #ifndef MT_NO_LIBUNWIND
     /* Per-thread caches keep libunwind off its global lock while unwinding. */
     unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
@@ -114,7 +136,7 @@ static struct stack_rec *alloc_rec(uint32_t depth, uint32_t erl) {
     size_t need = sizeof(struct stack_rec) + (depth + erl) * sizeof(uintptr_t) +
                   erl * sizeof(struct mtrace_erl_frame);
     if (!chunk || (size_t)(chunk_end - chunk) < need) {
-        char *c = map(CHUNK_BYTES);
+        char *c = map(CHUNK_BYTES, MAP_NORESERVE);
         if (!c)
             return NULL;
         chunk = c;
@@ -125,11 +147,31 @@ static struct stack_rec *alloc_rec(uint32_t depth, uint32_t erl) {
     return r;
 }
 
+/* In a fork child, under insert_lock: the heads again, from the records.
+ * Setting each record's bucket in id order leaves every bucket at its
+ * newest record, whose chain is as the parent built it.  Meanwhile lookups
+ * may miss, and then wait for the lock; every head they find is valid. */
+static void rebuild_heads(void) {
+    if (atomic_load_explicit(heads_valid, memory_order_relaxed))
+        return;
+#ifdef MADV_POPULATE_WRITE
+    madvise((void *)buckets, BUCKETS_BYTES, MADV_POPULATE_WRITE); /* a hint: may fail */
+#endif
+    uint32_t end = atomic_load_explicit(&next_id, memory_order_relaxed);
+    for (uint32_t id = 1; id < end; id++) {
+        const struct stack_rec *r = rec_of(id);
+        if (r)
+            atomic_store_explicit(&buckets[r->hash & ((1u << BUCKET_BITS) - 1)], id,
+                                  memory_order_release);
+    }
+    atomic_store_explicit(heads_valid, 1, memory_order_relaxed);
+}
+
 /* Reserves a directory slot for id; called under insert_lock. */
 static struct stack_rec **slot_for(uint32_t id) {
     struct stack_rec **block = atomic_load_explicit(&dir[id >> BLOCK_BITS], memory_order_relaxed);
     if (!block) {
-        block = map(sizeof(*block) << BLOCK_BITS);
+        block = map(sizeof(*block) << BLOCK_BITS, MAP_NORESERVE);
         if (!block)
             return NULL;
         atomic_store_explicit(&dir[id >> BLOCK_BITS], block, memory_order_release);
@@ -156,6 +198,7 @@ uint32_t mt_stack_intern_erl(const uintptr_t *ips, uint32_t depth, uint32_t erl)
         mt_erl_name(ips[depth + i], &names[i]);
 
     mt_lock(&insert_lock);
+    rebuild_heads();
     id = find(atomic_load_explicit(bucket, memory_order_relaxed), hash, ips, depth, erl);
     if (!id) {
         uint32_t fresh = atomic_load_explicit(&next_id, memory_order_relaxed);

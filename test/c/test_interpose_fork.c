@@ -57,6 +57,51 @@ static int recorded(const void *p, uint64_t size) {
     return 0;
 }
 
+/* The stack id of the recorded block p of this size (0 = none). */
+static uint32_t stack_of(const void *p, uint64_t size) {
+    static struct mtrace_alloc buf[16];
+    struct mtrace_query f = sized_query(size, size);
+    size_t n = query_olds(api, &f, buf, sizeof buf / sizeof *buf);
+    for (size_t i = 0; i < n; i++)
+        if (buf[i].addr == (uintptr_t)p)
+            return buf[i].stack_id;
+    return 0;
+}
+
+#define SITE_SIZE 7777
+
+/* A fork child finds the stacks its parent interned, under the same ids
+ * (the store's bucket heads do not come along a fork: the child rebuilds
+ * them), and interns no copy of them. */
+static __attribute__((noinline)) void test_child_knows_stacks(void) {
+    uint32_t ids[2] = {0, 0};
+    pid_t pid = -1;
+    struct mtrace_stats before;
+    for (int i = 0; i < 2; i++) {
+        void *p = malloc(SITE_SIZE); /* the same stack both times */
+        ids[i] = stack_of(p, SITE_SIZE);
+        free(p);
+        if (i == 0) {
+            pid = fork();
+            if (pid == 0) {
+                alarm(20);
+                free(strdup("another stack")); /* the next walk cannot be the last one */
+                api->stats(&before, sizeof before);
+            }
+        }
+    }
+    if (pid == 0) {
+        struct mtrace_stats after;
+        api->stats(&after, sizeof after);
+        _exit(ids[1] && ids[1] == ids[0] && after.stacks == before.stacks ? 0 : 1);
+    }
+    CHECK(ids[0] != 0);
+    CHECK_EQ(ids[1], ids[0]);
+    int status = -1;
+    CHECK_EQ(waitpid(pid, &status, 0), pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 /* Starts this program again untracked (or without the preload), with argument mode. */
 static void exec_self(const char *mode, int keep_programs, int keep_preload) {
     if (!keep_programs)
@@ -396,6 +441,7 @@ int main(int argc, char **argv) {
         forks /= 5;
         printf("note: %d forks under %s\n", forks, check_emulator());
     }
+    test_child_knows_stacks();
     test_storm(forks);
     test_inert_cost();
     return check_summary();
