@@ -231,6 +231,9 @@ none:
 static __thread uint32_t last_id __attribute__((tls_model("initial-exec")));
 /* Whether that stack had Erlang frames. */
 static __thread uint32_t last_erl __attribute__((tls_model("initial-exec")));
+/* Where that stack's frames began in the walk, and how many were kept. */
+static __thread int last_skip __attribute__((tls_model("initial-exec")));
+static __thread uint32_t last_got __attribute__((tls_model("initial-exec")));
 
 uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth) {
     void *buf[MAX_OWN_FRAMES + 2 * MTRACE_MAX_DEPTH];
@@ -238,7 +241,7 @@ uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth) {
         depth = MTRACE_MAX_DEPTH;
     int same = 0;
     int n = mt_state.fast_unwind
-                ? mt_unwind_from(at, (uintptr_t *)buf, (int)(depth + MAX_HOOK_FRAMES), &same)
+                ? mt_unwind_check(at, (uintptr_t *)buf, (int)(depth + MAX_HOOK_FRAMES), &same)
                 : -1;
     if (n < 0) {
         if (mt_state.fast_unwind)
@@ -255,19 +258,34 @@ uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth) {
         mt_unlock(&libunwind_lock);
 #endif
     }
-    int skip = 0;
-    while (skip < n && (const char *)buf[skip] >= __ehdr_start && (const char *)buf[skip] < etext)
-        skip++;
-    uint32_t got = (uint32_t)(n - skip);
-    if (got > depth)
-        got = depth;
+    /* The same walk as last time left buf unwritten: what was made of it
+     * then (skip, got, the id) still holds. */
+    if (same && !last_id) {
+        mt_unwind_last((uintptr_t *)buf, n);
+        same = 0;
+    }
+    int skip = last_skip;
+    uint32_t got = last_got;
+    if (!same) {
+        skip = 0;
+        while (skip < n && (const char *)buf[skip] >= __ehdr_start &&
+               (const char *)buf[skip] < etext)
+            skip++;
+        got = (uint32_t)(n - skip);
+        if (got > depth)
+            got = depth;
+    }
     /* The Erlang frames follow the native ones in the key: the previous
      * stack is this one only if both parts are unchanged. */
     uintptr_t *ips = (uintptr_t *)(buf + skip);
     int erl_same;
     uint32_t erl = mt_erl_capture(ips + got, depth, &erl_same);
-    if (same && last_id && (erl ? erl_same : !last_erl))
+    if (same && (erl ? erl_same : !last_erl))
         return last_id;
+    if (same) /* the native frames are needed after all (the Erlang ones follow them) */
+        mt_unwind_last((uintptr_t *)buf, skip + (int)got);
+    last_skip = skip;
+    last_got = got;
     last_erl = erl;
     last_id = mt_stack_intern_erl(ips, got, erl);
     return last_id;

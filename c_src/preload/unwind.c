@@ -316,7 +316,9 @@ __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int *same) {
     return mt_unwind_from(&at, out, max, same);
 }
 
-READS_STACK int mt_unwind_from(const struct mt_walk_start *at, uintptr_t *out, int max, int *same) {
+/* lazy: when the stack is the one walked last time, out is left alone. */
+static inline __attribute__((always_inline)) READS_STACK int
+walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int lazy) {
     uintptr_t ip = at->ip, sp = at->sp, bp = at->bp;
     uint64_t gen = atomic_load_explicit(&generation, memory_order_relaxed);
     uintptr_t pre_ip[PREFIX_MAX], pre_sp[PREFIX_MAX], pre_bp[PREFIX_MAX];
@@ -352,6 +354,8 @@ READS_STACK int mt_unwind_from(const struct mt_walk_start *at, uintptr_t *out, i
                 last_max = max;
                 splice(f, n, c);
                 int give = last_n < max ? last_n : max;
+                if (lazy && *same)
+                    return give;
                 /* A plain loop: the block is short, and GCC's inline memcpy
                  * for it (rep movsq) costs more than the copy. */
                 for (int i = 0; i < give; i++)
@@ -410,4 +414,18 @@ READS_STACK int mt_unwind_from(const struct mt_walk_start *at, uintptr_t *out, i
 give_up:
     last_n = 0;
     return -1 - n;
+}
+
+READS_STACK int mt_unwind_from(const struct mt_walk_start *at, uintptr_t *out, int max, int *same) {
+    return walk(at, out, max, same, 0);
+}
+
+READS_STACK int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, int max,
+                                int *same) {
+    return walk(at, out, max, same, 1);
+}
+
+void mt_unwind_last(uintptr_t *out, int n) {
+    for (int i = 0; i < n && i < last_n; i++)
+        out[i] = last.ip[i];
 }
