@@ -16,14 +16,8 @@
  * entry at 10M), and buckets are freed only by reset, which unmaps the
  * table's few chunks (table_mem.c).
  *
- * A slot is 16 bytes, where a plain entry would take 32:
- *   lo: addr >> 4 (44 bits) | size bits 0-19 << 44
- *   hi: stack id (24 bits) | size bits 20-27 << 24 | time << 32
- * Time is in milliseconds since an hour before the table's first entry,
- * exact for 2^31 ms (24.8 days) and in 1.024-second steps after that (for
- * 70 years), never later than the true time.
- * Entries that do not fit (256 MiB and more, odd addresses) go to the spill
- * (table_spill.c).
+ * Slots are 16 bytes (table_slot.h); entries that do not fit go to the
+ * spill (table_spill.c).
  */
 #include "table.h"
 
@@ -34,18 +28,8 @@
 #include "spinlock.h"
 #include "state.h"
 #include "table_mem.h"
+#include "table_slot.h"
 #include "table_spill.h"
-
-struct mt_slot {
-    uint64_t lo, hi; /* lo 0 = empty */
-};
-
-#define KEY_BITS 44
-#define KEY_MASK ((1ull << KEY_BITS) - 1)
-#define SIZE_LO_BITS 20
-#define SIZE_BITS 28
-#define TIME_EXACT (1ull << 31)
-#define TIME_STEP_SHIFT 10
 
 #define SLOTS 15     /* per bucket, after its tags */
 #define MAX_DEPTH 18 /* directory bits: its 2 MiB is the largest block table_mem.c gives */
@@ -64,10 +48,14 @@ struct mt_shard {
     mt_spinlock lock;
     uint32_t depth;      /* the directory has 1 << depth entries */
     struct bucket **dir; /* NULL while nothing was ever recorded here */
+    uint64_t spilled;    /* of its entries, those in the spill: while 0, the
+                          * spill's lock (one for all shards) is not taken */
     /* Written under the lock, read without it by stats: atomics keep
      * those reads well-defined; relaxed stores cost a plain mov. */
     _Atomic uint64_t count, bytes, dropped, replaced;
-    /* Sampling estimates: sum of weights (fixed point) and of weighted bytes. */
+    /* Sampling estimates (sum of weights, fixed point, and of weighted
+     * bytes), in the shard's second cache line: lossless mode never
+     * touches them. */
     _Atomic uint64_t est_count, est_bytes;
 } __attribute__((aligned(64)));
 
@@ -92,46 +80,18 @@ static void relaxed_add(_Atomic uint64_t *c, int64_t d) {
                           memory_order_relaxed);
 }
 
-/* ---- the slot format ------------------------------------------------------ */
-
-static int packable(uint64_t addr, uint64_t size) {
-    return addr && !(addr & 15) && !(addr >> (KEY_BITS + 4)) && !(size >> SIZE_BITS);
-}
+/* ---- times, from the table's epoch ---------------------------------------- */
 
 static uint64_t epoch(void) { return atomic_load_explicit(&epoch_plus1, memory_order_relaxed) - 1; }
 
-static uint64_t time_code(uint64_t t_ms) {
-    if (!atomic_load_explicit(&epoch_plus1, memory_order_relaxed)) {
-        uint64_t none = 0; /* the first entry sets it; of two at once, the first store wins */
-        atomic_compare_exchange_strong(&epoch_plus1, &none,
-                                       (t_ms > EPOCH_MARGIN_MS ? t_ms - EPOCH_MARGIN_MS : 0) + 1);
-    }
-    uint64_t e = epoch(), d = t_ms > e ? t_ms - e : 0;
-    if (d >= TIME_EXACT)
-        d = TIME_EXACT + ((d - TIME_EXACT) >> TIME_STEP_SHIFT);
-    return d > UINT32_MAX ? UINT32_MAX : d;
-}
-
-static uint64_t time_of(uint64_t code, uint64_t epoch) {
-    return epoch +
-           (code < TIME_EXACT ? code : TIME_EXACT + ((code - TIME_EXACT) << TIME_STEP_SHIFT));
-}
-
+/* The first entry sets the epoch; of two at once, the first store wins. */
 static struct mt_slot pack(const struct mt_entry *e) {
-    return (struct mt_slot){e->addr >> 4 | (e->size & ((1u << SIZE_LO_BITS) - 1)) << KEY_BITS,
-                            (e->stack & MTRACE_MAX_STACK_ID) |
-                                (e->size >> SIZE_LO_BITS) << MTRACE_STACK_ID_BITS |
-                                time_code(e->t_ms) << 32};
-}
-
-static uint64_t addr_of(const struct mt_slot *s) { return (s->lo & KEY_MASK) << 4; }
-static uint64_t size_of(const struct mt_slot *s) {
-    return s->lo >> KEY_BITS | (s->hi >> MTRACE_STACK_ID_BITS & 0xff) << SIZE_LO_BITS;
-}
-
-static struct mt_entry unpack(const struct mt_slot *s, uint64_t epoch) {
-    return (struct mt_entry){addr_of(s), size_of(s), time_of(s->hi >> 32, epoch),
-                             (uint32_t)(s->hi & MTRACE_MAX_STACK_ID)};
+    if (!atomic_load_explicit(&epoch_plus1, memory_order_relaxed)) {
+        uint64_t none = 0, t = e->t_ms;
+        atomic_compare_exchange_strong(&epoch_plus1, &none,
+                                       (t > EPOCH_MARGIN_MS ? t - EPOCH_MARGIN_MS : 0) + 1);
+    }
+    return mt_slot_pack(e, epoch());
 }
 
 /* ---- buckets -------------------------------------------------------------- */
@@ -162,7 +122,7 @@ static unsigned find(const struct bucket *b, uint64_t key, uint64_t tag) {
         uint64_t x = b->tags[w] ^ tag * ONES;
         for (uint64_t m = (x - ONES) & ~x & (w ? HIGHS & ~DEPTH_BYTE : HIGHS); m; m &= m - 1) {
             unsigned i = 8 * w + ((unsigned)__builtin_ctzll(m) >> 3);
-            if ((b->s[i].lo & KEY_MASK) == key)
+            if ((b->s[i].lo & MT_SLOT_KEY_MASK) == key)
                 return i;
         }
     }
@@ -215,7 +175,7 @@ static int split(struct mt_shard *s, uint64_t h) {
     b->tags[0] = b2->tags[0] = 0;
     b->tags[1] = b2->tags[1] = (uint64_t)depth << 56;
     for (unsigned i = 0; i < SLOTS; i++) {
-        uint64_t he = hash_addr(addr_of(&old[i]));
+        uint64_t he = hash_addr(mt_slot_addr(&old[i]));
         place((he >> (64 - depth)) & 1 ? b2 : b, &old[i], tag_of(he));
     }
     return 1;
@@ -266,18 +226,18 @@ static int remove_locked(struct mt_shard *s, uint64_t addr, struct mt_entry *old
         return 0;
     struct mt_entry e;
     int found = 0;
-    if (s->dir && packable(addr, 0)) {
+    if (s->dir && mt_slot_fits(addr, 0)) {
         uint64_t h = hash_addr(addr);
         struct bucket *b = s->dir[dir_index(h, s->depth)];
         unsigned i = find(b, addr >> 4, tag_of(h));
         if (i < SLOTS) {
-            e = unpack(&b->s[i], epoch());
+            e = mt_slot_unpack(&b->s[i], epoch());
             delete_at(b, i);
             found = 1;
         }
     }
-    if (!found && atomic_load_explicit(&mt_spill_count, memory_order_relaxed))
-        found = mt_spill_take(addr, &e);
+    if (!found && s->spilled && (found = mt_spill_take(addr, &e)))
+        s->spilled--;
     if (!found)
         return 0;
     counted_out(s, addr, e.size);
@@ -299,6 +259,7 @@ static enum mt_insert_result spill_locked(struct mt_shard *s, const struct mt_en
         relaxed_add(&s->replaced, 1);
     } else {
         counted_in(s, e->addr);
+        s->spilled++;
     }
     account(s, e->size, 1);
     return r ? MT_REPLACED : MT_INSERTED;
@@ -310,7 +271,12 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
     struct mt_shard *s = shard_of(addr);
     enum mt_insert_result r = MT_INSERTED;
     mt_lock(&s->lock);
-    if (!packable(addr, size)) {
+    if (!addr) { /* not a block: never recorded, counted so that it shows */
+        relaxed_add(&s->dropped, 1);
+        r = MT_DROPPED;
+        goto out;
+    }
+    if (!mt_slot_fits(addr, size)) {
         int had = remove_locked(s, addr, NULL); /* it may sit in a slot */
         r = spill_locked(s, &e);
         if (had && r != MT_DROPPED) {
@@ -330,7 +296,7 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
         struct bucket *b = s->dir[dir_index(h, s->depth)];
         unsigned i = find(b, key, tag);
         if (i < SLOTS) { /* its free was missed: overwrite */
-            account(s, size_of(&b->s[i]), -1);
+            account(s, mt_slot_size(&b->s[i]), -1);
             relaxed_add(&s->replaced, 1);
             b->s[i] = packed;
             r = MT_REPLACED;
@@ -344,8 +310,8 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
             goto out;
         }
         struct mt_entry old; /* a former entry of 256 MiB or more */
-        if (atomic_load_explicit(&mt_spill_count, memory_order_relaxed) &&
-            mt_spill_take(addr, &old)) {
+        if (s->spilled && mt_spill_take(addr, &old)) {
+            s->spilled--;
             account(s, old.size, -1);
             relaxed_add(&s->replaced, 1);
             r = MT_REPLACED;
@@ -377,6 +343,7 @@ uint64_t mt_table_reset(void) {
         forgotten += atomic_load_explicit(&s->count, memory_order_relaxed);
         s->dir = NULL;
         s->depth = 0;
+        s->spilled = 0;
         atomic_store_explicit(&s->count, 0, memory_order_relaxed);
         atomic_store_explicit(&s->bytes, 0, memory_order_relaxed);
         atomic_store_explicit(&s->est_count, 0, memory_order_relaxed);
@@ -394,10 +361,10 @@ uint64_t mt_table_reset(void) {
 
 void mt_table_scan(mt_entries_fn fn, void *ctx) {
     struct mt_entry batch[BATCH];
-    uint64_t e = epoch();
     for (unsigned k = 0; k < MT_SHARDS; k++) {
         struct mt_shard *s = &shards[k];
         mt_lock(&s->lock);
+        uint64_t e = epoch(); /* under a lock: a first entry's epoch is seen */
         size_t n = 0, dir_len = s->dir ? (size_t)1 << s->depth : 0;
         /* A bucket of depth l fills a run of 2^(depth - l) directory entries. */
         for (size_t d = 0; d < dir_len; d += (size_t)1 << (s->depth - depth_of(s->dir[d]))) {
@@ -408,7 +375,7 @@ void mt_table_scan(mt_entries_fn fn, void *ctx) {
             for (unsigned line = 0; line < sizeof *b; line += 64)
                 __builtin_prefetch((const char *)s->dir[later] + line);
             for (unsigned i = 0; i < SLOTS; i++) { /* without branches: many are empty */
-                batch[n] = unpack(&b->s[i], e);
+                batch[n] = mt_slot_unpack(&b->s[i], e);
                 n += (b->tags[i >> 3] >> (8 * (i & 7) + 7)) & 1;
             }
             if (n > BATCH - SLOTS) {
@@ -420,7 +387,11 @@ void mt_table_scan(mt_entries_fn fn, void *ctx) {
             fn(ctx, batch, n);
         mt_unlock(&s->lock);
     }
+    /* The spill is touched only under some shard's lock, so that a fork,
+     * which holds them all, never finds the spill's own lock taken. */
+    mt_lock(&shards[0].lock);
     mt_spill_scan(fn, ctx);
+    mt_unlock(&shards[0].lock);
 }
 
 void mt_table_figures(struct mt_table_figures *out) {

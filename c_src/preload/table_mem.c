@@ -85,6 +85,8 @@ static void *take(size_t bytes) {
             want = FIRST_CHUNK;
         if (want > MAX_CHUNK)
             want = MAX_CHUNK;
+        while (want < HEADER + bytes) /* a block as large as a chunk needs the next size */
+            want *= 2;
         struct chunk *c = map_chunk(want);
         if (!c)
             return NULL;

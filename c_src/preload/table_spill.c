@@ -12,7 +12,7 @@
 
 #define MIN_BITS 4
 
-_Atomic uint64_t mt_spill_count;
+static _Atomic uint64_t mt_spill_count; /* entries held */
 
 static mt_spinlock lock;
 static struct mt_entry *slots; /* addr 0 = empty */

@@ -14,9 +14,6 @@
 
 #include "table.h"
 
-/* Entries held; read without the lock to skip the spill when it is empty. */
-extern _Atomic uint64_t mt_spill_count;
-
 /* Records e: 1 when its address was there (*old is the former entry), 0 when
  * new, -1 when no memory could be mapped to hold it. */
 int mt_spill_put(const struct mt_entry *e, struct mt_entry *old);
