@@ -54,8 +54,7 @@ struct mt_shard {
      * those reads well-defined; relaxed stores cost a plain mov. */
     _Atomic uint64_t count, bytes, dropped, replaced;
     /* Sampling estimates (sum of weights, fixed point, and of weighted
-     * bytes), in the shard's second cache line: lossless mode never
-     * touches them. */
+     * bytes); lossless mode never touches them. */
     _Atomic uint64_t est_count, est_bytes;
 } __attribute__((aligned(64)));
 
