@@ -33,6 +33,7 @@
 
 #define SLOTS 15     /* per bucket, after its tags */
 #define MAX_DEPTH 18 /* directory bits: its 2 MiB is the largest block table_mem.c gives */
+_Static_assert(sizeof(void *) << MAX_DEPTH <= MT_MEM_MAX_BLOCK, "a directory fits a block");
 #define TAG_SHIFT 32 /* a slot's tag is hash bits 32-38, its directory index the top bits */
 #define ONES 0x0101010101010101ull  /* one per byte */
 #define HIGHS 0x8080808080808080ull /* the high bit of each byte */

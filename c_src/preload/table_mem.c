@@ -22,8 +22,7 @@
 #define FIRST_CHUNK ((size_t)1 << 20)
 #define MAX_CHUNK ((size_t)1 << 22)
 #define MIN_SHIFT 6 /* 64-byte blocks: a cache line */
-#define MAX_SHIFT 21
-#define HEADER 64 /* a chunk starts with its link, then its blocks */
+#define HEADER 64   /* a chunk starts with its link, then its blocks */
 
 struct chunk {
     struct chunk *next;
@@ -35,7 +34,7 @@ void *(*mt_table_map_hook)(size_t bytes);
 static mt_spinlock lock;     /* shards take and give blocks at once */
 static struct chunk *chunks; /* newest first */
 static char *next_free, *chunk_end;
-static void *free_lists[MAX_SHIFT + 1]; /* a given-back block's first word links */
+static void *free_lists[MT_MEM_MAX_SHIFT + 1]; /* a given-back block's first word links */
 static _Atomic uint64_t mapped;
 
 static unsigned shift_of(size_t bytes) {
@@ -64,7 +63,7 @@ static struct chunk *map_chunk(size_t bytes) {
 
 static void *take(size_t bytes) {
     unsigned s = shift_of(bytes);
-    if (s > MAX_SHIFT)
+    if (s > MT_MEM_MAX_SHIFT)
         return NULL;
     bytes = (size_t)1 << s;
     void *p = free_lists[s];

@@ -16,7 +16,8 @@
 
 /* A zeroed block of bytes (a power of two, 64 B to MT_MEM_MAX_BLOCK), or
  * NULL when no memory could be mapped. */
-#define MT_MEM_MAX_BLOCK ((size_t)1 << 21)
+#define MT_MEM_MAX_SHIFT 21
+#define MT_MEM_MAX_BLOCK ((size_t)1 << MT_MEM_MAX_SHIFT)
 void *mt_mem_take(size_t bytes);
 
 /* Gives a block back for reuse by a later mt_mem_take of the same size. */

@@ -304,18 +304,6 @@ static void splice(const struct cols *pre, int n, int c) {
     mark_needs(&l, n, last_n);
 }
 
-__attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int *same) {
-    struct mt_walk_start at;
-#if defined(__x86_64__)
-    __asm__ volatile("lea 0(%%rip), %0\n\tmov %%rsp, %1\n\tmov %%rbp, %2"
-                     : "=r"(at.ip), "=r"(at.sp), "=r"(at.bp));
-#else
-    __asm__ volatile("adr %0, .\n\tmov %1, sp\n\tmov %2, x29"
-                     : "=r"(at.ip), "=r"(at.sp), "=r"(at.bp));
-#endif
-    return mt_unwind_from(&at, out, max, same);
-}
-
 /* lazy: when the stack is the one walked last time, out is left alone. */
 static inline __attribute__((always_inline)) READS_STACK int
 walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int lazy) {
@@ -416,8 +404,16 @@ give_up:
     return -1 - n;
 }
 
-READS_STACK int mt_unwind_from(const struct mt_walk_start *at, uintptr_t *out, int max, int *same) {
-    return walk(at, out, max, same, 0);
+READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int *same) {
+    struct mt_walk_start at;
+#if defined(__x86_64__)
+    __asm__ volatile("lea 0(%%rip), %0\n\tmov %%rsp, %1\n\tmov %%rbp, %2"
+                     : "=r"(at.ip), "=r"(at.sp), "=r"(at.bp));
+#else
+    __asm__ volatile("adr %0, .\n\tmov %1, sp\n\tmov %2, x29"
+                     : "=r"(at.ip), "=r"(at.sp), "=r"(at.bp));
+#endif
+    return walk(&at, out, max, same, 0);
 }
 
 READS_STACK int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, int max,

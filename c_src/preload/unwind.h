@@ -47,13 +47,10 @@ struct mt_walk_start {
 
 /* mt_unwind from *at, whose frames must stay as they are meanwhile (a
  * caller of this function, or the current function's own frame): out[0] is
- * at->ip. */
-int mt_unwind_from(const struct mt_walk_start *at, uintptr_t *out, int max, int *same);
-
-/* mt_unwind_from, but when the stack is the one walked last time (*same
- * set) out is left as it was: the caller keeps what it made of that walk,
- * and mt_unwind_last gives its n frames if they are needed after all.  A
- * stack that repeats, the common case, then costs no copy. */
+ * at->ip.  But when the stack is the one walked last time (*same set) out
+ * is left as it was: the caller keeps what it made of that walk, and
+ * mt_unwind_last gives its n frames if they are needed after all.  A stack
+ * that repeats, the common case, then costs no copy. */
 int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, int max, int *same);
 void mt_unwind_last(uintptr_t *out, int n);
 
