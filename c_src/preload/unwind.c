@@ -1,15 +1,6 @@
 /*
- * Fast stack walker (see unwind.h): .eh_frame rules, cached per address.
- *
- * The cache is a fixed open-addressing table in its own mapping.  Writers
- * store the rule word, then claim the key with a compare-and-swap; a key
- * never changes once set, so readers need no lock.  Each rule word carries
- * the generation it was computed in; dlclose bumps the generation, which
- * turns every cached rule into a miss without touching the table.  So does
- * any cache miss that finds the loader's load/unload count changed: libc
- * unloads some modules itself (iconv's gconv, NSS) without going through the
- * interposed dlclose.  (dlopen is not interposed: glibc searches the RUNPATH
- * of dlopen's caller, which a wrapper would change.)
+ * Fast stack walker (see unwind.h): one cached rule per frame
+ * (unwind_rules.c), and a stack that repeats proved by re-reading it.
  *
  * A rule applied to the wrong code (a library unloaded and another mapped at
  * its address before any miss noticed) must give a wrong stack, never a
@@ -40,142 +31,7 @@ void mt_unwind_count_fallback(void) {
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "eh_frame.h"
-#include "hash.h"
-
-/* ---- the cache ---------------------------------------------------------- */
-
-#define CACHE_BITS 15 /* 32768 addresses, 512 KiB */
-#define CACHE_PROBES 8
-/* A rule packed in one word: offsets in 8-byte units as magnitudes (the CFA
- * lies above its register, the saved registers below the CFA), then flags,
- * then the generation.  aarch64 compilers put the saved x29 and x30 at the
- * bottom of the frame, so they need the range of the CFA offset; a rule
- * beyond these ranges (a frame over 1 MiB, saved registers more than
- * 128 KiB below the CFA) is left to libunwind. */
-#define CFA_BITS 17
-#define SLOT_BITS 14
-#define RA_SHIFT CFA_BITS
-#define BP_SHIFT (RA_SHIFT + SLOT_BITS)
-#define FLAGS_SHIFT (BP_SHIFT + SLOT_BITS)
-#define GEN_SHIFT (FLAGS_SHIFT + 4)
-#define GEN_MASK ((1ull << (64 - GEN_SHIFT)) - 1)
-
-struct entry {
-    _Atomic uint64_t key; /* return address; 0 = free */
-    _Atomic uint64_t val; /* packed rule | generation << GEN_SHIFT */
-};
-
-static struct entry *_Atomic cache;
-static _Atomic uint64_t generation = 1;
-static _Atomic uint64_t seen_loads; /* mt_objects_generation at the last miss */
-
-void mt_unwind_forget(void) { atomic_fetch_add(&generation, 1); }
-
-/* Can r be packed?  eh_frame.c only makes frame rules with cfa_off > 0 and
- * ra_off, bp_off < 0, all multiples of 8 but cfa_off. */
-static int packable(const struct mt_frame_rule *r) {
-    return r->kind != MT_RULE_FRAME ||
-           (r->cfa_off % 8 == 0 && r->cfa_off / 8 < (1 << CFA_BITS) &&
-            -(r->ra_off / 8) < (1 << SLOT_BITS) && -(r->bp_off / 8) < (1 << SLOT_BITS));
-}
-
-static uint64_t pack(const struct mt_frame_rule *r, uint64_t gen) {
-    return (uint64_t)(r->cfa_off / 8) | (uint64_t)(-(r->ra_off / 8)) << RA_SHIFT |
-           (uint64_t)(-(r->bp_off / 8)) << BP_SHIFT | (uint64_t)r->cfa_bp << FLAGS_SHIFT |
-           (uint64_t)r->bp_saved << (FLAGS_SHIFT + 1) |
-           (uint64_t)(r->kind & 3) << (FLAGS_SHIFT + 2) | gen << GEN_SHIFT;
-}
-
-static void unpack(uint64_t v, struct mt_frame_rule *r) {
-    r->cfa_off = (int32_t)(v & ((1u << CFA_BITS) - 1)) * 8;
-    r->ra_off = -(int32_t)((v >> RA_SHIFT) & ((1u << SLOT_BITS) - 1)) * 8;
-    r->bp_off = -(int32_t)((v >> BP_SHIFT) & ((1u << SLOT_BITS) - 1)) * 8;
-    r->cfa_bp = (v >> FLAGS_SHIFT) & 1;
-    r->bp_saved = (v >> (FLAGS_SHIFT + 1)) & 1;
-    r->kind = (v >> (FLAGS_SHIFT + 2)) & 3;
-}
-
-static struct entry *cache_table(void) {
-    struct entry *c = atomic_load_explicit(&cache, memory_order_acquire);
-    if (c)
-        return c;
-    /* Populated: addresses hash all over the table, so a few thousand cached
-     * rules touch every page, each first read and then write costing a page
-     * fault (~250 of them in a node's boot) where populating costs ~0.2 ms. */
-    void *m = mmap(NULL, sizeof(struct entry) << CACHE_BITS, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (m == MAP_FAILED)
-        return NULL;
-#ifdef MADV_WIPEONFORK
-    /* An empty cache in a fork child rather than one shared copy on write,
-     * whose every page the parent would fault on again when it next writes
-     * there (the child's rules are for the same code: it just recomputes). */
-    madvise(m, sizeof(struct entry) << CACHE_BITS, MADV_WIPEONFORK);
-#endif
-    struct entry *none = NULL;
-    if (!atomic_compare_exchange_strong(&cache, &none, (struct entry *)m)) {
-        munmap(m, sizeof(struct entry) << CACHE_BITS); /* another thread won */
-        return none;
-    }
-    return m;
-}
-
-static inline size_t slot_of(uintptr_t ra) { return (size_t)mt_hash_index(ra, CACHE_BITS); }
-
-static void rule_for(uintptr_t ra, struct mt_frame_rule *r) {
-    uint64_t gen = atomic_load_explicit(&generation, memory_order_relaxed) & GEN_MASK;
-    struct entry *t = cache_table();
-    size_t mask = ((size_t)1 << CACHE_BITS) - 1, i = slot_of(ra);
-    if (t) {
-        for (int k = 0; k < CACHE_PROBES; k++, i = (i + 1) & mask) {
-            uint64_t key = atomic_load_explicit(&t[i].key, memory_order_acquire);
-            if (key == ra) {
-                uint64_t v = atomic_load_explicit(&t[i].val, memory_order_relaxed);
-                if (v >> GEN_SHIFT == gen) {
-                    unpack(v, r);
-                    return;
-                }
-                break; /* stale: recompute into this slot */
-            }
-            if (!key)
-                break;
-        }
-    }
-    uint64_t loads;
-    mt_eh_frame_rule(ra - 1, r, &loads);
-    if (!packable(r))
-        r->kind = MT_RULE_UNSUPPORTED;
-    uint64_t was = atomic_exchange_explicit(&seen_loads, loads, memory_order_relaxed);
-    if (was && was != loads) { /* objects came or went since: drop every cached rule */
-        mt_unwind_forget();
-        gen = atomic_load_explicit(&generation, memory_order_relaxed) & GEN_MASK;
-    }
-    if (!t)
-        return;
-    uint64_t v = pack(r, gen);
-    i = slot_of(ra);
-    for (int k = 0; k < CACHE_PROBES; k++, i = (i + 1) & mask) {
-        uint64_t key = atomic_load_explicit(&t[i].key, memory_order_acquire);
-        if (key == ra) {
-            atomic_store_explicit(&t[i].val, v, memory_order_relaxed);
-            return;
-        }
-        if (key)
-            continue;
-        /* The value goes in first; a reader only trusts it once the key is there,
-         * and whatever value it then reads carries its own generation. */
-        atomic_store_explicit(&t[i].val, v, memory_order_relaxed);
-        uint64_t none = 0;
-        if (atomic_compare_exchange_strong_explicit(&t[i].key, &none, ra, memory_order_release,
-                                                    memory_order_relaxed))
-            return;
-        if (none == ra) {
-            atomic_store_explicit(&t[i].val, v, memory_order_relaxed);
-            return;
-        }
-    }
-}
+#include "unwind_rules.h"
 
 /* ---- reusing this thread's previous walk ------------------------------- *
  *
@@ -186,7 +42,7 @@ static void rule_for(uintptr_t ra, struct mt_frame_rule *r) {
  * (independent loads, no hash probes) and finding them unchanged proves the
  * rest of the stack is the same.  bp (the frame pointer) only matters if a
  * later frame uses it before restoring it from the stack.  The previous walk
- * lives in TLS (2.1 KiB a thread); new frames above the match point are
+ * lives in TLS (2.1 KiB a thread, 2 KiB more for its checks); new frames above the match point are
  * collected on the C stack first, so the common case (same frames, same
  * depth) copies none. */
 #define WALK_MAX 64
@@ -212,6 +68,15 @@ static __thread struct frames last __attribute__((tls_model("initial-exec")));
 static __thread int last_n __attribute__((tls_model("initial-exec"))); /* 0 = none */
 static __thread uint64_t last_gen __attribute__((tls_model("initial-exec")));
 static __thread int last_max __attribute__((tls_model("initial-exec")));
+
+/* The previous walk as a list of checks, built once it has repeated: each
+ * stack word a frame of it read (return addresses, and saved bps a later
+ * frame uses), where and what.  A stack that keeps repeating is then proved
+ * the same by one tight loop of independent loads, with no rule to decode
+ * per frame.  chk_n < 0: no list (the previous walk changed since). */
+static __thread const uintptr_t *chk_at[2 * WALK_MAX] __attribute__((tls_model("initial-exec")));
+static __thread uintptr_t chk_word[2 * WALK_MAX] __attribute__((tls_model("initial-exec")));
+static __thread int chk_n __attribute__((tls_model("initial-exec"))) = -1;
 
 /* A return address as read from the stack.  On aarch64 it may be signed
  * (pointer authentication, -mbranch-protection=pac-ret): XPACLRI strips the
@@ -249,6 +114,34 @@ static READS_STACK int valid_from(int c) {
             from = j + 1;
     }
     return from;
+}
+
+/* The checks valid_from(0) makes, as a list; right after it found nothing
+ * changed, so the words read now are those of the walk. */
+static READS_STACK void build_checks(void) {
+    int k = 0;
+    for (int j = 0; j + 1 < last_n; j++) {
+        const uintptr_t *at = (const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.ra_off[j]);
+        chk_at[k] = at;
+        chk_word[k++] = *at; /* as stored: on aarch64 possibly signed */
+        if ((last.flags[j] & F_BP_SAVED) && (last.flags[j + 1] & F_NEEDS_BP)) {
+            at = (const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.bp_off[j]);
+            chk_at[k] = at;
+            chk_word[k++] = *at;
+        }
+    }
+    chk_n = k;
+}
+
+/* Whether the stack from (ip, sp, bp) is the previous walk's, by its checks. */
+static inline READS_STACK int repeats(uintptr_t ip, uintptr_t sp, uintptr_t bp, int max) {
+    if (chk_n < 0 || last.sp[0] != sp || last.ip[0] != ip || max != last_max ||
+        ((last.flags[0] & F_NEEDS_BP) && last.bp[0] != bp))
+        return 0;
+    uintptr_t diff = 0;
+    for (int k = 0; k < chk_n; k++)
+        diff |= *chk_at[k] ^ chk_word[k];
+    return !diff;
 }
 
 /* F_NEEDS_BP for frames [0, upto), given the flags of frame upto. */
@@ -308,7 +201,14 @@ static void splice(const struct cols *pre, int n, int c) {
 static inline __attribute__((always_inline)) READS_STACK int
 walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int lazy) {
     uintptr_t ip = at->ip, sp = at->sp, bp = at->bp;
-    uint64_t gen = atomic_load_explicit(&generation, memory_order_relaxed);
+    uint64_t gen = atomic_load_explicit(&mt_rules_generation, memory_order_relaxed);
+    /* The common case first: the same stack as last time, proved by its
+     * checks (only in the same thread stack: sp is the walk's own). */
+    if (lazy && last_gen == gen && repeats(ip, sp, bp, max) && top_of_stack(sp)) {
+        *same = 1;
+        return last_n < max ? last_n : max;
+    }
+    chk_n = -1; /* whatever this walk finds, the list is rebuilt only on a repeat */
     uintptr_t pre_ip[PREFIX_MAX], pre_sp[PREFIX_MAX], pre_bp[PREFIX_MAX];
     int32_t pre_bp_off[PREFIX_MAX], pre_ra_off[PREFIX_MAX];
     uint8_t pre_flags[PREFIX_MAX];
@@ -342,6 +242,8 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
                 last_max = max;
                 splice(f, n, c);
                 int give = last_n < max ? last_n : max;
+                if (*same)
+                    build_checks();
                 if (lazy && *same)
                     return give;
                 /* A plain loop: the block is short, and GCC's inline memcpy
@@ -363,7 +265,7 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
         put(f, n, ip, sp, bp);
         n++;
         struct mt_frame_rule r;
-        rule_for(ip, &r);
+        mt_rule_for(ip, &r);
         if (r.kind == MT_RULE_LAST || r.kind == MT_RULE_NO_INFO) {
             natural = 1;
             break;

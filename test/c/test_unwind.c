@@ -262,6 +262,52 @@ static void test_unchanged(void) {
     CHECK_EQ(other, 0);
 }
 
+/* The lazy walk's proof that a stack repeats: from the same frame (same
+ * ip and sp, one call site in probe_mid) it must still see that an outer
+ * return address changed, as when outer_a's caller becomes outer_b. */
+static uintptr_t mid_sp[4];
+static __attribute__((noinline)) int probe(int *same, uintptr_t *out) {
+    struct mt_walk_start at = MT_WALK_START_CALLER();
+    return mt_unwind_check(&at, out, MAXF, same);
+}
+static __attribute__((noinline)) int probe_mid(int k, int *same, uintptr_t *out) {
+    mid_sp[k] = (uintptr_t)__builtin_frame_address(0);
+    int n = probe(same, out);
+    __asm__ __volatile__("" ::: "memory"); /* no tail call: keep the frame */
+    return n;
+}
+static __attribute__((noinline)) int outer_a(int k, int *same, uintptr_t *out) {
+    int n = probe_mid(k, same, out);
+    __asm__ __volatile__("" ::: "memory");
+    return n;
+}
+static __attribute__((noinline)) int outer_b(int k, int *same, uintptr_t *out) {
+    int n = probe_mid(k, same, out);
+    __asm__ __volatile__("" ::: "memory");
+    return n;
+}
+
+static void test_repeat_proof(void) {
+    int same[4], n[4];
+    uintptr_t out[4][MAXF];
+    int (*const outer[4])(int, int *, uintptr_t *) = {outer_a, outer_a, outer_a, outer_b};
+    for (int k = 0; k < 4; k++) {
+        memset(out[k], 0, sizeof out[k]);
+        n[k] = outer[k](k, &same[k], out[k]);
+    }
+    CHECK(n[0] > 3);
+    CHECK_EQ(mid_sp[0], mid_sp[3]); /* else this test proves nothing */
+    CHECK_EQ(same[0], 0);
+    CHECK_EQ(same[1], 1); /* repeated: out left alone */
+    CHECK_EQ(same[2], 1); /* repeated again: the proof by the list of checks */
+    CHECK_EQ(same[3], 0); /* outer_b instead of outer_a, 2 frames up */
+    CHECK_EQ(n[3], n[0]);
+    CHECK_EQ(out[3][0], out[0][0]); /* in probe_mid */
+    CHECK(out[3][1] != out[0][1]);  /* in outer_b, not outer_a */
+    for (int i = 2; i < n[0]; i++)
+        CHECK_EQ(out[3][i], out[0][i]);
+}
+
 /* A signal frame is libunwind's business: the walker must give up there,
  * after the handler's frames.  It knows one by its unwind information
  * (glibc's or the vDSO's sigreturn trampoline) or, for musl's trampoline,
@@ -312,6 +358,7 @@ static void test_reload(const char *build) {
 int main(int argc, char **argv) {
     test_shapes();
     test_unchanged();
+    test_repeat_proof();
     test_signal_frame();
     test_reload(argc > 1 ? argv[1] : "_build/c");
     return check_summary();

@@ -1,0 +1,152 @@
+/*
+ * The unwind rules' cache (see unwind_rules.h): a fixed open-addressing
+ * table in its own mapping.  Writers store the rule word, then claim the key
+ * with a compare-and-swap; a key never changes once set, so readers need no
+ * lock.  Each rule word carries the generation it was computed in; dlclose
+ * bumps the generation, which turns every cached rule into a miss without
+ * touching the table.  So does any cache miss that finds the loader's
+ * load/unload count changed: libc unloads some modules itself (iconv's
+ * gconv, NSS) without going through the interposed dlclose.  (dlopen is not
+ * interposed: glibc searches the RUNPATH of dlopen's caller, which a
+ * wrapper would change.)
+ */
+#define _GNU_SOURCE
+#include "unwind_rules.h"
+
+#include <stddef.h>
+#include <sys/mman.h>
+
+#include "hash.h"
+#include "unwind.h"
+
+#define CACHE_BITS 15 /* 32768 addresses, 512 KiB */
+#define CACHE_PROBES 8
+/* A rule packed in one word: offsets in 8-byte units as magnitudes (the CFA
+ * lies above its register, the saved registers below the CFA), then flags,
+ * then the generation.  aarch64 compilers put the saved x29 and x30 at the
+ * bottom of the frame, so they need the range of the CFA offset; a rule
+ * beyond these ranges (a frame over 1 MiB, saved registers more than
+ * 128 KiB below the CFA) is left to libunwind. */
+#define CFA_BITS 17
+#define SLOT_BITS 14
+#define RA_SHIFT CFA_BITS
+#define BP_SHIFT (RA_SHIFT + SLOT_BITS)
+#define FLAGS_SHIFT (BP_SHIFT + SLOT_BITS)
+#define GEN_SHIFT (FLAGS_SHIFT + 4)
+#define GEN_MASK ((1ull << (64 - GEN_SHIFT)) - 1)
+
+struct entry {
+    _Atomic uint64_t key; /* return address; 0 = free */
+    _Atomic uint64_t val; /* packed rule | generation << GEN_SHIFT */
+};
+
+static struct entry *_Atomic cache;
+_Atomic uint64_t mt_rules_generation = 1;
+static _Atomic uint64_t seen_loads; /* mt_objects_generation at the last miss */
+
+void mt_unwind_forget(void) { atomic_fetch_add(&mt_rules_generation, 1); }
+
+/* Can r be packed?  eh_frame.c only makes frame rules with cfa_off > 0 and
+ * ra_off, bp_off < 0, all multiples of 8 but cfa_off. */
+static int packable(const struct mt_frame_rule *r) {
+    return r->kind != MT_RULE_FRAME ||
+           (r->cfa_off % 8 == 0 && r->cfa_off / 8 < (1 << CFA_BITS) &&
+            -(r->ra_off / 8) < (1 << SLOT_BITS) && -(r->bp_off / 8) < (1 << SLOT_BITS));
+}
+
+static uint64_t pack(const struct mt_frame_rule *r, uint64_t gen) {
+    return (uint64_t)(r->cfa_off / 8) | (uint64_t)(-(r->ra_off / 8)) << RA_SHIFT |
+           (uint64_t)(-(r->bp_off / 8)) << BP_SHIFT | (uint64_t)r->cfa_bp << FLAGS_SHIFT |
+           (uint64_t)r->bp_saved << (FLAGS_SHIFT + 1) |
+           (uint64_t)(r->kind & 3) << (FLAGS_SHIFT + 2) | gen << GEN_SHIFT;
+}
+
+static void unpack(uint64_t v, struct mt_frame_rule *r) {
+    r->cfa_off = (int32_t)(v & ((1u << CFA_BITS) - 1)) * 8;
+    r->ra_off = -(int32_t)((v >> RA_SHIFT) & ((1u << SLOT_BITS) - 1)) * 8;
+    r->bp_off = -(int32_t)((v >> BP_SHIFT) & ((1u << SLOT_BITS) - 1)) * 8;
+    r->cfa_bp = (v >> FLAGS_SHIFT) & 1;
+    r->bp_saved = (v >> (FLAGS_SHIFT + 1)) & 1;
+    r->kind = (v >> (FLAGS_SHIFT + 2)) & 3;
+}
+
+static struct entry *cache_table(void) {
+    struct entry *c = atomic_load_explicit(&cache, memory_order_acquire);
+    if (c)
+        return c;
+    /* Populated: addresses hash all over the table, so a few thousand cached
+     * rules touch every page, each first read and then write costing a page
+     * fault (~250 of them in a node's boot) where populating costs ~0.2 ms. */
+    void *m = mmap(NULL, sizeof(struct entry) << CACHE_BITS, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+#ifdef MADV_WIPEONFORK
+    /* An empty cache in a fork child rather than one shared copy on write,
+     * whose every page the parent would fault on again when it next writes
+     * there (the child's rules are for the same code: it just recomputes). */
+    madvise(m, sizeof(struct entry) << CACHE_BITS, MADV_WIPEONFORK);
+#endif
+    struct entry *none = NULL;
+    if (!atomic_compare_exchange_strong(&cache, &none, (struct entry *)m)) {
+        munmap(m, sizeof(struct entry) << CACHE_BITS); /* another thread won */
+        return none;
+    }
+    return m;
+}
+
+static inline size_t slot_of(uintptr_t ra) { return (size_t)mt_hash_index(ra, CACHE_BITS); }
+
+void mt_rule_for(uintptr_t ra, struct mt_frame_rule *r) {
+    uint64_t gen = atomic_load_explicit(&mt_rules_generation, memory_order_relaxed) & GEN_MASK;
+    struct entry *t = cache_table();
+    size_t mask = ((size_t)1 << CACHE_BITS) - 1, i = slot_of(ra);
+    if (t) {
+        for (int k = 0; k < CACHE_PROBES; k++, i = (i + 1) & mask) {
+            uint64_t key = atomic_load_explicit(&t[i].key, memory_order_acquire);
+            if (key == ra) {
+                uint64_t v = atomic_load_explicit(&t[i].val, memory_order_relaxed);
+                if (v >> GEN_SHIFT == gen) {
+                    unpack(v, r);
+                    return;
+                }
+                break; /* stale: recompute into this slot */
+            }
+            if (!key)
+                break;
+        }
+    }
+    uint64_t loads;
+    mt_eh_frame_rule(ra - 1, r, &loads);
+    if (!packable(r))
+        r->kind = MT_RULE_UNSUPPORTED;
+    uint64_t was = atomic_exchange_explicit(&seen_loads, loads, memory_order_relaxed);
+    if (was && was != loads) { /* objects came or went since: drop every cached rule */
+        mt_unwind_forget();
+        gen = atomic_load_explicit(&mt_rules_generation, memory_order_relaxed) & GEN_MASK;
+    }
+    if (!t)
+        return;
+    uint64_t v = pack(r, gen);
+    i = slot_of(ra);
+    for (int k = 0; k < CACHE_PROBES; k++, i = (i + 1) & mask) {
+        uint64_t key = atomic_load_explicit(&t[i].key, memory_order_acquire);
+        if (key == ra) {
+            atomic_store_explicit(&t[i].val, v, memory_order_relaxed);
+            return;
+        }
+        if (key)
+            continue;
+        /* The value goes in first; a reader only trusts it once the key is there,
+         * and whatever value it then reads carries its own generation. */
+        atomic_store_explicit(&t[i].val, v, memory_order_relaxed);
+        uint64_t none = 0;
+        if (atomic_compare_exchange_strong_explicit(&t[i].key, &none, ra, memory_order_release,
+                                                    memory_order_relaxed))
+            return;
+        if (none == ra) {
+            atomic_store_explicit(&t[i].val, v, memory_order_relaxed);
+            return;
+        }
+    }
+}
