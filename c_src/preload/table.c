@@ -221,7 +221,7 @@ static void counted_out(struct mt_shard *s, uint64_t addr, uint64_t size) {
 }
 
 /* Forgets addr wherever the shard keeps it; under its lock. */
-static int remove_locked(struct mt_shard *s, uint64_t addr, struct mt_entry *old) {
+static inline int remove_locked(struct mt_shard *s, uint64_t addr, struct mt_entry *old) {
     if (!atomic_load_explicit(&s->count, memory_order_relaxed))
         return 0;
     struct mt_entry e;
@@ -270,6 +270,9 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
     struct mt_entry e = {addr, size, t_ms, stack_id};
     struct mt_shard *s = shard_of(addr);
     enum mt_insert_result r = MT_INSERTED;
+    /* What needs no lock is done before it is taken. */
+    uint64_t h = hash_addr(addr), key = addr >> 4, tag = tag_of(h);
+    struct mt_slot packed = pack(&e);
     mt_lock(&s->lock);
     if (!addr) { /* not a block: never recorded, counted so that it shows */
         relaxed_add(&s->dropped, 1);
@@ -290,8 +293,6 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
         r = MT_DROPPED;
         goto out;
     }
-    uint64_t h = hash_addr(addr), key = addr >> 4, tag = tag_of(h);
-    struct mt_slot packed = pack(&e);
     for (;;) {
         struct bucket *b = s->dir[dir_index(h, s->depth)];
         unsigned i = find(b, key, tag);

@@ -150,7 +150,7 @@ __attribute__((noinline)) void mt_record_now(void *p, size_t size) {
     *err = saved;
 }
 
-static __attribute__((noinline)) int forget_now(void *p, struct mt_entry *old) {
+static inline int forget_now(void *p, struct mt_entry *old) {
     unsigned char was = mt_tracker_enter();
     int found = mt_table_remove((uintptr_t)p, old);
     mt_tracker_leave(was);

@@ -202,12 +202,6 @@ static inline __attribute__((always_inline)) READS_STACK int
 walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int lazy) {
     uintptr_t ip = at->ip, sp = at->sp, bp = at->bp;
     uint64_t gen = atomic_load_explicit(&mt_rules_generation, memory_order_relaxed);
-    /* The common case first: the same stack as last time, proved by its
-     * checks (only in the same thread stack: sp is the walk's own). */
-    if (lazy && last_gen == gen && repeats(ip, sp, bp, max) && top_of_stack(sp)) {
-        *same = 1;
-        return last_n < max ? last_n : max;
-    }
     chk_n = -1; /* whatever this walk finds, the list is rebuilt only on a repeat */
     uintptr_t pre_ip[PREFIX_MAX], pre_sp[PREFIX_MAX], pre_bp[PREFIX_MAX];
     int32_t pre_bp_off[PREFIX_MAX], pre_ra_off[PREFIX_MAX];
@@ -318,9 +312,22 @@ READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int
     return walk(&at, out, max, same, 0);
 }
 
+static __attribute__((noinline)) READS_STACK int walk_lazy(const struct mt_walk_start *at,
+                                                           uintptr_t *out, int max, int *same) {
+    return walk(at, out, max, same, 1);
+}
+
 READS_STACK int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, int max,
                                 int *same) {
-    return walk(at, out, max, same, 1);
+    /* The common case first, before the walk's frame is set up: the same
+     * stack as last time, proved by its checks (in the same thread stack:
+     * sp is the walk's own). */
+    if (last_gen == atomic_load_explicit(&mt_rules_generation, memory_order_relaxed) &&
+        repeats(at->ip, at->sp, at->bp, max) && top_of_stack(at->sp)) {
+        *same = 1;
+        return last_n < max ? last_n : max;
+    }
+    return walk_lazy(at, out, max, same);
 }
 
 void mt_unwind_last(uintptr_t *out, int n) {
