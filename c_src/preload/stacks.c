@@ -6,12 +6,8 @@
  * or freed.  Inserting a new stack takes one spinlock; after warm-up almost
  * every capture finds its stack already there.
  */
-#define UNW_LOCAL_ONLY
 #include "stacks.h"
 
-#ifndef MT_NO_LIBUNWIND
-#include <libunwind.h>
-#endif
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -22,6 +18,7 @@
 #include "spinlock.h"
 #include "state.h"
 #include "unwind.h"
+#include "unwind_fallback.h"
 
 /* 2^17 buckets (512 KiB), mapped populated: hashing scatters even a few
  * hundred stacks over every page of the array, and faulting them in one by
@@ -59,7 +56,6 @@ static _Atomic uint32_t *buckets;     /* head id per bucket, 0 = empty */
 static _Atomic uint32_t *heads_valid; /* just after the buckets: 0 once wiped by a fork */
 static struct stack_rec **_Atomic dir[1u << DIR_BITS];
 static mt_spinlock insert_lock;
-static mt_spinlock libunwind_lock; /* around every call into libunwind; see mt_stack_capture */
 static _Atomic uint32_t next_id = 1;
 static char *chunk, *chunk_end;
 static _Atomic uint64_t mapped_bytes, dropped;
@@ -92,10 +88,6 @@ void mt_stacks_init(void) {
             buckets = b;
         }
     }
-#ifndef MT_NO_LIBUNWIND
-    /* Per-thread caches keep libunwind off its global lock while unwinding. */
-    unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
-#endif
 }
 
 /* The multiplies are independent of each other, so a deep stack hashes in
@@ -246,17 +238,12 @@ uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth) {
     if (n < 0) {
         if (mt_state.fast_unwind)
             mt_unwind_count_fallback();
-#ifdef MT_NO_LIBUNWIND
-        n = -1 - n; /* no libunwind (musl): the frames walked before the walker gave up */
-#else
-        /* libunwind takes a global lock of its own (Debian's ignores the
-         * per-thread cache setting) and blocks signals meanwhile: a fork
-         * while another thread holds it would leave the child's first
-         * fallback waiting for ever.  fork holds this lock too. */
-        mt_lock(&libunwind_lock);
-        n = unw_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
-        mt_unlock(&libunwind_lock);
-#endif
+        /* Without libunwind (a musl build, or before it is loaded): the
+         * frames walked before the walker gave up. */
+        int walked = -1 - n;
+        n = mt_fallback_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
+        if (n < 0)
+            n = walked;
     }
     /* The same walk as last time left buf unwritten: what was made of it
      * then (skip, got, the id) still holds. */
@@ -322,11 +309,11 @@ void mt_stack_figures(struct mt_stack_figures *out) {
 }
 
 void mt_stacks_lock(void) {
-    mt_lock(&libunwind_lock);
+    mt_fallback_lock();
     mt_lock(&insert_lock);
 }
 
 void mt_stacks_unlock(void) {
     mt_unlock(&insert_lock);
-    mt_unlock(&libunwind_lock);
+    mt_fallback_unlock();
 }

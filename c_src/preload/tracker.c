@@ -13,6 +13,7 @@
 #include "libc.h"
 #include "stacks.h"
 #include "unwind.h"
+#include "unwind_fallback.h"
 
 extern char **__environ;
 
@@ -230,6 +231,8 @@ __attribute__((constructor)) static void on_load(void) {
         configure(); /* the environment is readable now */
     unsigned char was = mt_tracker_enter();
     mt_libc_resolve();
+    if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE)
+        mt_fallback_load(); /* allocates: inside enter/leave */
     mt_tracker_leave(was);
     if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE) {
         pthread_atfork(fork_prepare, fork_parent, fork_child);
