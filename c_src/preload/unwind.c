@@ -101,15 +101,24 @@ static inline uintptr_t return_address(uintptr_t word) {
  * Checks every step from frame c outwards: the return address slot, and
  * the saved-bp slot where a later frame uses that bp.  Returns the first
  * frame after the outermost step that changed (c when nothing changed). */
+/* The stack words step j of the previous walk (frame j to j + 1) read:
+ * the return address, and the saved bp when a later frame uses it. */
+static inline const uintptr_t *ra_slot(int j) {
+    return (const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.ra_off[j]);
+}
+static inline const uintptr_t *bp_slot(int j) {
+    return (last.flags[j] & F_BP_SAVED) && (last.flags[j + 1] & F_NEEDS_BP)
+               ? (const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.bp_off[j])
+               : NULL;
+}
+
 static READS_STACK int valid_from(int c) {
     int from = c;
     for (int j = c; j + 1 < last_n; j++) {
-        int same =
-            return_address(*(const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.ra_off[j])) ==
-            last.ip[j + 1];
-        if ((last.flags[j] & F_BP_SAVED) && (last.flags[j + 1] & F_NEEDS_BP))
-            same &=
-                *(const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.bp_off[j]) == last.bp[j + 1];
+        const uintptr_t *bp = bp_slot(j);
+        int same = return_address(*ra_slot(j)) == last.ip[j + 1];
+        if (bp)
+            same &= *bp == last.bp[j + 1];
         if (!same)
             from = j + 1;
     }
@@ -117,17 +126,15 @@ static READS_STACK int valid_from(int c) {
 }
 
 /* The checks valid_from(0) makes, as a list; right after it found nothing
- * changed, so the words read now are those of the walk. */
+ * changed, so the words read now are those of the walk (return addresses
+ * as stored: on aarch64 possibly signed). */
 static READS_STACK void build_checks(void) {
     int k = 0;
     for (int j = 0; j + 1 < last_n; j++) {
-        const uintptr_t *at = (const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.ra_off[j]);
-        chk_at[k] = at;
-        chk_word[k++] = *at; /* as stored: on aarch64 possibly signed */
-        if ((last.flags[j] & F_BP_SAVED) && (last.flags[j + 1] & F_NEEDS_BP)) {
-            at = (const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.bp_off[j]);
-            chk_at[k] = at;
-            chk_word[k++] = *at;
+        const uintptr_t *at[2] = {ra_slot(j), bp_slot(j)};
+        for (int i = 0; i < 2 && at[i]; i++) {
+            chk_at[k] = at[i];
+            chk_word[k++] = *at[i];
         }
     }
     chk_n = k;

@@ -3,7 +3,6 @@
 #include "unwind_fallback.h"
 
 #include <stdatomic.h>
-#include <stddef.h>
 
 #include "spinlock.h"
 
