@@ -1,11 +1,13 @@
 /*
  * Allocation churn, the workload a tracer must not slow down:
- *   churn THREADS PAIRS_PER_THREAD [disabled]
+ *   churn THREADS PAIRS_PER_THREAD [disabled | disabled-after]
  * Each thread keeps a live window of 4096 pointers and replaces a random one
  * per step (free + malloc of 16..1040 bytes), always from call depth 12 below
  * its thread function, through 64 different call chains.
  * "disabled" turns tracking off through the preload's API first (as
- * Mtrace.disable/0 does), to measure the cost of a loaded but idle tracer.
+ * Mtrace.disable/0 does), to measure the cost of a loaded but idle tracer;
+ * "disabled-after" only once the windows are filled (and recorded), so the
+ * frees also ask the table about blocks recorded before.
  * Prints "ns_per_pair N": wall time of the churn loop only, all threads.
  */
 #define _GNU_SOURCE
@@ -95,13 +97,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "churn: 1..64 threads and a positive pair count\n");
         return 2;
     }
-    if (argc > 3 && !strcmp(argv[3], "disabled")) {
-        const struct mtrace_api *api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
+    const char *mode = argc > 3 ? argv[3] : "";
+    int after = !strcmp(mode, "disabled-after");
+    const struct mtrace_api *api = NULL;
+    if (after || !strcmp(mode, "disabled")) {
+        api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
         if (!api) {
-            fprintf(stderr, "churn: disabled needs the preload (LD_PRELOAD=.../mtrace.so)\n");
+            fprintf(stderr, "churn: %s needs the preload (LD_PRELOAD=.../mtrace.so)\n", mode);
             return 2;
         }
-        api->set_enabled(0);
+        if (!after)
+            api->set_enabled(0);
     }
     struct worker *ws = calloc((size_t)threads, sizeof *ws);
     pthread_t tid[64];
@@ -111,6 +117,8 @@ int main(int argc, char **argv) {
         for (int k = 0; k < WINDOW; k++) /* the window starts full, outside the timing */
             ws[t].window[k] = malloc(16 + (size_t)k % 1025);
     }
+    if (after)
+        api->set_enabled(0);
     double t0 = now_ns();
     for (int t = 0; t < threads; t++)
         pthread_create(&tid[t], NULL, run, &ws[t]);

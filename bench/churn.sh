@@ -1,6 +1,7 @@
 #!/bin/sh
 # C churn, side by side: bare glibc, mtrace lossless, mtrace sampling, mtrace
-# loaded but disabled, and heaptrack when installed.  Variants are
+# loaded but disabled (from the start, and after recording the live window),
+# and heaptrack when installed.  Variants are
 # interleaved (A B C ... A B C ...) for ROUNDS rounds; each cell is the median
 # ns per malloc/free pair and the median of the per-round ratios to bare glibc
 # (a ratio compares runs made seconds apart, so machine drift cancels out).
@@ -12,7 +13,7 @@ churn=$build/churn
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mtrace-churn.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-variants="glibc lossless sampling disabled"
+variants="glibc lossless sampling disabled held"
 command -v heaptrack >/dev/null 2>&1 && variants="$variants heaptrack"
 
 run() { # run VARIANT THREADS -> prints ns per pair
@@ -22,6 +23,7 @@ run() { # run VARIANT THREADS -> prints ns per pair
     sampling) LD_PRELOAD=$priv/mtrace.so MTRACE_PROGRAMS=churn MTRACE_SAMPLE_BYTES=524288 \
         "$churn" "$2" "$pairs" ;;
     disabled) LD_PRELOAD=$priv/mtrace.so MTRACE_PROGRAMS=churn "$churn" "$2" "$pairs" disabled ;;
+    held) LD_PRELOAD=$priv/mtrace.so MTRACE_PROGRAMS=churn "$churn" "$2" "$pairs" disabled-after ;;
     heaptrack) heaptrack -o "$tmp/ht" "$churn" "$2" "$pairs" 2>/dev/null && rm -f "$tmp"/ht* ;;
     esac | awk '/^ns_per_pair/ { print $2 }'
 }
@@ -49,6 +51,7 @@ function label(x) {
     if (x == "lossless") return "mtrace lossless"
     if (x == "sampling") return "mtrace sampling 512 KiB"
     if (x == "disabled") return "mtrace disabled"
+    if (x == "held") return "mtrace disabled, blocks held"
     return x
 }
 END {

@@ -483,7 +483,10 @@ defmodule Mtrace do
 
   @doc """
   Stops recording new allocations (frees are still honoured, so nothing
-  recorded goes stale). Returns `:ok`.
+  recorded goes stale). Returns `:ok`. While blocks recorded before are in
+  the table, each free still asks it about its block; when the table is
+  empty as tracking goes off, or once `reset/0` empties it, calls go
+  straight to libc.
 
       iex> Mtrace.disable()
       :ok

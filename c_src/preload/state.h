@@ -19,10 +19,11 @@ enum mt_mode {
     MT_MODE_ACTIVE        /* traced; tracking may still be switched off */
 };
 
-/* The one word every hook reads first, derived from mode, enabled and the
- * sampling mean (mt_tracker_update_gate). */
+/* The one word every hook reads first, derived from mode, enabled, the
+ * sampling mean and, while switched off, whether the table is empty
+ * (update_gate and gate_off in tracker.c). */
 enum mt_gate {
-    MT_GATE_INERT,  /* straight to libc, frees included: the table never held a block */
+    MT_GATE_INERT,  /* straight to libc, frees included: the table holds no block */
     MT_GATE_LIBC,   /* straight to libc, but frees ask the table's filters (switched off) */
     MT_GATE_SETUP,  /* the first call must configure the process */
     MT_GATE_TRACK,  /* calls counted, every block recorded */

@@ -85,9 +85,18 @@ struct mt_table_figures {
 /* Lock-free snapshot of the counters (each shard's figures are consistent). */
 void mt_table_figures(struct mt_table_figures *out);
 
-/* Holds every shard lock across fork() so the child gets a consistent table. */
+/* The table's memory mapped now, without touching the shards. */
+uint64_t mt_table_mapped(void);
+
+/* Every shard lock: held across a reset, and while the tracker decides
+ * whether the table is empty as tracking goes off. */
 void mt_table_lock_all(void);
 void mt_table_unlock_all(void);
+
+/* Around fork(): every lock held, so the child gets a consistent table. */
+void mt_table_fork_prepare(void);
+void mt_table_fork_parent(void);
+void mt_table_fork_child(void);
 
 /* Test hook: when set, the table asks it instead of mmap for every mapping
  * (see table_mem.h). */

@@ -36,6 +36,7 @@ static struct chunk *chunks; /* newest first */
 static char *next_free, *chunk_end;
 static void *free_lists[MT_MEM_MAX_SHIFT + 1]; /* a given-back block's first word links */
 static _Atomic uint64_t mapped;
+static char *unforked; /* from here to chunk_end: left out of a fork child */
 
 static unsigned shift_of(size_t bytes) {
     unsigned s = MIN_SHIFT;
@@ -124,6 +125,40 @@ void mt_mem_release_all(void) {
     }
     next_free = chunk_end = NULL;
     memset(free_lists, 0, sizeof free_lists);
+    mt_unlock(&lock);
+}
+
+/* A fork child gets the table's memory as it is, except the untouched tail
+ * of the current chunk.  Populated before the fork, each page of that tail
+ * would be shared copy on write, and the parent's first write to it would
+ * fault once more (~12 us a page on a virtual machine; the VM forks its
+ * child-setup program early in its boot, when most of the first chunk is
+ * still unused).  The child maps a chunk of its own when it needs one. */
+#define FORK_ALIGN ((uintptr_t)1 << 16) /* a page boundary for any page size */
+
+void mt_mem_fork_prepare(void) {
+    mt_lock(&lock);
+    unforked = NULL;
+    if (!next_free || mt_table_map_hook)
+        return;
+    char *from = (char *)(((uintptr_t)next_free + FORK_ALIGN - 1) & ~(FORK_ALIGN - 1));
+    if (from < chunk_end && madvise(from, (size_t)(chunk_end - from), MADV_DONTFORK) == 0)
+        unforked = from;
+}
+
+void mt_mem_fork_parent(void) {
+    if (unforked)
+        madvise(unforked, (size_t)(chunk_end - unforked), MADV_DOFORK);
+    mt_unlock(&lock);
+}
+
+void mt_mem_fork_child(void) {
+    if (unforked) { /* not mapped here: the chunk ends where it does */
+        size_t gone = (size_t)(chunk_end - unforked);
+        chunks->bytes -= gone;
+        atomic_fetch_sub_explicit(&mapped, gone, memory_order_relaxed);
+        chunk_end = unforked;
+    }
     mt_unlock(&lock);
 }
 

@@ -26,6 +26,12 @@ void mt_mem_give(void *p, size_t bytes);
 /* Unmaps every chunk: all blocks ever taken are gone. */
 void mt_mem_release_all(void);
 
+/* Around fork, with every shard lock held: the child does not inherit the
+ * current chunk's untouched tail (see table_mem.c). */
+void mt_mem_fork_prepare(void);
+void mt_mem_fork_parent(void);
+void mt_mem_fork_child(void);
+
 /* Bytes mapped now. */
 uint64_t mt_mem_mapped(void);
 

@@ -24,16 +24,39 @@ static int exit_key_made;
 
 /* ---- the gate ------------------------------------------------------------ */
 
+/* Tracking is off in a traced process: frees must still ask the filters
+ * while the table holds blocks recorded before (LIBC), but with an empty
+ * table they need not, and a tracer loaded switched off (MTRACE_ENABLED=0,
+ * or disabled and reset) costs what interposing costs (INERT).  Decided
+ * with every shard lock held: an insert that was under way as tracking went
+ * off either finished before (the table is not empty) or takes its lock
+ * after, then finds INERT and puts LIBC back (insert()). */
+static void gate_off(void) {
+    unsigned char was = mt_tracker_enter(); /* no malloc may wait on the locks */
+    mt_table_lock_all();
+    struct mt_table_figures t;
+    mt_table_figures(&t);
+    int libc = MT_GATE_LIBC; /* unless switched on again meanwhile */
+    if (!t.live_count)
+        atomic_compare_exchange_strong(&mt_state.gate, &libc, MT_GATE_INERT);
+    mt_table_unlock_all();
+    mt_tracker_leave(was);
+}
+
 static void update_gate(void) {
     enum mt_mode m = atomic_load(&mt_state.mode);
-    struct mt_table_figures t;
-    mt_table_figures(&t); /* a provisional configuration may have recorded blocks */
+    /* A provisional configuration may have recorded blocks.  (Not from the
+     * shards' figures: reading them faults in 17 pages in every untraced
+     * program.) */
+    uint64_t held = mt_table_mapped();
     enum mt_gate g = m == MT_MODE_UNCONFIGURED || m == MT_MODE_CONFIGURING ? MT_GATE_SETUP
-                     : m == MT_MODE_INERT && !t.table_bytes                ? MT_GATE_INERT
+                     : m == MT_MODE_INERT && !held                         ? MT_GATE_INERT
                      : !mt_state_tracking_on()                             ? MT_GATE_LIBC
                      : mt_state.sample_mean                                ? MT_GATE_SAMPLE
                                                                            : MT_GATE_TRACK;
     atomic_store(&mt_state.gate, g);
+    if (g == MT_GATE_LIBC && m == MT_MODE_ACTIVE)
+        gate_off();
 }
 
 static void configure(void) {
@@ -137,6 +160,12 @@ void mt_tracker_leave(unsigned char was) { mt_me.f.b.busy = was; }
 static void insert(uint64_t addr, uint64_t size, uint64_t t_ms, uint32_t stack) {
     mt_me.f.b.busy = MT_BUSY_LOCKED;
     mt_table_insert(addr, size, t_ms, stack);
+    /* Tracking went off, with an empty table, while this block was being
+     * recorded: its free must ask the filters (see gate_off). */
+    if (mt_unlikely(mt_gate() == MT_GATE_INERT)) {
+        int inert = MT_GATE_INERT;
+        atomic_compare_exchange_strong(&mt_state.gate, &inert, MT_GATE_LIBC);
+    }
 }
 
 /* The walk starts in the hook that called this (or the tracker function
@@ -208,20 +237,25 @@ static void fork_prepare(void) {
     mt_me.fork_saved_busy = mt_tracker_enter();
     mt_counts_lock();
     mt_stacks_lock();
-    mt_table_lock_all();
+    mt_table_fork_prepare();
 }
 
-static void fork_parent(void) {
-    mt_table_unlock_all();
+static void unlock_rest(void) {
     mt_stacks_unlock();
     mt_counts_unlock();
     mt_tracker_leave(mt_me.fork_saved_busy);
 }
 
+static void fork_parent(void) {
+    mt_table_fork_parent();
+    unlock_rest();
+}
+
 static void fork_child(void) {
     mt_counts_child(&mt_me.counts); /* the other threads did not come along */
     mt_erl_forked();
-    fork_parent();
+    mt_table_fork_child();
+    unlock_rest();
 }
 
 __attribute__((constructor)) static void on_load(void) {
@@ -249,6 +283,13 @@ int mt_tracker_active(void) { return ready(); }
 void mt_tracker_set_enabled(int on) {
     atomic_store(&mt_state.enabled, on != 0);
     update_gate();
+}
+
+uint64_t mt_tracker_reset(void) {
+    uint64_t forgotten = mt_table_reset();
+    if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE && !mt_state_tracking_on())
+        gate_off(); /* now empty: frees need not ask */
+    return forgotten;
 }
 
 int mt_thread_ignore(int on) {

@@ -168,6 +168,7 @@ void mt_tracker_leave(unsigned char was);
 /* For the contract (api.c): tracking switch, reader threads, counters. */
 int mt_tracker_active(void); /* configures on the first call */
 void mt_tracker_set_enabled(int on);
+uint64_t mt_tracker_reset(void); /* the table's, and the gate after it */
 int mt_thread_ignore(int on);
 
 #endif

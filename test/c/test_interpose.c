@@ -294,6 +294,22 @@ static void test_switches(void) {
     void *again = malloc(3005);
     CHECK(lookup(again, 3005, NULL));
     free(again);
+
+    /* Switched off with an empty table (frees then skip the filters), and
+     * on again: recording and forgetting work as before. */
+    api->set_enabled(0);
+    api->reset();
+    void *off = malloc(3006);
+    free(off);
+    api->set_enabled(1);
+    void *on = malloc(3007);
+    CHECK(lookup(on, 3007, NULL));
+    api->set_enabled(0); /* the table holds it: frees ask again */
+    free(on);
+    CHECK(!lookup(on, 3007, NULL));
+    api->set_enabled(1);
+    api->stats(&s, sizeof s);
+    CHECK_EQ(s.enabled, 1);
 }
 
 int main(void) {

@@ -102,6 +102,57 @@ static __attribute__((noinline)) void test_child_knows_stacks(void) {
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* A fork child does not inherit the untouched end of the table's current
+ * chunk: it must grow its table past it, and count its memory right.  The
+ * parent's later use of that end must come along the next fork. */
+#define MANY 200000
+static int grows_in_child(void **blocks, size_t n, const void *from_parent) {
+    struct mtrace_stats before, after;
+    api->stats(&before, sizeof before);
+    for (size_t i = 0; i < n; i++)
+        if (!(blocks[i] = malloc(24)))
+            return 30;
+    api->stats(&after, sizeof after);
+    if (after.live_count != before.live_count + n || after.table_bytes < before.table_bytes)
+        return 31;
+    if (from_parent && !recorded(from_parent, ANCHOR_SIZE + 3))
+        return 32;
+    for (size_t i = 0; i < n; i++)
+        free(blocks[i]);
+    api->stats(&after, sizeof after);
+    return after.live_count == before.live_count ? 0 : 33;
+}
+
+static int forked(void **blocks, const void *from_parent) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);
+        _exit(grows_in_child(blocks, MANY, from_parent));
+    }
+    int status = -1;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
+        return -1;
+    return WEXITSTATUS(status);
+}
+
+static void test_child_grows_table(void) {
+    void **blocks = calloc(MANY, sizeof *blocks);
+    CHECK(blocks != NULL);
+    if (!blocks)
+        return;
+    CHECK_EQ(forked(blocks, NULL), 0);
+    /* The parent fills the end it kept out of that child, then forks again. */
+    CHECK_EQ(grows_in_child(blocks, MANY / 4, NULL), 0);
+    for (size_t i = 0; i < MANY / 4; i++)
+        blocks[i] = malloc(24);
+    char *p = malloc(ANCHOR_SIZE + 3);
+    CHECK_EQ(forked(blocks, p), 0); /* the child writes its own copy of blocks */
+    for (size_t i = 0; i < MANY / 4; i++)
+        free(blocks[i]);
+    free(p);
+    free(blocks);
+}
+
 /* Starts this program again untracked (or without the preload), with argument mode. */
 static void exec_self(const char *mode, int keep_programs, int keep_preload) {
     if (!keep_programs)
@@ -366,11 +417,13 @@ struct probe {
 };
 
 /* Runs this program as a traced child in the given mode; 0 when counted. */
-static int probe(int tracked, int preload, struct probe *out) {
+static int probe(int tracked, int preload, int off, struct probe *out) {
     pid_t pid = fork();
     if (pid == 0) {
         if (ptrace(PTRACE_TRACEME, 0, NULL, NULL) != 0)
             _exit(125);
+        if (off)
+            setenv("MTRACE_ENABLED", "0", 1);
         exec_self("--probe", tracked, preload);
     }
     int status;
@@ -398,27 +451,32 @@ static int probe(int tracked, int preload, struct probe *out) {
 }
 
 static void test_inert_cost(void) {
-    struct probe inert, tracked, glibc;
-    if (probe(0, 1, &inert) != 0) {
+    struct probe inert, tracked, off, glibc;
+    if (probe(0, 1, 0, &inert) != 0) {
         printf("skipped: instruction counts (ptrace single-stepping not permitted%s)\n",
                check_emulator() ? ": qemu-user does not emulate ptrace" : " here");
         return;
     }
-    CHECK_EQ(probe(1, 1, &tracked), 0);
-    CHECK_EQ(probe(0, 0, &glibc), 0);
+    CHECK_EQ(probe(1, 1, 0, &tracked), 0);
+    CHECK_EQ(probe(1, 1, 1, &off), 0);
+    CHECK_EQ(probe(0, 0, 0, &glibc), 0);
     printf("instructions in mtrace.so (all instructions between the stops, raise included):\n"
            "  untracked program: malloc %ld (%ld), free %ld (%ld)\n"
            "  tracked program:   malloc %ld (%ld), free %ld (%ld)\n"
+           "  switched off:      malloc %ld (%ld), free %ld (%ld)\n"
            "  without preload:   malloc %ld (%ld), free %ld (%ld)\n",
            inert.malloc_ours, inert.malloc_all, inert.free_ours, inert.free_all,
            tracked.malloc_ours, tracked.malloc_all, tracked.free_ours, tracked.free_all,
-           glibc.malloc_ours, glibc.malloc_all, glibc.free_ours, glibc.free_all);
+           off.malloc_ours, off.malloc_all, off.free_ours, off.free_all, glibc.malloc_ours,
+           glibc.malloc_all, glibc.free_ours, glibc.free_all);
     /* malloc: load the gate word, test it, branch, jump to libc.  free: the
      * same, plus the lock-free filter probe that lets a block recorded before
      * tracking was switched off still be forgotten (a hash and one byte load). */
     CHECK(inert.malloc_ours >= 1 && inert.malloc_ours <= 8);
     CHECK(inert.free_ours >= 1 && inert.free_ours <= 24);
     CHECK(tracked.malloc_ours > inert.malloc_ours); /* the counter can see the difference */
+    /* Switched off (MTRACE_ENABLED=0) with nothing recorded: no filter probe. */
+    CHECK(off.malloc_ours <= inert.malloc_ours && off.free_ours <= inert.free_ours);
     CHECK_EQ(glibc.malloc_ours + glibc.free_ours, 0);
 }
 
@@ -442,6 +500,7 @@ int main(int argc, char **argv) {
         printf("note: %d forks under %s\n", forks, check_emulator());
     }
     test_child_knows_stacks();
+    test_child_grows_table();
     test_storm(forks);
     test_inert_cost();
     return check_summary();
