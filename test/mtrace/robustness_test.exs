@@ -569,7 +569,7 @@ defmodule Mtrace.RobustnessTest do
         {Mtrace, :olds, [count_or_term(), second]}
 
       "sites/1" ->
-        {Mtrace, :sites, [opts_or_term(sites_opts(ctx.mark))]}
+        {Mtrace, :sites, [short_windows(opts_or_term(sites_opts(ctx.mark)))]}
 
       "mark/1" ->
         {Mtrace, :mark, [opts_or_term(node_opts())]}
@@ -578,7 +578,7 @@ defmodule Mtrace.RobustnessTest do
         {Mtrace, :stats, [opts_or_term(node_opts())]}
 
       "report/1" ->
-        {Mtrace, :report, [opts_or_term(report_opts(ctx.mark))]}
+        {Mtrace, :report, [short_windows(opts_or_term(report_opts(ctx.mark)))]}
 
       "export/1,2" ->
         path = path_arg(ctx.dir)
@@ -603,7 +603,7 @@ defmodule Mtrace.RobustnessTest do
         args =
           Enum.random([
             [],
-            [TermGen.keyword(sites_opts(ctx.mark))],
+            [short_windows(TermGen.keyword(sites_opts(ctx.mark)))],
             [:rand.uniform(10)],
             TermGen.term()
           ])
