@@ -1,7 +1,9 @@
 #!/bin/sh
 # C churn, side by side: bare glibc, mtrace lossless, mtrace sampling, mtrace
 # loaded but disabled (from the start, and after recording the live window),
-# and heaptrack when installed.  Variants are
+# and heaptrack when installed; with 1 thread also the builds of mtrace.so
+# that each leave one part out (table, stacks, lock), whose difference to
+# lossless is what that part costs a pair.  Variants are
 # interleaved (A B C ... A B C ...) for ROUNDS rounds; each cell is the median
 # ns per malloc/free pair and the median of the per-round ratios to bare glibc
 # (a ratio compares runs made seconds apart, so machine drift cancels out).
@@ -15,6 +17,13 @@ trap 'rm -rf "$tmp"' EXIT
 
 variants="glibc lossless sampling disabled held"
 command -v heaptrack >/dev/null 2>&1 && variants="$variants heaptrack"
+# Builds of mtrace.so that each leave one part out (c_src/build.mk), run with
+# 1 thread: what that part costs a lossless pair is the difference.
+leave_out=$(cd "$build" && pwd)/leave-out
+parts=""
+for p in table stacks lock; do
+    [ -f "$leave_out/$p/mtrace.so" ] && parts="$parts no-$p"
+done
 
 run() { # run VARIANT THREADS -> prints ns per pair
     case $1 in
@@ -24,6 +33,7 @@ run() { # run VARIANT THREADS -> prints ns per pair
         "$churn" "$2" "$pairs" ;;
     disabled) LD_PRELOAD=$priv/mtrace.so MTRACE_PROGRAMS=churn "$churn" "$2" "$pairs" disabled ;;
     held) LD_PRELOAD=$priv/mtrace.so MTRACE_PROGRAMS=churn "$churn" "$2" "$pairs" disabled-after ;;
+    no-*) LD_PRELOAD=$leave_out/${1#no-}/mtrace.so MTRACE_PROGRAMS=churn "$churn" "$2" "$pairs" ;;
     heaptrack) heaptrack -o "$tmp/ht" "$churn" "$2" "$pairs" 2>/dev/null && rm -f "$tmp"/ht* ;;
     esac | awk '/^ns_per_pair/ { print $2 }'
 }
@@ -31,7 +41,9 @@ run() { # run VARIANT THREADS -> prints ns per pair
 r=1
 while [ "$r" -le "$rounds" ]; do
     for t in 1 2; do
-        for v in $variants; do
+        vs=$variants
+        [ "$t" = 1 ] && vs="$vs $parts"
+        for v in $vs; do
             ns=$(run "$v" "$t")
             [ -n "$ns" ] || { echo "bench/churn.sh: $v with $t threads printed nothing" >&2; exit 1; }
             echo "$r $t $v $ns" >>"$tmp/samples"
@@ -41,12 +53,19 @@ while [ "$r" -le "$rounds" ]; do
 done
 
 # Medians per (threads, variant) of ns and of per-round ratios, as markdown.
-awk -v variants="$variants" -v rounds="$rounds" '
+awk -v variants="$variants" -v parts="$parts" -v rounds="$rounds" '
 { ns[$1, $2, $3] = $4 }
 function median(a, n,    i, j, t) {
     for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
     return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }
+function part_label(x) {
+    if (x == "no-table") return "without the table (recording and forgetting return at once)"
+    if (x == "no-stacks") return "without taking stacks"
+    if (x == "no-lock") return "without the shard lock'"'"'s atomic exchange (a plain store)"
+    return x
+}
+function ns_of(v,    r, a) { for (r = 1; r <= rounds; r++) a[r] = ns[r, 1, v]; return median(a, rounds) }
 function label(x) {
     if (x == "lossless") return "mtrace lossless"
     if (x == "sampling") return "mtrace sampling 512 KiB"
@@ -77,4 +96,16 @@ END {
     }
     print row
     printf "\nMedian of %d interleaved rounds; 16-1040 byte blocks, live window 4096, call depth 12.\n", rounds
+    if (parts == "") exit
+    print ""
+    print "| A lossless pair taken apart, 1 thread: builds that leave one part out | ns per pair | that part costs |"
+    print "|---|---|---|"
+    printf "| mtrace lossless | %.0f ns | |\n", ns_of("lossless")
+    np = split(parts, pn, " ")
+    for (i = 1; i <= np; i++) {
+        for (r = 1; r <= rounds; r++) a[r] = ns[r, 1, "lossless"] - ns[r, 1, pn[i]]
+        printf "| %s | %.0f ns | %.0f ns |\n", part_label(pn[i]), ns_of(pn[i]), median(a, rounds)
+    }
+    printf "| glibc alone, no preload | %.0f ns | |\n", ns_of("glibc")
+    printf "\nMedian of %d interleaved rounds, in the same runs as the table above.\n", rounds
 }' "$tmp/samples"

@@ -221,9 +221,25 @@ $(BUILD)/symbols_fixture.so: test/c/symbols_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -O1 -g $(SO_LDFLAGS) -o $@ test/c/symbols_fixture.c
 
-# Benchmarks (figures only, never asserted).
-bench-c: all $(BUILD)/query_bench $(BUILD)/churn $(BUILD)/symbols_bench
+# Benchmarks (figures only, never asserted).  The leave-out builds are
+# mtrace.so without one part (-DMT_LEAVE_OUT_...), so that bench/churn.sh
+# can say what each part of a lossless pair costs.
+LEAVE_OUT = $(BUILD)/leave-out/table/mtrace.so $(BUILD)/leave-out/stacks/mtrace.so \
+	$(BUILD)/leave-out/lock/mtrace.so
+bench-c: all $(BUILD)/query_bench $(BUILD)/churn $(BUILD)/symbols_bench $(LEAVE_OUT)
 	sh bench/run.sh $(BUILD) $(PRIV)
+
+$(BUILD)/leave-out/table/mtrace.so: $(PRELOAD_SRC) $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)/leave-out/table
+	$(CC) $(CFLAGS_ALL) -DMT_LEAVE_OUT_TABLE $(PRELOAD_CFLAGS) -Ic_src $(SO_LDFLAGS) -o $@ $(PRELOAD_SRC) $(PRELOAD_LIBS)
+
+$(BUILD)/leave-out/stacks/mtrace.so: $(PRELOAD_SRC) $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)/leave-out/stacks
+	$(CC) $(CFLAGS_ALL) -DMT_LEAVE_OUT_STACKS $(PRELOAD_CFLAGS) -Ic_src $(SO_LDFLAGS) -o $@ $(PRELOAD_SRC) $(PRELOAD_LIBS)
+
+$(BUILD)/leave-out/lock/mtrace.so: $(PRELOAD_SRC) $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)/leave-out/lock
+	$(CC) $(CFLAGS_ALL) -DMT_LEAVE_OUT_LOCK $(PRELOAD_CFLAGS) -Ic_src $(SO_LDFLAGS) -o $@ $(PRELOAD_SRC) $(PRELOAD_LIBS)
 
 $(BUILD)/churn: bench/churn.c c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
