@@ -47,6 +47,7 @@ static TLS const char *sched;
 #define CACHE_WORDS 256
 struct capture_cache {
     int valid;
+    uint32_t turned_on; /* the turns_on it was filled in */
     uint32_t n, max, scanned;
     const uintptr_t *stop, *hend;
     uintptr_t current;
@@ -54,6 +55,9 @@ struct capture_cache {
     uintptr_t words[CACHE_WORDS];
 };
 static TLS struct capture_cache *cache;
+/* Times Erlang frames were turned on: a cache filled before they were last
+ * turned off is not the previous capture (those while off took none). */
+static _Atomic uint32_t turns_on;
 
 static mt_spinlock files_lock;
 static const char *files[FILE_SLOTS];
@@ -84,6 +88,7 @@ enum mtrace_result mt_erl_setup(const struct mtrace_erlang_layout *l) {
     } else if (s == ERL_SETTING || memcmp(l, &layout, sizeof layout)) {
         return MTRACE_ERR_REFUSED; /* readers may be using the kept layout: it never changes */
     }
+    atomic_fetch_add_explicit(&turns_on, 1, memory_order_relaxed);
     atomic_store_explicit(&state, ERL_ON, memory_order_release);
     return MTRACE_OK;
 }
@@ -103,13 +108,16 @@ static struct capture_cache *thread_cache(void) {
 
 uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
     *unchanged = 0;
-    /* Whether the cache holds the previous capture; from here on it holds
-     * this one, or none. */
-    int was_previous = cache && cache->valid;
-    if (cache)
-        cache->valid = 0;
+    /* Off, the common case, costs one load: the cache is left alone, and
+     * told apart later by turns_on. */
     if (atomic_load_explicit(&state, memory_order_acquire) != ERL_ON || !max)
         return 0;
+    /* Whether the cache holds the previous capture; from here on it holds
+     * this one, or none. */
+    uint32_t on = atomic_load_explicit(&turns_on, memory_order_relaxed);
+    int was_previous = cache && cache->valid && cache->turned_on == on;
+    if (cache)
+        cache->valid = 0;
     const char *esdp = sched;
     if (!esdp) {
         esdp = layout.scheduler_data();
@@ -137,6 +145,7 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
         memcpy(pcs, c->pcs, c->n * sizeof *pcs);
         *unchanged = was_previous;
         c->valid = 1;
+        c->turned_on = on;
         return c->n;
     }
     uint32_t n = 0;
@@ -151,7 +160,7 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
     }
     uint32_t scanned = (uint32_t)(w - stop); /* the words the result depends on */
     if (c && scanned <= CACHE_WORDS) {
-        *c = (struct capture_cache){1, n, max, scanned, stop, hend, current, {0}, {0}};
+        *c = (struct capture_cache){1, on, n, max, scanned, stop, hend, current, {0}, {0}};
         memcpy(c->pcs, pcs, n * sizeof *pcs);
         memcpy(c->words, stop, scanned * sizeof *stop);
     }

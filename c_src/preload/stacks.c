@@ -227,14 +227,8 @@ static __thread uint32_t last_erl __attribute__((tls_model("initial-exec")));
 static __thread int last_skip __attribute__((tls_model("initial-exec")));
 static __thread uint32_t last_got __attribute__((tls_model("initial-exec")));
 
-uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth) {
-#ifdef MT_LEAVE_OUT_STACKS /* a benchmark's build only: what taking stacks costs */
-    (void)at, (void)depth;
-    return MTRACE_NO_STACK;
-#endif
+static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at, uint32_t depth) {
     void *buf[MAX_OWN_FRAMES + 2 * MTRACE_MAX_DEPTH];
-    if (depth > MTRACE_MAX_DEPTH)
-        depth = MTRACE_MAX_DEPTH;
     int same = 0;
     int n = mt_state.fast_unwind
                 ? mt_unwind_check(at, (uintptr_t *)buf, (int)(depth + MAX_HOOK_FRAMES), &same)
@@ -280,6 +274,22 @@ uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth) {
     last_erl = erl;
     last_id = mt_stack_intern_erl(ips, got, erl);
     return last_id;
+}
+
+uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth) {
+#ifdef MT_LEAVE_OUT_STACKS /* a benchmark's build only: what taking stacks costs */
+    (void)at, (void)depth;
+    return MTRACE_NO_STACK;
+#endif
+    if (depth > MTRACE_MAX_DEPTH)
+        depth = MTRACE_MAX_DEPTH;
+    /* The common case, before capture() sets up its frame: last time's
+     * stack, without Erlang frames then or now. */
+    int allowed;
+    if (last_id && !last_erl && mt_state.fast_unwind &&
+        mt_unwind_repeats(at, (int)(depth + MAX_HOOK_FRAMES)) && !mt_erl_active(&allowed))
+        return last_id;
+    return capture(at, depth);
 }
 
 /* The record of a published id, or NULL. */

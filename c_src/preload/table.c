@@ -28,25 +28,16 @@
 #include "spinlock.h"
 #include "state.h"
 #include "table_mem.h"
+#include "table_bucket.h"
 #include "table_slot.h"
 #include "table_spill.h"
 
-#define SLOTS 15     /* per bucket, after its tags */
 #define MAX_DEPTH 18 /* directory bits: its 2 MiB is the largest block table_mem.c gives */
 _Static_assert(sizeof(void *) << MAX_DEPTH <= MT_MEM_MAX_BLOCK, "a directory fits a block");
-#define TAG_SHIFT 32 /* a slot's tag is hash bits 32-38, its directory index the top bits */
-#define ONES 0x0101010101010101ull  /* one per byte */
-#define HIGHS 0x8080808080808080ull /* the high bit of each byte */
-#define DEPTH_BYTE (0xffull << 56)  /* tags[1]'s last byte holds the depth */
-/* The steps of an insert or a removal, each used in a few places: GCC keeps
- * them out of line, and their calls cost a lossless pair about 2%. */
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-struct bucket {
-    uint64_t tags[2]; /* byte i < 15: slot i's tag, 0x80 | 7 hash bits (0 = empty);
-                       * byte 15: the hash bits its entries share (its depth) */
-    struct mt_slot s[SLOTS];
-};
+/* The rare steps (a bucket splits, a shard starts, a block spills) stay out
+ * of line, so that the common insert keeps its values in registers. */
+#define RARE static __attribute__((noinline, cold))
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 struct mt_shard {
     mt_spinlock lock;
@@ -71,7 +62,7 @@ _Atomic uint8_t mt_filters[MT_SHARDS][MT_FILTER_SLOTS] __attribute__((aligned(64
 static _Atomic uint64_t epoch_plus1;
 
 /* Filter counters move under the shard lock: plain load and store. */
-static void filter_add(uint64_t addr, unsigned k, int d) {
+ALWAYS_INLINE void filter_add(uint64_t addr, unsigned k, int d) {
     _Atomic uint8_t *c = &mt_filters[k][mt_filter_slot(addr)];
     uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
     if (v != 255) /* saturated counts stay: "maybe here" is always safe */
@@ -97,55 +88,10 @@ static struct mt_slot pack(const struct mt_entry *e) {
     return mt_slot_pack(e, epoch());
 }
 
-/* ---- buckets -------------------------------------------------------------- */
-
-/* Fibonacci hashing of the whole address: top bits pick the bucket, middle
- * bits tag the slot. */
-static inline uint64_t hash_addr(uint64_t addr) { return addr * MT_HASH_GOLDEN; }
-
-static inline size_t dir_index(uint64_t h, uint32_t depth) {
-    return depth ? (size_t)(h >> (64 - depth)) : 0;
-}
-
-static inline uint64_t tag_of(uint64_t h) { return 0x80 | ((h >> TAG_SHIFT) & 0x7f); }
-static inline uint32_t depth_of(const struct bucket *b) { return (uint32_t)(b->tags[1] >> 56); }
-
-/* High bits of the empty slots' tag bytes, in tag word w. */
-static inline uint64_t empties(const struct bucket *b, unsigned w) {
-    return ~b->tags[w] & (w ? HIGHS & ~DEPTH_BYTE : HIGHS);
-}
-
-static inline int full(const struct bucket *b) { return !(empties(b, 0) | empties(b, 1)); }
-
-/* The slot holding key, or SLOTS.  Tag bytes equal to tag are found all at
- * once (the zero-byte test of tags ^ tag; it may also flag a byte above a
- * match, which the key comparison then rejects). */
-ALWAYS_INLINE unsigned find(const struct bucket *b, uint64_t key, uint64_t tag) {
-    for (unsigned w = 0; w < 2; w++) {
-        uint64_t x = b->tags[w] ^ tag * ONES;
-        for (uint64_t m = (x - ONES) & ~x & (w ? HIGHS & ~DEPTH_BYTE : HIGHS); m; m &= m - 1) {
-            unsigned i = 8 * w + ((unsigned)__builtin_ctzll(m) >> 3);
-            if ((b->s[i].lo & MT_SLOT_KEY_MASK) == key)
-                return i;
-        }
-    }
-    return SLOTS;
-}
-
-/* Puts a slot into the first empty one of b (there is one). */
-ALWAYS_INLINE void place(struct bucket *b, const struct mt_slot *s, uint64_t tag) {
-    unsigned w = !empties(b, 0), i = 8 * w + ((unsigned)__builtin_ctzll(empties(b, w)) >> 3);
-    b->s[i] = *s;
-    b->tags[w] |= tag << (8 * (i & 7));
-}
-
-static void delete_at(struct bucket *b, unsigned i) {
-    b->tags[i >> 3] &= ~(0xffull << (8 * (i & 7)));
-    b->s[i].lo = 0;
-}
+/* ---- growth -------------------------------------------------------------- */
 
 /* Doubles the shard's directory; 0 when memory or depth ran out. */
-static int double_dir(struct mt_shard *s) {
+RARE int double_dir(struct mt_shard *s) {
     uint32_t d = s->depth;
     struct bucket **dir = d < MAX_DEPTH ? mt_mem_take(sizeof *dir << (d + 1)) : NULL;
     if (!dir)
@@ -159,7 +105,7 @@ static int double_dir(struct mt_shard *s) {
 }
 
 /* Splits the full bucket that h falls in; 0 when memory or depth ran out. */
-static int split(struct mt_shard *s, uint64_t h) {
+RARE int split(struct mt_shard *s, uint64_t h) {
     struct bucket *b = s->dir[dir_index(h, s->depth)];
     if (depth_of(b) == s->depth && !double_dir(s)) /* the only bucket for its bits */
         return 0;
@@ -185,7 +131,7 @@ static int split(struct mt_shard *s, uint64_t h) {
 }
 
 /* The shard's first bucket, when it has none. */
-static int start(struct mt_shard *s) {
+RARE int start(struct mt_shard *s) {
     struct bucket **dir = mt_mem_take(sizeof *dir);
     struct bucket *b = dir ? mt_mem_take(sizeof *b) : NULL;
     if (!b) {
@@ -212,12 +158,12 @@ ALWAYS_INLINE void account(struct mt_shard *s, uint64_t size, int sign) {
     relaxed_add(&s->est_bytes, sign * b);
 }
 
-static void counted_in(struct mt_shard *s, uint64_t addr) {
+ALWAYS_INLINE void counted_in(struct mt_shard *s, uint64_t addr) {
     filter_add(addr, (unsigned)(s - shards), 1);
     relaxed_add(&s->count, 1);
 }
 
-static void counted_out(struct mt_shard *s, uint64_t addr, uint64_t size) {
+ALWAYS_INLINE void counted_out(struct mt_shard *s, uint64_t addr, uint64_t size) {
     filter_add(addr, (unsigned)(s - shards), -1);
     relaxed_add(&s->count, -1);
     account(s, size, -1);
@@ -234,7 +180,10 @@ ALWAYS_INLINE int remove_locked(struct mt_shard *s, uint64_t addr, struct mt_ent
         struct bucket *b = s->dir[dir_index(h, s->depth)];
         unsigned i = find(b, addr >> 4, tag_of(h));
         if (i < SLOTS) {
-            e = mt_slot_unpack(&b->s[i], epoch());
+            if (old) /* a free needs only the size */
+                e = mt_slot_unpack(&b->s[i], epoch());
+            else
+                e.size = mt_slot_size(&b->s[i]);
             delete_at(b, i);
             found = 1;
         }
@@ -250,7 +199,7 @@ ALWAYS_INLINE int remove_locked(struct mt_shard *s, uint64_t addr, struct mt_ent
 }
 
 /* Records e in the spill; under the shard's lock, e's address not in the slots. */
-static enum mt_insert_result spill_locked(struct mt_shard *s, const struct mt_entry *e) {
+RARE enum mt_insert_result spill_locked(struct mt_shard *s, const struct mt_entry *e) {
     struct mt_entry old;
     int r = mt_spill_put(e, &old);
     if (r < 0) {
@@ -268,33 +217,35 @@ static enum mt_insert_result spill_locked(struct mt_shard *s, const struct mt_en
     return r ? MT_REPLACED : MT_INSERTED;
 }
 
-enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_ms,
-                                      uint32_t stack_id) {
-#ifdef MT_LEAVE_OUT_TABLE /* a benchmark's build only: what the table costs (bench/churn.sh) */
-    (void)size, (void)t_ms, (void)stack_id;
-    return addr ? MT_INSERTED : MT_DROPPED;
-#endif
-    struct mt_entry e = {addr, size, t_ms, stack_id};
-    struct mt_shard *s = shard_of(addr);
-    enum mt_insert_result r = MT_INSERTED;
-    /* What needs no lock is done before it is taken. */
-    uint64_t h = hash_addr(addr), key = addr >> 4, tag = tag_of(h);
-    struct mt_slot packed = pack(&e);
+/* The inserts the slots cannot take: no address, or a block the slot's
+ * packing cannot hold (it goes to the spill, and may replace a slot). */
+RARE enum mt_insert_result insert_odd(struct mt_shard *s, uint64_t addr, uint64_t size,
+                                      uint64_t t_ms, uint32_t stack_id) {
+    struct mt_entry entry = {addr, size, t_ms, stack_id}, *e = &entry;
     mt_lock(&s->lock);
-    if (!addr) { /* not a block: never recorded, counted so that it shows */
+    enum mt_insert_result r;
+    if (!e->addr) { /* not a block: never recorded, counted so that it shows */
         relaxed_add(&s->dropped, 1);
         r = MT_DROPPED;
-        goto out;
-    }
-    if (!mt_slot_fits(addr, size)) {
-        int had = remove_locked(s, addr, NULL); /* it may sit in a slot */
-        r = spill_locked(s, &e);
+    } else {
+        int had = remove_locked(s, e->addr, NULL); /* it may sit in a slot */
+        r = spill_locked(s, e);
         if (had && r != MT_DROPPED) {
             relaxed_add(&s->replaced, 1);
             r = MT_REPLACED;
         }
-        goto out;
     }
+    mt_unlock(&s->lock);
+    return r;
+}
+
+/* The rest of an insert whose bucket is full, or whose address the spill
+ * may hold; under the lock, which it releases. */
+RARE enum mt_insert_result insert_slow(struct mt_shard *s, uint64_t addr, uint64_t size,
+                                       struct mt_slot slot) {
+    const struct mt_slot *packed = &slot;
+    uint64_t h = hash_addr(addr), key = addr >> 4, tag = tag_of(h);
+    enum mt_insert_result r = MT_INSERTED;
     if (!s->dir && !start(s)) {
         relaxed_add(&s->dropped, 1);
         r = MT_DROPPED;
@@ -306,7 +257,7 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
         if (i < SLOTS) { /* its free was missed: overwrite */
             account(s, mt_slot_size(&b->s[i]), -1);
             relaxed_add(&s->replaced, 1);
-            b->s[i] = packed;
+            b->s[i] = *packed;
             r = MT_REPLACED;
             break;
         }
@@ -326,13 +277,41 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
         } else {
             counted_in(s, addr);
         }
-        place(b, &packed, tag);
+        place(b, packed, tag);
         break;
     }
     account(s, size, 1);
 out:
     mt_unlock(&s->lock);
     return r;
+}
+
+enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_ms,
+                                      uint32_t stack_id) {
+#ifdef MT_LEAVE_OUT_TABLE /* a benchmark's build only: what the table costs (bench/churn.sh) */
+    (void)size, (void)t_ms, (void)stack_id;
+    return addr ? MT_INSERTED : MT_DROPPED;
+#endif
+    struct mt_shard *s = shard_of(addr);
+    if (UNLIKELY(!mt_slot_fits(addr, size)))
+        return insert_odd(s, addr, size, t_ms, stack_id);
+    struct mt_entry e = {addr, size, t_ms, stack_id};
+    /* What needs no lock is done before it is taken. */
+    uint64_t h = hash_addr(addr), key = addr >> 4, tag = tag_of(h);
+    struct mt_slot packed = pack(&e);
+    mt_lock(&s->lock);
+    /* The common case: a bucket with room, an address not there yet, and
+     * nothing of this shard in the spill. */
+    if (UNLIKELY(!s->dir || s->spilled))
+        return insert_slow(s, addr, size, packed);
+    struct bucket *b = s->dir[dir_index(h, s->depth)];
+    if (UNLIKELY(find(b, key, tag) < SLOTS || full(b)))
+        return insert_slow(s, addr, size, packed);
+    counted_in(s, addr);
+    place(b, &packed, tag);
+    account(s, size, 1);
+    mt_unlock(&s->lock);
+    return MT_INSERTED;
 }
 
 int mt_table_remove(uint64_t addr, struct mt_entry *old) {

@@ -195,6 +195,12 @@ static inline int forget(void *p, struct mt_entry *old) {
 }
 
 __attribute__((noinline)) void mt_free_slow(void *p, int counted) {
+    if (mt_likely(counted)) { /* mt_free_verdict checked all that forget() asks */
+        mt_me.f.b.busy = MT_BUSY_LOCKED;
+        mt_table_remove((uintptr_t)p, NULL);
+        mt_me.f.b.busy = MT_BUSY_NO;
+        return;
+    }
     enum mt_gate g = mt_gate();
     if (mt_unlikely(g == MT_GATE_SETUP) && !ready())
         return;

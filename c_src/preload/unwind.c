@@ -146,6 +146,7 @@ static inline READS_STACK int repeats(uintptr_t ip, uintptr_t sp, uintptr_t bp, 
         ((last.flags[0] & F_NEEDS_BP) && last.bp[0] != bp))
         return 0;
     uintptr_t diff = 0;
+#pragma GCC unroll 4 /* the loop's own counting was a third of its instructions */
     for (int k = 0; k < chk_n; k++)
         diff |= *chk_at[k] ^ chk_word[k];
     return !diff;
@@ -324,13 +325,18 @@ static __attribute__((noinline)) READS_STACK int walk_lazy(const struct mt_walk_
     return walk(at, out, max, same, 1);
 }
 
+READS_STACK int mt_unwind_repeats(const struct mt_walk_start *at, int max) {
+    /* Proved by the previous walk's checks, in the same thread stack (sp is
+     * the walk's own). */
+    return last_gen == atomic_load_explicit(&mt_rules_generation, memory_order_relaxed) &&
+           repeats(at->ip, at->sp, at->bp, max) && top_of_stack(at->sp);
+}
+
 READS_STACK int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, int max,
                                 int *same) {
     /* The common case first, before the walk's frame is set up: the same
-     * stack as last time, proved by its checks (in the same thread stack:
-     * sp is the walk's own). */
-    if (last_gen == atomic_load_explicit(&mt_rules_generation, memory_order_relaxed) &&
-        repeats(at->ip, at->sp, at->bp, max) && top_of_stack(at->sp)) {
+     * stack as last time. */
+    if (mt_unwind_repeats(at, max)) {
         *same = 1;
         return last_n < max ? last_n : max;
     }

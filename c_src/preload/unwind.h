@@ -52,6 +52,8 @@ struct mt_walk_start {
  * mt_unwind_last gives its n frames if they are needed after all.  A stack
  * that repeats, the common case, then costs no copy. */
 int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, int max, int *same);
+/* Only whether the stack from *at is the one walked last time (max as then). */
+int mt_unwind_repeats(const struct mt_walk_start *at, int max);
 void mt_unwind_last(uintptr_t *out, int n);
 
 /* Code may have been unmapped (dlclose): forget every cached rule. */
