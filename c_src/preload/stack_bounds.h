@@ -36,11 +36,8 @@ static __thread int8_t is_main __attribute__((tls_model("initial-exec")));
  * a thread's control block at the top of its stack, and the thread pointer
  * (%fs:0 on x86-64; TPIDR_EL0 on aarch64, just above the control block)
  * there; the main thread's stack ends at MAIN_STACK_TOP. */
-static inline uintptr_t top_of_stack(uintptr_t sp) {
-    uintptr_t top = stack_top;
-    if (top > sp && top - sp < MAX_STACK)
-        return top;
-    uintptr_t tp;
+static __attribute__((noinline, unused)) uintptr_t find_top_of_stack(uintptr_t sp) {
+    uintptr_t top, tp;
 #if defined(__x86_64__)
     __asm__("mov %%fs:0, %0" : "=r"(tp));
 #else
@@ -60,6 +57,14 @@ static inline uintptr_t top_of_stack(uintptr_t sp) {
         return 0;
     stack_top = top;
     return top;
+}
+
+/* Known after a thread's first walk: its callers keep their registers. */
+static inline uintptr_t top_of_stack(uintptr_t sp) {
+    uintptr_t top = stack_top;
+    if (top > sp && top - sp < MAX_STACK)
+        return top;
+    return find_top_of_stack(sp);
 }
 
 #endif
