@@ -46,7 +46,10 @@ static COLD void free_tracked(void *p, int verdict) {
     /* libc's free reads the block's header first, most often a cache miss:
      * started now, it overlaps the table's own miss instead of following it. */
     __builtin_prefetch((const void *)((uintptr_t)p - sizeof(size_t)), 1); /* p may be NULL */
-    mt_free_slow(p, verdict == 2);
+    if (mt_likely(verdict == 2))
+        mt_forget_counted(p);
+    else
+        mt_free_slow(p);
     libc_free(p);
 }
 

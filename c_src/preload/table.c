@@ -322,6 +322,14 @@ int mt_table_remove(uint64_t addr, struct mt_entry *old) {
     return found;
 }
 
+int mt_table_forget(uint64_t addr) { /* remove_locked made for old == NULL */
+    struct mt_shard *s = shard_of(addr);
+    mt_lock(&s->lock);
+    int found = remove_locked(s, addr, NULL);
+    mt_unlock(&s->lock);
+    return found;
+}
+
 uint64_t mt_table_reset(void) {
     uint64_t forgotten = 0;
     mt_table_lock_all(); /* the chunks go at once: no shard may be using them */

@@ -68,6 +68,8 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
 
 /* Forgets a block; returns 1 and copies the entry to *old when it was there. */
 int mt_table_remove(uint64_t addr, struct mt_entry *old);
+/* The same without the entry: a free's, whose every step counts. */
+int mt_table_forget(uint64_t addr);
 
 /* Forgets everything and gives all of the table's memory back to the
  * system, in a few munmap calls; returns the count. */

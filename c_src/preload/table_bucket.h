@@ -33,7 +33,7 @@ struct bucket {
 static inline uint64_t hash_addr(uint64_t addr) { return addr * MT_HASH_GOLDEN; }
 
 static inline size_t dir_index(uint64_t h, uint32_t depth) {
-    return depth ? (size_t)(h >> (64 - depth)) : 0;
+    return (size_t)(h >> 1 >> (63 - depth)); /* depth 0 included, without a branch */
 }
 
 static inline uint64_t tag_of(uint64_t h) { return 0x80 | ((h >> TAG_SHIFT) & 0x7f); }

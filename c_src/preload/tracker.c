@@ -194,17 +194,11 @@ static inline int forget(void *p, struct mt_entry *old) {
     return forget_now(p, old);
 }
 
-__attribute__((noinline)) void mt_free_slow(void *p, int counted) {
-    if (mt_likely(counted)) { /* mt_free_verdict checked all that forget() asks */
-        mt_me.f.b.busy = MT_BUSY_LOCKED;
-        mt_table_remove((uintptr_t)p, NULL);
-        mt_me.f.b.busy = MT_BUSY_NO;
-        return;
-    }
+__attribute__((noinline)) void mt_free_slow(void *p) {
     enum mt_gate g = mt_gate();
     if (mt_unlikely(g == MT_GATE_SETUP) && !ready())
         return;
-    if (!counted && g > MT_GATE_LIBC && tracking())
+    if (g > MT_GATE_LIBC && tracking())
         count(MT_FN_FREE);
     forget(p, NULL);
 }

@@ -65,8 +65,8 @@ extern MT_TLS struct mt_thread mt_me;
 /* Out of line: the work behind the decisions below. */
 int mt_will_record_slow(enum mtrace_fn fn, size_t n);
 void mt_record_now(void *p, size_t n);
-void mt_free_slow(void *p, int counted); /* after mt_free_verdict */
-void mt_seen(enum mtrace_fn fn);         /* counts a call that allocates nothing */
+void mt_free_slow(void *p);      /* after a free verdict of 1 */
+void mt_seen(enum mtrace_fn fn); /* counts a call that allocates nothing */
 
 static inline enum mt_gate mt_gate(void) {
     return (enum mt_gate)atomic_load_explicit(&mt_state.gate, memory_order_relaxed);
@@ -129,9 +129,10 @@ static inline void *mt_recorded(void *p, size_t n) {
 }
 
 /* The first look at a free, inline and free of calls: 0 when p goes
- * straight back to libc (the free counted if tracked), else what
- * mt_free_slow must do before it: 1 decide and count, 2 forget p only (the
- * free counted).  Most frees are answered by the table's lock-free filters. */
+ * straight back to libc (the free counted if tracked), else what must be
+ * done before it: 1 mt_free_slow (decide, count, forget), 2
+ * mt_forget_counted (the free counted).  Most frees are answered by the
+ * table's lock-free filters. */
 static inline int mt_free_verdict(void *p) {
     enum mt_gate g = mt_gate();
     if (mt_likely(g == MT_GATE_INERT))
@@ -146,6 +147,14 @@ static inline int mt_free_verdict(void *p) {
     if (mt_unlikely(p && mt_table_may_hold((uintptr_t)p)))
         return 1 + counted;
     return 0;
+}
+
+/* After a free verdict of 2: a tracked thread's free of a block the table
+ * may hold, all that forgetting asks. */
+static inline void mt_forget_counted(void *p) {
+    mt_me.f.b.busy = MT_BUSY_LOCKED;
+    mt_table_forget((uintptr_t)p);
+    mt_me.f.b.busy = MT_BUSY_NO;
 }
 
 /* A realloc moves a block: its old entry is taken out before the call and

@@ -127,10 +127,13 @@ static READS_STACK int valid_from(int c) {
 
 /* The checks valid_from(0) makes, as a list; right after it found nothing
  * changed, so the words read now are those of the walk (return addresses
- * as stored: on aarch64 possibly signed). */
+ * as stored: on aarch64 possibly signed).  Only the steps to the frames a
+ * repeat gives (last_max): the outer ones are checked again (valid_from)
+ * before any other walk relies on them, and a node's stacks are often far
+ * deeper than what is kept. */
 static READS_STACK void build_checks(void) {
     int k = 0;
-    for (int j = 0; j + 1 < last_n; j++) {
+    for (int j = 0; j + 1 < last_n && j + 1 < last_max; j++) {
         const uintptr_t *at[2] = {ra_slot(j), bp_slot(j)};
         for (int i = 0; i < 2 && at[i]; i++) {
             chk_at[k] = at[i];
