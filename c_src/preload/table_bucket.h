@@ -46,18 +46,16 @@ static inline uint64_t empties(const struct bucket *b, unsigned w) {
 
 static inline int full(const struct bucket *b) { return !(empties(b, 0) | empties(b, 1)); }
 
-/* High bit of each byte of x that is zero, exactly (no carries between
- * bytes, so no false matches). */
-static inline uint64_t zero_bytes(uint64_t x) {
-    const uint64_t lows = ~HIGHS;
-    return ~(((x & lows) + lows) | x | lows);
-}
+/* High bit of each byte of x that is zero, and perhaps of bytes above one
+ * (a borrow carries on through them); the lowest is always a true zero. */
+static inline uint64_t zero_bytes(uint64_t x) { return (x - ONES) & ~x & HIGHS; }
 
 /* The slot holding key, or SLOTS.  The tag bytes equal to tag are found in
- * both words at once, and the first of them decides without a branch on
- * which word it is in (a removal finds its key in either, at random: that
- * branch was mispredicted half the time); only a tag shared by two entries
- * (1 in 128 a slot) goes on to the others. */
+ * both words at once, and the first of them, a true match, decides without
+ * a branch on which word it is in (a removal finds its key in either, at
+ * random: that branch was mispredicted half the time); only when its key
+ * differs (a tag shared by two entries, 1 in 128 a slot) are the others
+ * tried, flagged or not. */
 ALWAYS_INLINE unsigned find(const struct bucket *b, uint64_t key, uint64_t tag) {
     uint64_t m0 = zero_bytes(b->tags[0] ^ tag * ONES),
              m1 = zero_bytes(b->tags[1] ^ tag * ONES) & ~DEPTH_BYTE;
