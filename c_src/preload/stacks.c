@@ -284,10 +284,11 @@ uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth) {
     if (depth > MTRACE_MAX_DEPTH)
         depth = MTRACE_MAX_DEPTH;
     /* The common case, before capture() sets up its frame: last time's
-     * stack, without Erlang frames then or now. */
+     * stack, without Erlang frames then or now.  (Frames taken now go to
+     * capture() before the repeat check, which it would make again.) */
     int allowed;
-    if (last_id && !last_erl && mt_state.fast_unwind &&
-        mt_unwind_repeats(at, (int)(depth + MAX_HOOK_FRAMES)) && !mt_erl_active(&allowed))
+    if (last_id && !last_erl && mt_state.fast_unwind && !mt_erl_active(&allowed) &&
+        mt_unwind_repeats(at, (int)(depth + MAX_HOOK_FRAMES)))
         return last_id;
     return capture(at, depth);
 }
