@@ -221,15 +221,15 @@ RARE enum mt_insert_result spill_locked(struct mt_shard *s, const struct mt_entr
  * packing cannot hold (it goes to the spill, and may replace a slot). */
 RARE enum mt_insert_result insert_odd(struct mt_shard *s, uint64_t addr, uint64_t size,
                                       uint64_t t_ms, uint32_t stack_id) {
-    struct mt_entry entry = {addr, size, t_ms, stack_id}, *e = &entry;
+    struct mt_entry e = {addr, size, t_ms, stack_id};
     mt_lock(&s->lock);
     enum mt_insert_result r;
-    if (!e->addr) { /* not a block: never recorded, counted so that it shows */
+    if (!addr) { /* not a block: never recorded, counted so that it shows */
         relaxed_add(&s->dropped, 1);
         r = MT_DROPPED;
     } else {
-        int had = remove_locked(s, e->addr, NULL); /* it may sit in a slot */
-        r = spill_locked(s, e);
+        int had = remove_locked(s, addr, NULL); /* it may sit in a slot */
+        r = spill_locked(s, &e);
         if (had && r != MT_DROPPED) {
             relaxed_add(&s->replaced, 1);
             r = MT_REPLACED;
@@ -242,8 +242,7 @@ RARE enum mt_insert_result insert_odd(struct mt_shard *s, uint64_t addr, uint64_
 /* The rest of an insert whose bucket is full, or whose address the spill
  * may hold; under the lock, which it releases. */
 RARE enum mt_insert_result insert_slow(struct mt_shard *s, uint64_t addr, uint64_t size,
-                                       struct mt_slot slot) {
-    const struct mt_slot *packed = &slot;
+                                       struct mt_slot packed) {
     uint64_t h = hash_addr(addr), key = addr >> 4, tag = tag_of(h);
     enum mt_insert_result r = MT_INSERTED;
     if (!s->dir && !start(s)) {
@@ -257,7 +256,7 @@ RARE enum mt_insert_result insert_slow(struct mt_shard *s, uint64_t addr, uint64
         if (i < SLOTS) { /* its free was missed: overwrite */
             account(s, mt_slot_size(&b->s[i]), -1);
             relaxed_add(&s->replaced, 1);
-            b->s[i] = *packed;
+            b->s[i] = packed;
             r = MT_REPLACED;
             break;
         }
@@ -277,7 +276,7 @@ RARE enum mt_insert_result insert_slow(struct mt_shard *s, uint64_t addr, uint64
         } else {
             counted_in(s, addr);
         }
-        place(b, packed, tag);
+        place(b, &packed, tag);
         break;
     }
     account(s, size, 1);
