@@ -39,22 +39,11 @@ _Static_assert(sizeof(void *) << MAX_DEPTH <= MT_MEM_MAX_BLOCK, "a directory fit
 #define RARE static __attribute__((noinline, cold))
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
 
-struct mt_shard {
-    mt_spinlock lock;
-    uint32_t depth;      /* the directory has 1 << depth entries */
-    struct bucket **dir; /* NULL while nothing was ever recorded here */
-    uint64_t spilled;    /* of its entries, those in the spill: while 0, the
-                          * spill's lock (one for all shards) is not taken */
-    /* Written under the lock, read without it by stats: atomics keep
-     * those reads well-defined; relaxed stores cost a plain mov. */
-    _Atomic uint64_t count, bytes, dropped, replaced;
-    /* Sampling estimates (sum of weights, fixed point, and of weighted
-     * bytes); lossless mode never touches them. */
-    _Atomic uint64_t est_count, est_bytes;
-} __attribute__((aligned(64)));
-
-static struct mt_shard shards[MT_SHARDS];
-_Atomic uint8_t mt_filters[MT_SHARDS][MT_FILTER_SLOTS] __attribute__((aligned(64)));
+struct mt_shard mt_shards[MT_SHARDS];
+_Static_assert(sizeof(struct mt_shard) == 128, "a shard is a 128-byte aligned pair of lines");
+/* Sampling estimates per shard (sum of weights, fixed point, and of
+ * weighted bytes), apart: lossless mode never touches them. */
+static struct { _Atomic uint64_t count, bytes; } estimates[MT_SHARDS];
 /* Times are kept from an hour before the first entry (so that a thread that
  * read the clock just before another's first insert still fits); stored
  * plus one, 0 until then. */
@@ -62,8 +51,8 @@ _Atomic uint8_t mt_filters[MT_SHARDS][MT_FILTER_SLOTS] __attribute__((aligned(64
 static _Atomic uint64_t epoch_plus1;
 
 /* Filter counters move under the shard lock: plain load and store. */
-ALWAYS_INLINE void filter_add(uint64_t addr, unsigned k, int d) {
-    _Atomic uint8_t *c = &mt_filters[k][mt_filter_slot(addr)];
+ALWAYS_INLINE void filter_add(struct mt_shard *s, uint64_t addr, int d) {
+    _Atomic uint8_t *c = &s->filter[mt_filter_slot(addr)];
     uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
     if (v != 255) /* saturated counts stay: "maybe here" is always safe */
         atomic_store_explicit(c, (uint8_t)(v + d), memory_order_relaxed);
@@ -146,7 +135,7 @@ RARE int start(struct mt_shard *s) {
 
 /* ---- the shards ----------------------------------------------------------- */
 
-static inline struct mt_shard *shard_of(uint64_t addr) { return &shards[mt_shard_index(addr)]; }
+static inline struct mt_shard *shard_of(uint64_t addr) { return &mt_shards[mt_shard_index(addr)]; }
 
 /* Counters and estimates follow each entry in (sign 1) and out (-1). */
 ALWAYS_INLINE void account(struct mt_shard *s, uint64_t size, int sign) {
@@ -154,17 +143,17 @@ ALWAYS_INLINE void account(struct mt_shard *s, uint64_t size, int sign) {
     if (!mt_state.sample_mean)
         return;
     int64_t w = (int64_t)mt_estimate_weight(size), b = (int64_t)mt_estimate_bytes(size);
-    relaxed_add(&s->est_count, sign * w);
-    relaxed_add(&s->est_bytes, sign * b);
+    relaxed_add(&estimates[s - mt_shards].count, sign * w);
+    relaxed_add(&estimates[s - mt_shards].bytes, sign * b);
 }
 
 ALWAYS_INLINE void counted_in(struct mt_shard *s, uint64_t addr) {
-    filter_add(addr, (unsigned)(s - shards), 1);
+    filter_add(s, addr, 1);
     relaxed_add(&s->count, 1);
 }
 
 ALWAYS_INLINE void counted_out(struct mt_shard *s, uint64_t addr, uint64_t size) {
-    filter_add(addr, (unsigned)(s - shards), -1);
+    filter_add(s, addr, -1);
     relaxed_add(&s->count, -1);
     account(s, size, -1);
 }
@@ -333,17 +322,17 @@ uint64_t mt_table_reset(void) {
     uint64_t forgotten = 0;
     mt_table_lock_all(); /* the chunks go at once: no shard may be using them */
     for (unsigned k = 0; k < MT_SHARDS; k++) {
-        struct mt_shard *s = &shards[k];
+        struct mt_shard *s = &mt_shards[k];
         forgotten += atomic_load_explicit(&s->count, memory_order_relaxed);
         s->dir = NULL;
         s->depth = 0;
         s->spilled = 0;
         atomic_store_explicit(&s->count, 0, memory_order_relaxed);
         atomic_store_explicit(&s->bytes, 0, memory_order_relaxed);
-        atomic_store_explicit(&s->est_count, 0, memory_order_relaxed);
-        atomic_store_explicit(&s->est_bytes, 0, memory_order_relaxed);
+        atomic_store_explicit(&estimates[k].count, 0, memory_order_relaxed);
+        atomic_store_explicit(&estimates[k].bytes, 0, memory_order_relaxed);
+        memset(s->filter, 0, sizeof s->filter);
     }
-    memset(mt_filters, 0, sizeof mt_filters);
     mt_spill_reset();
     mt_mem_release_all();
     mt_table_unlock_all();
@@ -356,7 +345,7 @@ uint64_t mt_table_reset(void) {
 void mt_table_scan(mt_entries_fn fn, void *ctx) {
     struct mt_entry batch[BATCH];
     for (unsigned k = 0; k < MT_SHARDS; k++) {
-        struct mt_shard *s = &shards[k];
+        struct mt_shard *s = &mt_shards[k];
         mt_lock(&s->lock);
         uint64_t e = epoch(); /* under a lock: a first entry's epoch is seen */
         size_t n = 0, dir_len = s->dir ? (size_t)1 << s->depth : 0;
@@ -383,21 +372,21 @@ void mt_table_scan(mt_entries_fn fn, void *ctx) {
     }
     /* The spill is touched only under some shard's lock, so that a fork,
      * which holds them all, never finds the spill's own lock taken. */
-    mt_lock(&shards[0].lock);
+    mt_lock(&mt_shards[0].lock);
     mt_spill_scan(fn, ctx);
-    mt_unlock(&shards[0].lock);
+    mt_unlock(&mt_shards[0].lock);
 }
 
 void mt_table_figures(struct mt_table_figures *out) {
     memset(out, 0, sizeof *out);
     for (unsigned k = 0; k < MT_SHARDS; k++) {
-        struct mt_shard *s = &shards[k];
+        struct mt_shard *s = &mt_shards[k];
         out->live_count += atomic_load_explicit(&s->count, memory_order_relaxed);
         out->live_bytes += atomic_load_explicit(&s->bytes, memory_order_relaxed);
         out->dropped += atomic_load_explicit(&s->dropped, memory_order_relaxed);
         out->replaced += atomic_load_explicit(&s->replaced, memory_order_relaxed);
-        out->est_count += atomic_load_explicit(&s->est_count, memory_order_relaxed);
-        out->est_bytes += atomic_load_explicit(&s->est_bytes, memory_order_relaxed);
+        out->est_count += atomic_load_explicit(&estimates[k].count, memory_order_relaxed);
+        out->est_bytes += atomic_load_explicit(&estimates[k].bytes, memory_order_relaxed);
     }
     out->table_bytes = mt_table_mapped();
 }
@@ -421,10 +410,10 @@ void mt_table_fork_child(void) {
 
 void mt_table_lock_all(void) {
     for (unsigned k = 0; k < MT_SHARDS; k++)
-        mt_lock(&shards[k].lock);
+        mt_lock(&mt_shards[k].lock);
 }
 
 void mt_table_unlock_all(void) {
     for (unsigned k = 0; k < MT_SHARDS; k++)
-        mt_unlock(&shards[k].lock);
+        mt_unlock(&mt_shards[k].lock);
 }
