@@ -3,7 +3,9 @@
 # ordinary Erlang processes (bench/vm_churn.erl, bench/vm_churn_nif.c), on a
 # bare node, a preloaded one (mtrace's NIF loaded, Erlang frames off), the
 # same with Erlang frames on, and a preloaded one in sampling mode; and the
-# time to boot and halt a node and a release, bare and preloaded.  Variants are interleaved
+# time to boot and halt a node and a release, bare and preloaded (a node's
+# boot also sampling, and with the builds of mtrace.so that leave the table
+# or the stacks out, as bench/churn.sh does).  Variants are interleaved
 # for ROUNDS rounds; prints markdown rows of medians with ratios to bare.
 #   sh bench/vm.sh BUILD PRIV [ROUNDS] [PAIRS]
 set -eu
@@ -46,6 +48,7 @@ fi
 ln -sfn "$priv" "$app/priv"
 
 pre="LD_PRELOAD=$priv/mtrace.so"
+leave_out=$build/leave-out # mtrace.so without one part (c_src/build.mk), when built
 churn() { # churn [ENV=VALUE...] -> prints the workload's wall ms
     env "$@" erl -noshell -pa "$build" -run vm_churn main "$nif" "$pairs" malloc |
         awk '/^wall_ms/ { print $2 }'
@@ -120,6 +123,12 @@ while [ "$r" -le "$rounds" ]; do
     while [ "$b" -le "$boots" ]; do
         sample boot_bare boot
         sample boot_pre boot "$pre"
+        sample boot_sampling boot "$pre" MTRACE_SAMPLE_BYTES=524288
+        for part in table stacks; do
+            if [ -f "$leave_out/$part/mtrace.so" ]; then
+                sample "boot_no_$part" boot "LD_PRELOAD=$leave_out/$part/mtrace.so"
+            fi
+        done
         if [ "$has_release" = true ]; then
             sample release_bare release_boot
             sample release_pre release_boot "$pre"
@@ -141,6 +150,11 @@ END {
     row("same, with Erlang frames (MTRACE_ERLANG on)", "churn_bare", "churn_erl")
     row("same, sampling (MTRACE_SAMPLE_BYTES=524288)", "churn_bare", "churn_sampling")
     row("node boot + halt", "boot_bare", "boot_pre")
+    row("same, sampling (MTRACE_SAMPLE_BYTES=524288)", "boot_bare", "boot_sampling")
+    if ("boot_no_table" in med)
+        row("same, lossless without the table (a build that leaves it out)", "boot_bare", "boot_no_table")
+    if ("boot_no_stacks" in med)
+        row("same, lossless without taking stacks (likewise)", "boot_bare", "boot_no_stacks")
     if ("release_bare" in med)
         row("release boot + halt (examples/leaky_app)", "release_bare", "release_pre")
     if ("mixed_bare" in med) {
