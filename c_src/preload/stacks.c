@@ -15,6 +15,7 @@
 #include "erlang_frames.h"
 #include "mtrace_api.h"
 #include "hash.h"
+#include "recent_stacks.h"
 #include "spinlock.h"
 #include "state.h"
 #include "unwind.h"
@@ -226,6 +227,9 @@ static __thread uint32_t last_erl __attribute__((tls_model("initial-exec")));
 /* Where that stack's frames began in the walk, and how many were kept. */
 static __thread int last_skip __attribute__((tls_model("initial-exec")));
 static __thread uint32_t last_got __attribute__((tls_model("initial-exec")));
+/* Whether that stack is among the last few (recent_stacks.h), which then
+ * answer for it: the repeat check below would only make theirs again. */
+static __thread int last_recent __attribute__((tls_model("initial-exec")));
 
 static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at, uint32_t depth) {
     void *buf[MAX_OWN_FRAMES + 2 * MTRACE_MAX_DEPTH];
@@ -233,6 +237,7 @@ static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at
     int n = mt_state.fast_unwind
                 ? mt_unwind_check(at, (uintptr_t *)buf, (int)(depth + MAX_HOOK_FRAMES), &same)
                 : -1;
+    int walked = n >= 0;
     if (n < 0) {
         if (mt_state.fast_unwind)
             mt_unwind_count_fallback();
@@ -273,6 +278,8 @@ static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at
     last_got = got;
     last_erl = erl;
     last_id = mt_stack_intern_erl(ips, got, erl);
+    last_recent =
+        !erl && !same && walked && mt_recent_keep((int)(depth + MAX_HOOK_FRAMES), last_id);
     return last_id;
 }
 
@@ -283,13 +290,18 @@ uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth) {
 #endif
     if (depth > MTRACE_MAX_DEPTH)
         depth = MTRACE_MAX_DEPTH;
-    /* The common case, before capture() sets up its frame: last time's
-     * stack, without Erlang frames then or now.  (Frames taken now go to
+    /* The common case, before capture() sets up its frame: one of this
+     * thread's last few stacks, most often the last, without Erlang frames
+     * now (nor, for the last walk's, then).  (Frames taken now go to
      * capture() before the repeat check, which it would make again.) */
-    int allowed;
-    if (last_id && !last_erl && mt_state.fast_unwind && !mt_erl_active(&allowed) &&
-        mt_unwind_repeats(at, (int)(depth + MAX_HOOK_FRAMES)))
-        return last_id;
+    int allowed, max = (int)(depth + MAX_HOOK_FRAMES);
+    if (mt_state.fast_unwind && !mt_erl_active(&allowed)) {
+        uint32_t id = mt_recent_stack(at, max);
+        if (id)
+            return id;
+        if (last_id && !last_erl && !last_recent && mt_unwind_repeats(at, max))
+            return last_id;
+    }
     return capture(at, depth);
 }
 

@@ -77,6 +77,9 @@ static __thread int last_max __attribute__((tls_model("initial-exec")));
 static __thread const uintptr_t *chk_at[2 * WALK_MAX] __attribute__((tls_model("initial-exec")));
 static __thread uintptr_t chk_word[2 * WALK_MAX] __attribute__((tls_model("initial-exec")));
 static __thread int chk_n __attribute__((tls_model("initial-exec"))) = -1;
+/* Frames of the walk just made in last's columns, with their flags set,
+ * for mt_unwind_prove; 0 when it made none (a repeat, or it gave up). */
+static __thread int fresh_n __attribute__((tls_model("initial-exec")));
 
 /* A return address as read from the stack.  On aarch64 it may be signed
  * (pointer authentication, -mbranch-protection=pac-ret): XPACLRI strips the
@@ -94,9 +97,6 @@ static inline uintptr_t return_address(uintptr_t word) {
 
 #include "stack_bounds.h"
 
-/* The walker reads other frames' stack words on purpose. */
-#define READS_STACK __attribute__((no_sanitize_address))
-
 /* From which frame on does the previous walk still describe this stack?
  * Checks every step from frame c outwards: the return address slot, and
  * the saved-bp slot where a later frame uses that bp.  Returns the first
@@ -112,7 +112,7 @@ static inline const uintptr_t *bp_slot(int j) {
                : NULL;
 }
 
-static READS_STACK int valid_from(int c) {
+static MT_READS_STACK int valid_from(int c) {
     int from = c;
     for (int j = c; j + 1 < last_n; j++) {
         const uintptr_t *bp = bp_slot(j);
@@ -131,7 +131,7 @@ static READS_STACK int valid_from(int c) {
  * repeat gives (last_max): the outer ones are checked again (valid_from)
  * before any other walk relies on them, and a node's stacks are often far
  * deeper than what is kept. */
-static READS_STACK void build_checks(void) {
+static MT_READS_STACK void build_checks(void) {
     int k = 0;
     for (int j = 0; j + 1 < last_n && j + 1 < last_max; j++) {
         const uintptr_t *at[2] = {ra_slot(j), bp_slot(j)};
@@ -144,7 +144,7 @@ static READS_STACK void build_checks(void) {
 }
 
 /* Whether the stack from (ip, sp, bp) is the previous walk's, by its checks. */
-static inline READS_STACK int repeats(uintptr_t ip, uintptr_t sp, uintptr_t bp, int max) {
+static inline MT_READS_STACK int repeats(uintptr_t ip, uintptr_t sp, uintptr_t bp, int max) {
     if (chk_n < 0 || last.sp[0] != sp || last.ip[0] != ip || max != last_max ||
         ((last.flags[0] & F_NEEDS_BP) && last.bp[0] != bp))
         return 0;
@@ -209,7 +209,7 @@ static void splice(const struct cols *pre, int n, int c) {
 }
 
 /* lazy: when the stack is the one walked last time, out is left alone. */
-static inline __attribute__((always_inline)) READS_STACK int
+static inline __attribute__((always_inline)) MT_READS_STACK int
 walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int lazy) {
     uintptr_t ip = at->ip, sp = at->sp, bp = at->bp;
     uint64_t gen = atomic_load_explicit(&mt_rules_generation, memory_order_relaxed);
@@ -230,6 +230,7 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
     if (max > WALK_MAX)
         max = WALK_MAX;
     *same = 0;
+    fresh_n = 0;
     int n = 0, natural = 0, valid = -1; /* valid: frames from here on checked */
     uintptr_t top = top_of_stack(sp);
     if (!top)
@@ -249,6 +250,8 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
                 int give = last_n < max ? last_n : max;
                 if (*same)
                     build_checks();
+                else
+                    fresh_n = give;
                 if (lazy && *same)
                     return give;
                 /* A plain loop: the block is short, and GCC's inline memcpy
@@ -296,22 +299,22 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
             break;
         }
     }
-    if (f == &in_last) {
-        last_n = natural ? n : 0; /* a walk cut short by max cannot stand for a longer one */
-        mark_needs(&in_last, last_n, last_n);
-    } else { /* a short stack that ended before any match: keep it */
+    if (f != &in_last) { /* a short stack that ended before any match: keep it */
         copy_frames(&in_last, &pre, n);
-        last_n = natural ? n : 0;
         last_gen = gen;
-        mark_needs(&in_last, last_n, last_n);
     }
+    /* A walk cut short by max cannot stand for a longer one, but its n
+     * frames can stand for themselves (mt_unwind_prove). */
+    last_n = natural ? n : 0;
+    mark_needs(&in_last, n, n);
+    fresh_n = n;
     return n;
 give_up:
     last_n = 0;
     return -1 - n;
 }
 
-READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int *same) {
+MT_READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int *same) {
     struct mt_walk_start at;
 #if defined(__x86_64__)
     __asm__ volatile("lea 0(%%rip), %0\n\tmov %%rsp, %1\n\tmov %%rbp, %2"
@@ -323,20 +326,20 @@ READS_STACK __attribute__((noinline)) int mt_unwind(uintptr_t *out, int max, int
     return walk(&at, out, max, same, 0);
 }
 
-static __attribute__((noinline)) READS_STACK int walk_lazy(const struct mt_walk_start *at,
-                                                           uintptr_t *out, int max, int *same) {
+static __attribute__((noinline)) MT_READS_STACK int walk_lazy(const struct mt_walk_start *at,
+                                                              uintptr_t *out, int max, int *same) {
     return walk(at, out, max, same, 1);
 }
 
-READS_STACK int mt_unwind_repeats(const struct mt_walk_start *at, int max) {
+MT_READS_STACK int mt_unwind_repeats(const struct mt_walk_start *at, int max) {
     /* Proved by the previous walk's checks, in the same thread stack (sp is
      * the walk's own). */
     return last_gen == atomic_load_explicit(&mt_rules_generation, memory_order_relaxed) &&
            repeats(at->ip, at->sp, at->bp, max) && top_of_stack(at->sp);
 }
 
-READS_STACK int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, int max,
-                                int *same) {
+MT_READS_STACK int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, int max,
+                                   int *same) {
     /* The common case first, before the walk's frame is set up: the same
      * stack as last time. */
     if (mt_unwind_repeats(at, max)) {
@@ -349,4 +352,31 @@ READS_STACK int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, 
 void mt_unwind_last(uintptr_t *out, int n) {
     for (int i = 0; i < n && i < last_n; i++)
         out[i] = last.ip[i];
+}
+
+/* ---- proofs of a walk, kept elsewhere -------------------------------- */
+
+MT_READS_STACK int mt_unwind_prove(struct mt_walk_proof *p, int max) {
+    int n = fresh_n, k = 0;
+    fresh_n = 0;
+    p->sp = 0; /* no stack's, until the proof is whole (a stack pointer is never 0) */
+    if (!n || max != last_max)
+        return 0;
+    for (int j = 0; j + 1 < n; j++) {
+        const uintptr_t *at[2] = {ra_slot(j), bp_slot(j)};
+        for (int i = 0; i < 2 && at[i]; i++) {
+            if (k == MT_PROOF_CHECKS)
+                return 0;
+            p->c[k].at = at[i];
+            p->c[k++].word = *at[i];
+        }
+    }
+    p->n = k;
+    p->ip = last.ip[0];
+    p->sp = last.sp[0];
+    p->bp = last.bp[0];
+    p->needs_bp = (last.flags[0] & F_NEEDS_BP) != 0;
+    p->gen = last_gen;
+    p->max = max;
+    return 1;
 }

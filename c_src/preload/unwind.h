@@ -20,7 +20,13 @@
 #ifndef MT_UNWIND_H
 #define MT_UNWIND_H
 
+#include <stdatomic.h>
 #include <stdint.h>
+
+#include "unwind_rules.h"
+
+/* A walker reads other frames' stack words on purpose. */
+#define MT_READS_STACK __attribute__((no_sanitize_address))
 
 /* Writes up to max addresses: out[0] is inside mt_unwind, then one return
  * address per frame.  Returns the count, or -1 - k when libunwind must be
@@ -55,6 +61,49 @@ int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, int max, int
 /* Only whether the stack from *at is the one walked last time (max as then). */
 int mt_unwind_repeats(const struct mt_walk_start *at, int max);
 void mt_unwind_last(uintptr_t *out, int n);
+
+/* A walk's proof, to be kept elsewhere (recent_stacks.c): its first frame
+ * and each stack word the walk read (return addresses, and saved frame
+ * pointers a later frame used) with what it held.  While they hold the
+ * same, a walk from that frame gives the same frames. */
+#define MT_PROOF_CHECKS 32
+struct mt_walk_proof {
+    uintptr_t ip, sp, bp;
+    uint64_t gen; /* of the unwind rules */
+    int max, n, needs_bp;
+    struct {
+        const uintptr_t *at;
+        uintptr_t word;
+    } c[MT_PROOF_CHECKS];
+};
+/* The proof of the walk mt_unwind_check just made (max as then); 0 when it
+ * made none (a repeat, or it gave up) or the proof would not fit. */
+int mt_unwind_prove(struct mt_walk_proof *p, int max);
+/* Whether the stack from *at is the one p proves (max as then); unless it
+ * is likely, the first few words decide a mismatch (stacks that share a
+ * first frame most often part there).  It reads the words a walk read from
+ * the same stack pointer in this thread's own stack (mt_unwind_prove is
+ * given none that gave up), which stays mapped while the thread lives. */
+static inline MT_READS_STACK int mt_unwind_proves(const struct mt_walk_proof *p,
+                                                  const struct mt_walk_start *at, int max,
+                                                  int likely) {
+    if (p->sp != at->sp || p->ip != at->ip || p->max != max ||
+        p->gen != atomic_load_explicit(&mt_rules_generation, memory_order_relaxed) ||
+        (p->needs_bp && p->bp != at->bp))
+        return 0;
+    uintptr_t diff = 0;
+    int k = 0;
+    if (!likely) {
+        for (; k < p->n && k < 4; k++)
+            diff |= *p->c[k].at ^ p->c[k].word;
+        if (diff)
+            return 0;
+    }
+#pragma GCC unroll 4
+    for (; k < p->n; k++)
+        diff |= *p->c[k].at ^ p->c[k].word;
+    return !diff;
+}
 
 /* Code may have been unmapped (dlclose): forget every cached rule. */
 void mt_unwind_forget(void);

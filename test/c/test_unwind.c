@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "recent_stacks.h"
 #include "unwind.h"
 
 #define MAXF 64
@@ -308,6 +309,57 @@ static void test_repeat_proof(void) {
         CHECK_EQ(out[3][i], out[0][i]);
 }
 
+/* The last few stacks (recent_stacks.h): stacks that share their first
+ * frame (one call site in recent_mid) but not their callers are told
+ * apart, each by the id it was kept with; one never kept is not found, and
+ * none is once the rules are forgotten (dlclose). */
+static uint32_t recent_id; /* in: the id to keep (0: look up instead); out: found */
+static uintptr_t recent_sp[2];
+static __attribute__((noinline)) void recent_probe(void) {
+    struct mt_walk_start at = MT_WALK_START_CALLER();
+    recent_sp[recent_id != 0] = at.sp;
+    if (recent_id) {
+        uintptr_t out[MAXF];
+        int same;
+        CHECK(mt_unwind_check(&at, out, MAXF, &same) > 3);
+        CHECK_EQ(mt_recent_keep(MAXF, recent_id), 1);
+    } else
+        recent_id = mt_recent_stack(&at, MAXF);
+}
+static __attribute__((noinline)) void recent_mid(void) {
+    recent_probe();
+    __asm__ __volatile__("" ::: "memory"); /* no tail call: keep the frame */
+}
+#define RECENT_OUTER(name)                                                                         \
+    static __attribute__((noinline)) void name(void) {                                             \
+        recent_mid();                                                                              \
+        __asm__ __volatile__("" ::: "memory");                                                     \
+    }
+RECENT_OUTER(recent_a)
+RECENT_OUTER(recent_b)
+RECENT_OUTER(recent_c)
+
+static void test_recent_stacks(void) {
+    /* One call site for all: the stacks differ in recent_a/b/c alone. */
+    static const struct {
+        void (*outer)(void);
+        uint32_t keep, want; /* keep 0: look up, and want that id */
+    } steps[] = {{recent_a, 7, 0}, {recent_b, 8, 0}, {recent_a, 0, 7},
+                 {recent_b, 0, 8}, {recent_b, 0, 8}, {recent_a, 0, 7},
+                 {recent_c, 0, 0}, {NULL, 0, 0},     {recent_a, 0, 0}};
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
+        if (!steps[i].outer) { /* as after dlclose */
+            mt_unwind_forget();
+            continue;
+        }
+        recent_id = steps[i].keep;
+        steps[i].outer();
+        if (!steps[i].keep)
+            CHECK_EQ(recent_id, steps[i].want);
+    }
+    CHECK_EQ(recent_sp[0], recent_sp[1]); /* one first frame, else this test proves nothing */
+}
+
 /* A signal frame is libunwind's business: the walker must give up there,
  * after the handler's frames.  It knows one by its unwind information
  * (glibc's or the vDSO's sigreturn trampoline) or, for musl's trampoline,
@@ -359,6 +411,7 @@ int main(int argc, char **argv) {
     test_shapes();
     test_unchanged();
     test_repeat_proof();
+    test_recent_stacks();
     test_signal_frame();
     test_reload(argc > 1 ? argv[1] : "_build/c");
     return check_summary();
