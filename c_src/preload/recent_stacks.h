@@ -1,9 +1,10 @@
 /*
  * The calling thread's last few stacks and the ids they were given.  A
  * thread's allocations often alternate between a few places, which the
- * previous walk alone (unwind.h) cannot answer: a node's boot and a mixed
- * workload (bench/vm_mixed.erl) found 7 in 8 of their walks' stacks among
- * the last 8.  Each is proved by re-reading the stack words its walk read.
+ * previous walk alone (unwind.h) cannot answer: of the stacks it did not
+ * answer, a node's boot found half among the last 8 and a mixed workload
+ * (bench/vm_mixed.erl) 4 in 5.  Each is proved by re-reading the stack
+ * words its walk read.
  */
 #ifndef MT_RECENT_STACKS_H
 #define MT_RECENT_STACKS_H
