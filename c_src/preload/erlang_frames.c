@@ -106,6 +106,20 @@ static struct capture_cache *thread_cache(void) {
     return cache;
 }
 
+/* This thread's scheduler data, or NULL on a thread that is no scheduler. */
+static inline const char *scheduler(void) {
+    if (!sched)
+        sched = layout.scheduler_data();
+    return sched;
+}
+
+int mt_erl_in_nif(void) {
+    if (atomic_load_explicit(&state, memory_order_acquire) != ERL_ON)
+        return 0;
+    const char *esdp = scheduler();
+    return esdp && field(esdp, layout.sched_current_nif);
+}
+
 uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
     *unchanged = 0;
     /* Off, the common case, costs one load: the cache is left alone, and
@@ -118,14 +132,8 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
     int was_previous = cache && cache->valid && cache->turned_on == on;
     if (cache)
         cache->valid = 0;
-    const char *esdp = sched;
-    if (!esdp) {
-        esdp = layout.scheduler_data();
-        if (!esdp)
-            return 0;
-        sched = esdp;
-    }
-    if (!field(esdp, layout.sched_current_nif))
+    const char *esdp = scheduler();
+    if (!esdp || !field(esdp, layout.sched_current_nif))
         return 0;
     const char *proc = field(esdp, layout.sched_current_process);
     if (!proc)

@@ -20,6 +20,10 @@ enum mtrace_result mt_erl_setup(const struct mtrace_erlang_layout *layout);
 /* 1 while frames are captured; *allowed says whether MTRACE_ERLANG permits them. */
 int mt_erl_active(int *allowed);
 
+/* Whether the calling thread is running a NIF while frames are captured
+ * (mt_erl_capture would then take some). */
+int mt_erl_in_nif(void);
+
 /* The calling thread's Erlang frames if it is running a NIF: the NIF's own
  * frame, then the return addresses on its process's stack, innermost first,
  * at most max.  Returns 0 elsewhere.  *unchanged says they are those of

@@ -291,15 +291,19 @@ uint32_t mt_stack_capture(const struct mt_walk_start *at, uint32_t depth) {
     if (depth > MTRACE_MAX_DEPTH)
         depth = MTRACE_MAX_DEPTH;
     /* The common case, before capture() sets up its frame: one of this
-     * thread's last few stacks, most often the last, without Erlang frames
-     * now (nor, for the last walk's, then).  (Frames taken now go to
-     * capture() before the repeat check, which it would make again.) */
+     * thread's last few stacks, most often the last, outside a NIF (a
+     * stack with Erlang frames is told apart by them too).  The last walk's
+     * repeat is checked here only while no frames are taken: else capture()
+     * makes that check with theirs, and would make it again. */
     int allowed, max = (int)(depth + MAX_HOOK_FRAMES);
-    if (mt_state.fast_unwind && !mt_erl_active(&allowed)) {
-        uint32_t id = mt_recent_stack(at, max);
-        if (id)
-            return id;
-        if (last_id && !last_erl && !last_recent && mt_unwind_repeats(at, max))
+    if (mt_state.fast_unwind) {
+        int erl = mt_erl_active(&allowed);
+        if (!erl || !mt_erl_in_nif()) {
+            uint32_t id = mt_recent_stack(at, max);
+            if (id)
+                return id;
+        }
+        if (!erl && last_id && !last_erl && !last_recent && mt_unwind_repeats(at, max))
             return last_id;
     }
     return capture(at, depth);

@@ -80,6 +80,7 @@ int main(void) {
     /* off until a layout is given */
     put(sched_data, 16, (void *)1);
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);
+    CHECK_EQ(mt_erl_in_nif(), 0);
     CHECK_EQ(mt_erl_active(&allowed), 0);
     CHECK_EQ(allowed, 1);
 
@@ -150,7 +151,9 @@ int main(void) {
 
     /* not in a NIF, an implausible stack: nothing */
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+    CHECK_EQ(mt_erl_in_nif(), 1);
     put(sched_data, 16, NULL);
+    CHECK_EQ(mt_erl_in_nif(), 0);
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);
     put(sched_data, 16, (void *)1);
     /* the same frames again, but a capture without any came between: they
@@ -171,5 +174,6 @@ int main(void) {
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
     mt_erl_forked();
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 0);
+    CHECK_EQ(mt_erl_in_nif(), 0);
     return check_summary();
 }
