@@ -74,8 +74,7 @@ static __thread int last_max __attribute__((tls_model("initial-exec")));
  * frame uses), where and what.  A stack that keeps repeating is then proved
  * the same by one tight loop of independent loads, with no rule to decode
  * per frame.  chk_n < 0: no list (the previous walk changed since). */
-static __thread const uintptr_t *chk_at[2 * WALK_MAX] __attribute__((tls_model("initial-exec")));
-static __thread uintptr_t chk_word[2 * WALK_MAX] __attribute__((tls_model("initial-exec")));
+static __thread struct mt_stack_check chk[2 * WALK_MAX] __attribute__((tls_model("initial-exec")));
 static __thread int chk_n __attribute__((tls_model("initial-exec"))) = -1;
 /* Frames of the walk just made in last's columns, with their flags set,
  * for mt_unwind_prove; 0 when it made none (a repeat, or it gave up). */
@@ -125,6 +124,22 @@ static MT_READS_STACK int valid_from(int c) {
     return from;
 }
 
+/* The checks of steps [0, steps) of the previous walk into c, as its words
+ * are now; their count, or -1 if more than cap. */
+static MT_READS_STACK int collect_checks(int steps, struct mt_stack_check *c, int cap) {
+    int k = 0;
+    for (int j = 0; j < steps; j++) {
+        const uintptr_t *at[2] = {ra_slot(j), bp_slot(j)};
+        for (int i = 0; i < 2 && at[i]; i++) {
+            if (k == cap)
+                return -1;
+            c[k].at = at[i];
+            c[k++].word = *at[i];
+        }
+    }
+    return k;
+}
+
 /* The checks valid_from(0) makes, as a list; right after it found nothing
  * changed, so the words read now are those of the walk (return addresses
  * as stored: on aarch64 possibly signed).  Only the steps to the frames a
@@ -132,15 +147,7 @@ static MT_READS_STACK int valid_from(int c) {
  * before any other walk relies on them, and a node's stacks are often far
  * deeper than what is kept. */
 static MT_READS_STACK void build_checks(void) {
-    int k = 0;
-    for (int j = 0; j + 1 < last_n && j + 1 < last_max; j++) {
-        const uintptr_t *at[2] = {ra_slot(j), bp_slot(j)};
-        for (int i = 0; i < 2 && at[i]; i++) {
-            chk_at[k] = at[i];
-            chk_word[k++] = *at[i];
-        }
-    }
-    chk_n = k;
+    chk_n = collect_checks((last_n < last_max ? last_n : last_max) - 1, chk, 2 * WALK_MAX);
 }
 
 /* Whether the stack from (ip, sp, bp) is the previous walk's, by its checks. */
@@ -148,11 +155,7 @@ static inline MT_READS_STACK int repeats(uintptr_t ip, uintptr_t sp, uintptr_t b
     if (chk_n < 0 || last.sp[0] != sp || last.ip[0] != ip || max != last_max ||
         ((last.flags[0] & F_NEEDS_BP) && last.bp[0] != bp))
         return 0;
-    uintptr_t diff = 0;
-#pragma GCC unroll 4 /* the loop's own counting was a third of its instructions */
-    for (int k = 0; k < chk_n; k++)
-        diff |= *chk_at[k] ^ chk_word[k];
-    return !diff;
+    return !mt_checks_differ(chk, 0, chk_n);
 }
 
 /* F_NEEDS_BP for frames [0, upto), given the flags of frame upto. */
@@ -357,21 +360,11 @@ void mt_unwind_last(uintptr_t *out, int n) {
 /* ---- proofs of a walk, kept elsewhere -------------------------------- */
 
 MT_READS_STACK int mt_unwind_prove(struct mt_walk_proof *p, int max) {
-    int n = fresh_n, k = 0;
+    int n = fresh_n;
     fresh_n = 0;
     p->sp = 0; /* no stack's, until the proof is whole (a stack pointer is never 0) */
-    if (!n || max != last_max)
+    if (!n || max != last_max || (p->n = collect_checks(n - 1, p->c, MT_PROOF_CHECKS)) < 0)
         return 0;
-    for (int j = 0; j + 1 < n; j++) {
-        const uintptr_t *at[2] = {ra_slot(j), bp_slot(j)};
-        for (int i = 0; i < 2 && at[i]; i++) {
-            if (k == MT_PROOF_CHECKS)
-                return 0;
-            p->c[k].at = at[i];
-            p->c[k++].word = *at[i];
-        }
-    }
-    p->n = k;
     p->ip = last.ip[0];
     p->sp = last.sp[0];
     p->bp = last.bp[0];

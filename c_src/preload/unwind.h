@@ -66,16 +66,27 @@ void mt_unwind_last(uintptr_t *out, int n);
  * and each stack word the walk read (return addresses, and saved frame
  * pointers a later frame used) with what it held.  While they hold the
  * same, a walk from that frame gives the same frames. */
+struct mt_stack_check {
+    const uintptr_t *at;
+    uintptr_t word;
+};
 #define MT_PROOF_CHECKS 32
 struct mt_walk_proof {
     uintptr_t ip, sp, bp;
     uint64_t gen; /* of the unwind rules */
     int max, n, needs_bp;
-    struct {
-        const uintptr_t *at;
-        uintptr_t word;
-    } c[MT_PROOF_CHECKS];
+    struct mt_stack_check c[MT_PROOF_CHECKS];
 };
+
+/* Whether any of checks [from, n) no longer holds: one loop of independent
+ * loads, no branch but the loop's. */
+static inline MT_READS_STACK int mt_checks_differ(const struct mt_stack_check *c, int from, int n) {
+    uintptr_t diff = 0;
+#pragma GCC unroll 4 /* the loop's own counting was a third of its instructions */
+    for (int k = from; k < n; k++)
+        diff |= *c[k].at ^ c[k].word;
+    return diff != 0;
+}
 /* The proof of the walk mt_unwind_check just made (max as then); 0 when it
  * made none (a repeat, or it gave up) or the proof would not fit. */
 int mt_unwind_prove(struct mt_walk_proof *p, int max);
@@ -91,18 +102,8 @@ static inline MT_READS_STACK int mt_unwind_proves(const struct mt_walk_proof *p,
         p->gen != atomic_load_explicit(&mt_rules_generation, memory_order_relaxed) ||
         (p->needs_bp && p->bp != at->bp))
         return 0;
-    uintptr_t diff = 0;
-    int k = 0;
-    if (!likely) {
-        for (; k < p->n && k < 4; k++)
-            diff |= *p->c[k].at ^ p->c[k].word;
-        if (diff)
-            return 0;
-    }
-#pragma GCC unroll 4
-    for (; k < p->n; k++)
-        diff |= *p->c[k].at ^ p->c[k].word;
-    return !diff;
+    int first = likely || p->n < 4 ? 0 : 4;
+    return !mt_checks_differ(p->c, 0, first) && !mt_checks_differ(p->c, first, p->n);
 }
 
 /* Code may have been unmapped (dlclose): forget every cached rule. */
