@@ -1,48 +1,181 @@
-/* The calling thread's last few stacks (see recent_stacks.h). */
+/*
+ * The calling thread's last few stacks (see recent_stacks.h): the proofs of
+ * its last 64 walks, found by their first frame through a small index, with
+ * their checks in a ring that the oldest proofs give up first.
+ */
+#define _GNU_SOURCE
 #include "recent_stacks.h"
 
-#define RECENT 8
+#include <stddef.h>
+#include <sys/mman.h>
 
-/* 4.4 KiB a thread, in TLS: nothing to allocate, nothing to free. */
-static __thread struct {
-    struct mt_walk_proof proof;
+#include "hash.h"
+
+#define RECENT 64    /* stacks kept: a bit each in an index bucket's mask */
+#define INDEX_BITS 4 /* 16 buckets, by first frame */
+#define POOL 1024    /* checks of them all, in a ring */
+#define PROOF_MAX 96 /* checks of the longest stack kept */
+_Static_assert(PROOF_MAX <= POOL, "a proof fits the ring");
+
+struct kept {
+    struct mt_walk_proof p; /* p.sp 0: none */
+    const struct mt_stack_check *c;
+    uint32_t start; /* where its checks are in the ring, counted from the first */
     uint32_t id;
-} recent[RECENT] __attribute__((tls_model("initial-exec")));
-static __thread unsigned next_slot __attribute__((tls_model("initial-exec")));
-static __thread unsigned hit __attribute__((tls_model("initial-exec"))); /* the one found last */
-static __thread int trust __attribute__((tls_model("initial-exec")));
+};
+
+/* A thread's: 21 KiB in a mapping of its own (made on the first walk kept,
+ * unmapped as the thread exits), not in TLS, whose size is taken from every
+ * thread's stack in every program the preload is in. */
+struct recent {
+    struct kept k[RECENT];
+    uint64_t bucket[1u << INDEX_BITS]; /* the stacks each bucket holds, a bit each */
+    /* Hashes of each one's check words and of their addresses: stacks of
+     * one bucket walked through frames of the same sizes read the same
+     * addresses, so one hash of the words there now rules out all of them
+     * but the one it matches, a compare each. */
+    uint64_t words[RECENT], places[RECENT];
+    uint32_t next; /* the slot to reuse next */
+    uint32_t end;  /* the ring's writes so far, counted from the first */
+    uint32_t hit;  /* the one found last */
+    int trust;
+    struct mt_stack_check ring[POOL];
+};
+
+#define GONE ((struct recent *)1) /* the thread exited, or no memory: none kept */
+static __thread struct recent *me __attribute__((tls_model("initial-exec")));
+
+static inline unsigned bucket_of(uintptr_t ip, uintptr_t sp) {
+    return (unsigned)mt_hash_index(sp ^ ip << 7, INDEX_BITS);
+}
+
+/* Its checks are still those it was kept with: none of the ring's writes
+ * since went a whole turn past its first. */
+static inline int intact(const struct recent *r, const struct kept *k) {
+    return r->end - k->start <= POOL;
+}
+
+/* One hash for words and for addresses; its terms are independent of each
+ * other, so a long proof hashes in a few cycles a check. */
+static inline uint64_t term(uintptr_t x, int k) {
+    return (x ^ (uint64_t)k * MT_HASH_GOLDEN) * MT_HASH_MIX;
+}
+static uint64_t hash_words(const struct mt_stack_check *c, int n) {
+    uint64_t h = 0;
+    for (int k = 0; k < n; k++)
+        h += term(c[k].word, k);
+    return h;
+}
+static uint64_t hash_places(const struct mt_stack_check *c, int n) {
+    uint64_t h = (uint64_t)n;
+    for (int k = 0; k < n; k++)
+        h += term((uintptr_t)c[k].at, k);
+    return h;
+}
+static MT_READS_STACK uint64_t hash_words_now(const struct mt_stack_check *c, int n) {
+    uint64_t h = 0;
+    for (int k = 0; k < n; k++)
+        h += term(*c[k].at, k);
+    return h;
+}
+
+static struct recent *mine(void) {
+    if (me)
+        return me;
+    void *m = mmap(NULL, sizeof(struct recent), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    if (m == MAP_FAILED)
+        return me = GONE;
+#ifdef MADV_WIPEONFORK
+    /* A fork child starts with none kept (all zero) rather than sharing
+     * the pages copy on write, which the parent would fault on again. */
+    madvise(m, sizeof(struct recent), MADV_WIPEONFORK);
+#endif
+    return me = m;
+}
 
 int mt_recent_keep(int max, uint32_t id) {
-    unsigned i = next_slot % RECENT;
-    if (!id || !mt_unwind_prove(&recent[i].proof, max))
+    struct recent *r = id ? mine() : GONE;
+    if (r == GONE)
         return 0;
-    recent[i].id = id;
-    next_slot++;
-    hit = i; /* the next allocation most likely repeats it */
+    unsigned i = r->next % RECENT;
+    struct kept *k = &r->k[i];
+    if (k->p.sp)
+        r->bucket[bucket_of(k->p.ip, k->p.sp)] &= ~(1ull << i);
+    /* A proof's checks are contiguous: one that might not fit before the
+     * ring's end starts at its beginning. */
+    uint32_t start = r->end;
+    if (start % POOL + PROOF_MAX > POOL)
+        start += POOL - start % POOL;
+    k->c = &r->ring[start % POOL];
+    int kept = mt_unwind_prove(&k->p, &r->ring[start % POOL], PROOF_MAX, max);
+    /* Even a proof that did not fit may have written all the room. */
+    r->end = start + (uint32_t)(kept ? k->p.n : PROOF_MAX);
+    if (!kept)
+        return 0;
+    k->start = start;
+    k->id = id;
+    r->words[i] = hash_words(k->c, k->p.n);
+    r->places[i] = hash_places(k->c, k->p.n);
+    r->bucket[bucket_of(k->p.ip, k->p.sp)] |= 1ull << i;
+    r->next++;
+    r->hit = i; /* the next allocation most likely repeats it */
     return 1;
 }
 
-static __attribute__((noinline)) MT_READS_STACK uint32_t scan(const struct mt_walk_start *at,
+/* Whether k proves the stack from *at; its checks are read only if they
+ * are its own (any stack words they name are in this thread's stack). */
+static inline MT_READS_STACK int proves(const struct recent *r, const struct kept *k,
+                                        const struct mt_walk_start *at, int max) {
+    return mt_proof_applies(&k->p, at, max) && intact(r, k) && !mt_checks_differ(k->c, 0, k->p.n);
+}
+
+static __attribute__((noinline)) MT_READS_STACK uint32_t find(struct recent *r,
+                                                              const struct mt_walk_start *at,
                                                               int max) {
-    for (unsigned i = 0; i < RECENT; i++)
-        if (i != hit && mt_unwind_proves(&recent[i].proof, at, max, 0)) {
-            hit = i;
-            return recent[i].id;
+    uint64_t m = r->bucket[bucket_of(at->ip, at->sp)] & ~(1ull << r->hit);
+    uint64_t places = 0, words = 0; /* the words at places now, once hashed */
+    int hashed = 0;
+    for (; m; m &= m - 1) {
+        unsigned i = (unsigned)__builtin_ctzll(m);
+        const struct kept *k = &r->k[i];
+        if (!hashed || r->places[i] != places) {
+            if (!mt_proof_applies(&k->p, at, max) || !intact(r, k))
+                continue;
+            places = r->places[i];
+            words = hash_words_now(k->c, k->p.n);
+            hashed = 1;
         }
+        if (r->words[i] == words && proves(r, k, at, max)) {
+            r->hit = i;
+            return k->id;
+        }
+    }
     return 0;
 }
 
 MT_READS_STACK uint32_t mt_recent_stack(const struct mt_walk_start *at, int max) {
-    if (mt_unwind_proves(&recent[hit].proof, at, max, 1)) /* they come in runs */
-        return recent[hit].id;
+    struct recent *r = me;
+    if (!r || r == GONE)
+        return 0;
+    const struct kept *k = &r->k[r->hit];
+    if (proves(r, k, at, max)) /* they come in runs */
+        return k->id;
     /* The others, while that pays: a thread whose stacks vary more than the
-     * few kept (a miss costs a few loads each) looks at them once in 32
-     * misses, until they answer again. */
-    if (trust < 0) {
-        trust++;
+     * ones kept (each candidate costs a few loads) looks once in 32 misses,
+     * until they answer again. */
+    if (r->trust < 0) {
+        r->trust++;
         return 0;
     }
-    uint32_t id = scan(at, max);
-    trust = id ? (trust < 29 ? trust + 3 : 32) : trust ? trust - 1 : -32;
+    uint32_t id = find(r, at, max);
+    r->trust = id ? (r->trust < 29 ? r->trust + 3 : 32) : r->trust ? r->trust - 1 : -32;
     return id;
+}
+
+void mt_recent_thread_exit(void) {
+    struct recent *r = me;
+    me = GONE; /* its last frees and allocations keep none */
+    if (r && r != GONE)
+        munmap(r, sizeof *r);
 }

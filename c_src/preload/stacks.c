@@ -339,6 +339,8 @@ void mt_stack_figures(struct mt_stack_figures *out) {
     out->erl_stacks = atomic_load_explicit(&erl_stacks, memory_order_relaxed);
 }
 
+void mt_stacks_thread_exit(void) { mt_recent_thread_exit(); }
+
 void mt_stacks_lock(void) {
     mt_fallback_lock();
     mt_lock(&insert_lock);

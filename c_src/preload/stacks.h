@@ -44,6 +44,9 @@ struct mt_stack_figures {
 };
 void mt_stack_figures(struct mt_stack_figures *out);
 
+/* The calling thread is exiting (its last allocations are still tracked). */
+void mt_stacks_thread_exit(void);
+
 /* Held across fork() so that no half-published stack, and no lock inside
  * libunwind, reaches the child. */
 void mt_stacks_lock(void);

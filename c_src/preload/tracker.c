@@ -106,11 +106,13 @@ static inline int tracking(void) {
 
 /* ---- threads and counting ------------------------------------------------ */
 
-/* Thread exit (a pthread key destructor): fold this thread's counts. */
+/* Thread exit (a pthread key destructor): fold this thread's counts, give
+ * back its stacks' memory. */
 static void thread_exit(void *unused) {
     (void)unused;
     mt_counts_retire(&mt_me.counts); /* now SHARED: later calls count atomically */
     mt_me.f.b.registered = 0;
+    mt_stacks_thread_exit();
 }
 
 static __attribute__((noinline)) void register_thread(void) {
@@ -118,7 +120,7 @@ static __attribute__((noinline)) void register_thread(void) {
         mt_tracker_enter(); /* a high key number makes pthread_setspecific allocate */
     mt_counts_register(&mt_me.counts);
     mt_me.f.b.registered = mt_me.counts.state == MT_COUNTS_REGISTERED;
-    if (mt_me.f.b.registered && exit_key_made)
+    if (exit_key_made) /* registered or not: its stacks' memory goes back too */
         pthread_setspecific(exit_key, (void *)1);
     mt_tracker_leave(was);
 }

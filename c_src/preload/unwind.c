@@ -359,11 +359,12 @@ void mt_unwind_last(uintptr_t *out, int n) {
 
 /* ---- proofs of a walk, kept elsewhere -------------------------------- */
 
-MT_READS_STACK int mt_unwind_prove(struct mt_walk_proof *p, int max) {
+MT_READS_STACK int mt_unwind_prove(struct mt_walk_proof *p, struct mt_stack_check *c, int cap,
+                                   int max) {
     int n = fresh_n;
     fresh_n = 0;
     p->sp = 0; /* no stack's, until the proof is whole (a stack pointer is never 0) */
-    if (!n || max != last_max || (p->n = collect_checks(n - 1, p->c, MT_PROOF_CHECKS)) < 0)
+    if (!n || max != last_max || (p->n = collect_checks(n - 1, c, cap)) < 0)
         return 0;
     p->ip = last.ip[0];
     p->sp = last.sp[0];

@@ -64,18 +64,17 @@ void mt_unwind_last(uintptr_t *out, int n);
 
 /* A walk's proof, to be kept elsewhere (recent_stacks.c): its first frame
  * and each stack word the walk read (return addresses, and saved frame
- * pointers a later frame used) with what it held.  While they hold the
- * same, a walk from that frame gives the same frames. */
+ * pointers a later frame used) with what it held, its checks, stored apart
+ * (so that a keeper can give each proof the room it needs).  While they
+ * hold the same, a walk from that frame gives the same frames. */
 struct mt_stack_check {
     const uintptr_t *at;
     uintptr_t word;
 };
-#define MT_PROOF_CHECKS 32
 struct mt_walk_proof {
     uintptr_t ip, sp, bp;
     uint64_t gen; /* of the unwind rules */
     int max, n, needs_bp;
-    struct mt_stack_check c[MT_PROOF_CHECKS];
 };
 
 /* Whether any of checks [from, n) no longer holds: one loop of independent
@@ -87,23 +86,20 @@ static inline MT_READS_STACK int mt_checks_differ(const struct mt_stack_check *c
         diff |= *c[k].at ^ c[k].word;
     return diff != 0;
 }
-/* The proof of the walk mt_unwind_check just made (max as then); 0 when it
- * made none (a repeat, or it gave up) or the proof would not fit. */
-int mt_unwind_prove(struct mt_walk_proof *p, int max);
-/* Whether the stack from *at is the one p proves (max as then); unless it
- * is likely, the first few words decide a mismatch (stacks that share a
- * first frame most often part there).  It reads the words a walk read from
- * the same stack pointer in this thread's own stack (mt_unwind_prove is
- * given none that gave up), which stays mapped while the thread lives. */
-static inline MT_READS_STACK int mt_unwind_proves(const struct mt_walk_proof *p,
-                                                  const struct mt_walk_start *at, int max,
-                                                  int likely) {
-    if (p->sp != at->sp || p->ip != at->ip || p->max != max ||
-        p->gen != atomic_load_explicit(&mt_rules_generation, memory_order_relaxed) ||
-        (p->needs_bp && p->bp != at->bp))
-        return 0;
-    int first = likely || p->n < 4 ? 0 : 4;
-    return !mt_checks_differ(p->c, 0, first) && !mt_checks_differ(p->c, first, p->n);
+/* The proof of the walk mt_unwind_check just made (max as then), its
+ * checks written to c (at most cap of them); 0 when it made none (a
+ * repeat, or it gave up) or they would not fit, and then p->sp is 0. */
+int mt_unwind_prove(struct mt_walk_proof *p, struct mt_stack_check *c, int cap, int max);
+/* Whether a walk from *at (max frames) starts as the one p proves: then
+ * it gives the same frames if the proof's checks still hold.  Those read
+ * words a walk read from the same stack pointer in this thread's own stack
+ * (mt_unwind_prove is given none that gave up), which stays mapped while
+ * the thread lives. */
+static inline int mt_proof_applies(const struct mt_walk_proof *p, const struct mt_walk_start *at,
+                                   int max) {
+    return p->sp == at->sp && p->ip == at->ip && p->max == max &&
+           p->gen == atomic_load_explicit(&mt_rules_generation, memory_order_relaxed) &&
+           (!p->needs_bp || p->bp == at->bp);
 }
 
 /* Code may have been unmapped (dlclose): forget every cached rule. */

@@ -360,6 +360,61 @@ static void test_recent_stacks(void) {
     CHECK_EQ(recent_sp[0], recent_sp[1]); /* one first frame, else this test proves nothing */
 }
 
+/* Many stacks that share their first frame and all of their frame sizes
+ * (64 paths through two identical functions, as bench/churn.c makes them):
+ * each kept one is found with its own id or not at all (its checks gave
+ * way to later ones), the last kept always; none once the thread exited. */
+static void chain_a(int n, unsigned path);
+static void chain_b(int n, unsigned path);
+static __attribute__((noinline)) void chain(int n, unsigned path) {
+    if (n == 0)
+        recent_mid();
+    else if ((path >> (n - 1)) & 1)
+        chain_a(n - 1, path);
+    else
+        chain_b(n - 1, path);
+    __asm__ __volatile__("" ::: "memory");
+}
+static __attribute__((noinline)) void chain_a(int n, unsigned path) {
+    chain(n, path);
+    __asm__ __volatile__("" ::: "memory");
+}
+static __attribute__((noinline)) void chain_b(int n, unsigned path) {
+    chain(n, path);
+    __asm__ __volatile__("" ::: "memory");
+}
+
+static __attribute__((noinline)) uint32_t visit(unsigned path, uint32_t keep) {
+    recent_id = keep;
+    chain(6, path);
+    __asm__ __volatile__("" ::: "memory");
+    return recent_id;
+}
+
+static void test_many_recent_stacks(void) {
+    enum { PATHS = 64, ID = 1000 };
+    int found = 0, wrong = 0;
+    uint32_t got[2 * PATHS];
+    /* One call site (a walk reads the return addresses up to main): keep
+     * them all, then look each up, the last kept first (a run of misses
+     * would make lookups rarer, recent_stacks.c). */
+    for (volatile unsigned step = 0; step < 2 * PATHS; step++)
+        got[step] = visit(step < PATHS ? step : 2 * PATHS - 1 - step, step < PATHS ? ID + step : 0);
+    for (unsigned path = 0; path < PATHS; path++) {
+        uint32_t id = got[2 * PATHS - 1 - path];
+        found += id == ID + path;
+        wrong += id && id != ID + path;
+    }
+    CHECK_EQ(got[PATHS], ID + PATHS - 1); /* the last kept */
+    CHECK_EQ(wrong, 0);
+    CHECK(found >= PATHS / 4); /* as many as their checks leave room for */
+    printf("%d of %d stacks with one first frame found among the last kept\n", found, PATHS);
+    mt_recent_thread_exit();
+    recent_id = 0;
+    chain(6, PATHS - 1);
+    CHECK_EQ(recent_id, 0);
+}
+
 /* A signal frame is libunwind's business: the walker must give up there,
  * after the handler's frames.  It knows one by its unwind information
  * (glibc's or the vDSO's sigreturn trampoline) or, for musl's trampoline,
@@ -413,6 +468,7 @@ int main(int argc, char **argv) {
     test_repeat_proof();
     test_recent_stacks();
     test_signal_frame();
+    test_many_recent_stacks(); /* last: its thread keeps no stacks after it */
     test_reload(argc > 1 ? argv[1] : "_build/c");
     return check_summary();
 }
