@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include "recent_stacks.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <sys/mman.h>
 
@@ -178,6 +179,7 @@ MT_READS_STACK uint32_t mt_recent_stack(const struct mt_walk_start *at, int max)
 void mt_recent_thread_exit(void) {
     struct recent *r = me;
     me = GONE; /* its last frees and allocations keep none */
+    atomic_signal_fence(memory_order_seq_cst); /* a signal handler's too, before the unmap */
     if (r && r != GONE)
         munmap(r, sizeof *r);
 }
