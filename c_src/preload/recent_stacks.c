@@ -178,8 +178,10 @@ MT_READS_STACK uint32_t mt_recent_stack(const struct mt_walk_start *at, int max)
 
 void mt_recent_thread_exit(void) {
     struct recent *r = me;
-    me = GONE; /* its last frees and allocations keep none */
-    atomic_signal_fence(memory_order_seq_cst); /* a signal handler's too, before the unmap */
+    /* Its last frees and allocations keep none, nor does a signal handler
+     * that runs before the unmap. */
+    me = GONE;
+    atomic_signal_fence(memory_order_seq_cst);
     if (r && r != GONE)
         munmap(r, sizeof *r);
 }
