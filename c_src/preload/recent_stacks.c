@@ -39,6 +39,10 @@ struct recent {
     uint32_t next; /* the slot to reuse next */
     uint32_t end;  /* the ring's writes so far, counted from the first */
     uint32_t hit;  /* the one found last */
+    /* The one found after each, last time: a thread's allocations most
+     * often follow the same order (in a release's boot, 4 in 5 of those
+     * the last one found did not answer). */
+    uint8_t next_of[RECENT];
     int trust;
     struct mt_stack_check ring[POOL];
 };
@@ -120,6 +124,7 @@ int mt_recent_keep(int max, uint32_t id) {
     r->places[i] = hash_places(k->c, k->p.n);
     r->bucket[bucket_of(k->p.ip, k->p.sp)] |= 1ull << i;
     r->next++;
+    r->next_of[r->hit] = (uint8_t)i;
     r->hit = i; /* the next allocation most likely repeats it */
     return 1;
 }
@@ -157,6 +162,29 @@ static __attribute__((noinline)) MT_READS_STACK uint32_t find(struct recent *r,
     return 0;
 }
 
+/* After the last one found did not answer: the one found after it last
+ * time, then the others while that pays: a thread whose stacks vary more
+ * than the ones kept (each candidate costs a few loads) looks once in 32
+ * misses, until they answer again. */
+static __attribute__((noinline)) MT_READS_STACK uint32_t others(struct recent *r,
+                                                                const struct mt_walk_start *at,
+                                                                int max) {
+    uint32_t last = r->hit, then = r->next_of[last];
+    if (then != last && proves(r, &r->k[then], at, max)) {
+        r->hit = then;
+        return r->k[then].id;
+    }
+    if (r->trust < 0) {
+        r->trust++;
+        return 0;
+    }
+    uint32_t id = find(r, at, max);
+    if (id)
+        r->next_of[last] = (uint8_t)r->hit;
+    r->trust = id ? (r->trust < 29 ? r->trust + 3 : 32) : r->trust ? r->trust - 1 : -32;
+    return id;
+}
+
 MT_READS_STACK uint32_t mt_recent_stack(const struct mt_walk_start *at, int max) {
     struct recent *r = me;
     if (!r || r == GONE)
@@ -164,16 +192,7 @@ MT_READS_STACK uint32_t mt_recent_stack(const struct mt_walk_start *at, int max)
     const struct kept *k = &r->k[r->hit];
     if (proves(r, k, at, max)) /* they come in runs */
         return k->id;
-    /* The others, while that pays: a thread whose stacks vary more than the
-     * ones kept (each candidate costs a few loads) looks once in 32 misses,
-     * until they answer again. */
-    if (r->trust < 0) {
-        r->trust++;
-        return 0;
-    }
-    uint32_t id = find(r, at, max);
-    r->trust = id ? (r->trust < 29 ? r->trust + 3 : 32) : r->trust ? r->trust - 1 : -32;
-    return id;
+    return others(r, at, max);
 }
 
 void mt_recent_thread_exit(void) {

@@ -391,7 +391,8 @@ static __attribute__((noinline)) uint32_t visit(unsigned path, uint32_t keep) {
     return recent_id;
 }
 
-static void test_many_recent_stacks(void) {
+static void *many_recent_stacks(void *unused) {
+    (void)unused;
     enum { PATHS = 64, ID = 1000 };
     int found = 0, wrong = 0;
     uint32_t got[2 * PATHS];
@@ -413,6 +414,14 @@ static void test_many_recent_stacks(void) {
     recent_id = 0;
     chain(6, PATHS - 1);
     CHECK_EQ(recent_id, 0);
+    return NULL;
+}
+
+/* In a thread of its own, which starts with none kept. */
+static void test_many_recent_stacks(void) {
+    pthread_t t;
+    CHECK_EQ(pthread_create(&t, NULL, many_recent_stacks, NULL), 0);
+    pthread_join(t, NULL);
 }
 
 /* A signal frame is libunwind's business: the walker must give up there,
@@ -468,7 +477,7 @@ int main(int argc, char **argv) {
     test_repeat_proof();
     test_recent_stacks();
     test_signal_frame();
-    test_many_recent_stacks(); /* last: its thread keeps no stacks after it */
+    test_many_recent_stacks();
     test_reload(argc > 1 ? argv[1] : "_build/c");
     return check_summary();
 }
