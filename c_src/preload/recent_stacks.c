@@ -1,7 +1,9 @@
 /*
  * The calling thread's last few stacks (see recent_stacks.h): the proofs of
- * its last 64 walks, found by their first frame through a small index, with
- * their checks in a ring that the oldest proofs give up first.
+ * its last 64 walks with their checks in a ring that the oldest proofs give
+ * up first.  A capture tries the one found last, then the one found after
+ * it last time, then those with the same first frame, through a small
+ * index.
  */
 #define _GNU_SOURCE
 #include "recent_stacks.h"
