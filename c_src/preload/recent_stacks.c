@@ -21,9 +21,10 @@
 _Static_assert(PROOF_MAX <= POOL, "a proof fits the ring");
 
 struct kept {
-    struct mt_walk_proof p; /* p.sp 0: none */
-    const struct mt_stack_check *c;
-    uint32_t start; /* where its checks are in the ring, counted from the first */
+    struct mt_walk_proof p;         /* p.sp 0: none */
+    const struct mt_stack_check *c; /* its checks: &ring[start % POOL], kept at hand
+                                     * for the check every capture makes */
+    uint32_t start;                 /* where its checks are in the ring, counted from the first */
     uint32_t id;
 };
 
@@ -114,8 +115,9 @@ int mt_recent_keep(int max, uint32_t id) {
     uint32_t start = r->end;
     if (start % POOL + PROOF_MAX > POOL)
         start += POOL - start % POOL;
-    k->c = &r->ring[start % POOL];
-    int kept = mt_unwind_prove(&k->p, &r->ring[start % POOL], PROOF_MAX, max);
+    struct mt_stack_check *c = &r->ring[start % POOL];
+    k->c = c;
+    int kept = mt_unwind_prove(&k->p, c, PROOF_MAX, max);
     /* Even a proof that did not fit may have written all the room. */
     r->end = start + (uint32_t)(kept ? k->p.n : PROOF_MAX);
     if (!kept)
@@ -135,7 +137,7 @@ int mt_recent_keep(int max, uint32_t id) {
  * are its own (any stack words they name are in this thread's stack). */
 static inline MT_READS_STACK int proves(const struct recent *r, const struct kept *k,
                                         const struct mt_walk_start *at, int max) {
-    return mt_proof_applies(&k->p, at, max) && intact(r, k) && !mt_checks_differ(k->c, 0, k->p.n);
+    return mt_proof_applies(&k->p, at, max) && intact(r, k) && !mt_checks_differ(k->c, k->p.n);
 }
 
 static __attribute__((noinline)) MT_READS_STACK uint32_t find(struct recent *r,
@@ -149,8 +151,7 @@ static __attribute__((noinline)) MT_READS_STACK uint32_t find(struct recent *r,
         const struct kept *k = &r->k[i];
         if (!hashed || r->places[i] != places) {
             if (!mt_proof_applies(&k->p, at, max) || !intact(r, k) ||
-                mt_checks_differ(k->c, 0,
-                                 k->p.n < 4 ? k->p.n : 4)) /* stacks most often part early */
+                mt_checks_differ(k->c, k->p.n < 4 ? k->p.n : 4)) /* stacks most often part early */
                 continue;
             places = r->places[i];
             words = hash_words_now(k->c, k->p.n);

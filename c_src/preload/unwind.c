@@ -155,7 +155,7 @@ static inline MT_READS_STACK int repeats(uintptr_t ip, uintptr_t sp, uintptr_t b
     if (chk_n < 0 || last.sp[0] != sp || last.ip[0] != ip || max != last_max ||
         ((last.flags[0] & F_NEEDS_BP) && last.bp[0] != bp))
         return 0;
-    return !mt_checks_differ(chk, 0, chk_n);
+    return !mt_checks_differ(chk, chk_n);
 }
 
 /* F_NEEDS_BP for frames [0, upto), given the flags of frame upto. */

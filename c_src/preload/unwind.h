@@ -77,12 +77,12 @@ struct mt_walk_proof {
     int max, n, needs_bp;
 };
 
-/* Whether any of checks [from, n) no longer holds: one loop of independent
+/* Whether any of the n checks c no longer holds: one loop of independent
  * loads, no branch but the loop's. */
-static inline MT_READS_STACK int mt_checks_differ(const struct mt_stack_check *c, int from, int n) {
+static inline MT_READS_STACK int mt_checks_differ(const struct mt_stack_check *c, int n) {
     uintptr_t diff = 0;
 #pragma GCC unroll 4 /* the loop's own counting was a third of its instructions */
-    for (int k = from; k < n; k++)
+    for (int k = 0; k < n; k++)
         diff |= *c[k].at ^ c[k].word;
     return diff != 0;
 }
