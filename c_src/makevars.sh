@@ -115,7 +115,7 @@ ERTS_INCLUDE = $ERTS_INCLUDE_DIR
 WARN_CFLAGS = -Wall -Wextra
 BASE_CFLAGS = -std=gnu11 -O2 -g -fPIC $extra_inc $libc_cflags
 PRELOAD_CFLAGS = -fvisibility=hidden -ftls-model=initial-exec -fno-plt $lto
-PRELOAD_LIBS = $extra_lib $dl_libs -lpthread -lm
+PRELOAD_LIBS = $extra_lib $dl_libs -lpthread
 UNWIND_LIBS = $unwind_libs
 SO_LDFLAGS = $so_ldflags
 NIF_LDFLAGS = $nif_ldflags

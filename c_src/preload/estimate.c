@@ -1,12 +1,11 @@
 /* What a recorded block stands for (see estimate.h). */
 #include "estimate.h"
 
-#include <math.h>
-
+#include "math_lite.h"
 #include "state.h"
 
 static double probability(uint64_t size) {
-    return -expm1(-(double)(size ? size : 1) / (double)mt_state.sample_mean);
+    return mt_one_minus_exp((double)(size ? size : 1) / (double)mt_state.sample_mean);
 }
 
 uint64_t mt_estimate_weight(uint64_t size) {

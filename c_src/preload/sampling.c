@@ -1,11 +1,11 @@
 /* Byte sampling (see sampling.h). */
 #include "sampling.h"
 
-#include <math.h>
 #include <stdint.h>
 #include <time.h>
 
 #include "hash.h"
+#include "math_lite.h"
 
 /* xorshift64*, seeded per thread from its state's address and the clock. */
 static uint64_t next_random(struct mt_sampler *s) {
@@ -24,7 +24,7 @@ static uint64_t next_random(struct mt_sampler *s) {
 /* Exponentially distributed gap with mean R, at least 1 byte. */
 static int64_t next_gap(struct mt_sampler *s) {
     double u = (double)((next_random(s) >> 11) + 1) / 9007199254740992.0; /* (0, 1] */
-    double gap = -log(u) * (double)mt_state.sample_mean;
+    double gap = -mt_ln(u) * (double)mt_state.sample_mean;
     return gap < 1.0 ? 1 : gap > 9e18 ? (int64_t)9e18 : (int64_t)gap;
 }
 
