@@ -93,11 +93,11 @@ static inline enum mt_verdict mt_verdict(enum mtrace_fn fn, size_t n) {
     enum mt_gate g = mt_gate();
     if (mt_likely(g <= MT_GATE_LIBC))
         return MT_PASS;
-    if (mt_unlikely(!mt_thread_fast(g)))
+    if (mt_unlikely(mt_me.f.any != MT_THREAD_FAST))
         return MT_ASK;
+    if (mt_unlikely(g <= MT_GATE_TRACK)) /* one compare for both */
+        return g == MT_GATE_TRACK ? (mt_counts_bump(&mt_me.counts, fn), MT_RECORD) : MT_ASK;
     mt_counts_bump(&mt_me.counts, fn);
-    if (g == MT_GATE_TRACK)
-        return MT_RECORD;
     return mt_likely(mt_sample_skip(&mt_me.sampler, n)) ? MT_PASS : MT_CROSSED;
 }
 
@@ -138,8 +138,8 @@ static inline int mt_free_verdict(void *p) {
     if (mt_likely(g == MT_GATE_INERT))
         return 0;
     int counted = 0;
-    if (mt_unlikely(g != MT_GATE_LIBC)) {
-        if (!mt_thread_fast(g))
+    if (mt_likely(g != MT_GATE_LIBC)) {
+        if (mt_unlikely(mt_me.f.any != MT_THREAD_FAST || g == MT_GATE_SETUP))
             return 1;
         mt_counts_bump(&mt_me.counts, MT_FN_FREE);
         counted = 1;
