@@ -72,12 +72,6 @@ static inline enum mt_gate mt_gate(void) {
     return (enum mt_gate)atomic_load_explicit(&mt_state.gate, memory_order_relaxed);
 }
 
-/* Tracking on (gate g), this thread neither inside the tracer nor ignored,
- * and its counters registered. */
-static inline int mt_thread_fast(enum mt_gate g) {
-    return g >= MT_GATE_TRACK && mt_me.f.any == MT_THREAD_FAST;
-}
-
 /* What the inline first look at a call decided. */
 enum mt_verdict {
     MT_PASS,    /* untracked, or counted and skipped by sampling: straight to libc */
@@ -93,9 +87,12 @@ static inline enum mt_verdict mt_verdict(enum mtrace_fn fn, size_t n) {
     enum mt_gate g = mt_gate();
     if (mt_likely(g <= MT_GATE_LIBC))
         return MT_PASS;
+    /* This thread neither inside the tracer nor ignored, and its counters
+     * registered; then setup and lossless are told from sampling, the
+     * mode this order keeps shortest, by one compare. */
     if (mt_unlikely(mt_me.f.any != MT_THREAD_FAST))
         return MT_ASK;
-    if (mt_unlikely(g <= MT_GATE_TRACK)) /* one compare for both */
+    if (mt_unlikely(g <= MT_GATE_TRACK))
         return g == MT_GATE_TRACK ? (mt_counts_bump(&mt_me.counts, fn), MT_RECORD) : MT_ASK;
     mt_counts_bump(&mt_me.counts, fn);
     return mt_likely(mt_sample_skip(&mt_me.sampler, n)) ? MT_PASS : MT_CROSSED;
