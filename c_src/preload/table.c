@@ -50,8 +50,13 @@ static struct { _Atomic uint64_t count, bytes; } estimates[MT_SHARDS];
 #define EPOCH_MARGIN_MS 3600000
 static _Atomic uint64_t epoch_plus1;
 
-/* Filter counters move under the shard lock: plain load and store. */
+/* Filter counters move under the shard lock: plain load and store (when
+ * the filters are kept: see table.h). */
 ALWAYS_INLINE void filter_add(struct mt_shard *s, uint64_t addr, int d) {
+    /* Acquire: a block left out of the filters is not yet freed by a thread
+     * that still reads them as exact (table_filter.c stores exact first). */
+    if (!atomic_load_explicit(&mt_filters_kept, memory_order_acquire))
+        return;
     _Atomic uint8_t *c = &s->filter[mt_filter_slot(addr)];
     uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
     if (v != 255) /* saturated counts stay: "maybe here" is always safe */

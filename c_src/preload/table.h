@@ -80,6 +80,17 @@ static inline int mt_table_may_hold(uint64_t addr) {
                                 memory_order_relaxed) != 0;
 }
 
+/* The filters are kept only while a free may ask them: not while lossless
+ * tracking is on (gate TRACK), when every free goes to the table anyway and
+ * keeping them cost a lossless malloc/free pair about 40 instructions.
+ * mt_table_filters_keep(1) rebuilds them from the entries, a shard at a
+ * time under its lock, before tracking switches off (table_filter.c); its
+ * callers take turns.  While they are not exact, a "no" from
+ * mt_table_may_hold means nothing. */
+void mt_table_filters_keep(int on);
+int mt_table_filters_exact(void);
+extern _Atomic int mt_filters_kept; /* read by inserts and removals, under the shard's lock */
+
 /* Records a block; an address already present is overwritten (its free was
  * missed) and reported as MT_REPLACED.  MT_DROPPED when no memory could be
  * mapped to hold it. */

@@ -43,7 +43,14 @@ static void gate_off(void) {
     mt_tracker_leave(was);
 }
 
+/* One gate change at a time: the filters must be exact before the gate
+ * leaves TRACK (table.h), and two changes at once could leave them unkept
+ * behind a gate that asks them. */
+static mt_spinlock gate_turn;
+
 static void update_gate(void) {
+    unsigned char was = mt_tracker_enter(); /* a rebuild holds shard locks */
+    mt_lock(&gate_turn);
     enum mt_mode m = atomic_load(&mt_state.mode);
     /* A provisional configuration may have recorded blocks.  (Not from the
      * shards' figures: reading them faults in 17 pages in every untraced
@@ -54,9 +61,15 @@ static void update_gate(void) {
                      : !mt_state_tracking_on()                             ? MT_GATE_LIBC
                      : mt_state.sample_mean                                ? MT_GATE_SAMPLE
                                                                            : MT_GATE_TRACK;
+    if (g != MT_GATE_TRACK)
+        mt_table_filters_keep(1);
     atomic_store(&mt_state.gate, g);
+    if (g == MT_GATE_TRACK)
+        mt_table_filters_keep(0);
     if (g == MT_GATE_LIBC && m == MT_MODE_ACTIVE)
         gate_off();
+    mt_unlock(&gate_turn);
+    mt_tracker_leave(was);
 }
 
 static void configure(void) {
@@ -191,7 +204,8 @@ static inline int forget_now(void *p, struct mt_entry *old) {
 
 /* Removes p from the table; returns 1 (and the entry) if it was recorded. */
 static inline int forget(void *p, struct mt_entry *old) {
-    if (!p || !mt_table_may_hold((uintptr_t)p) || mt_me.f.b.busy >= MT_BUSY_LOCKED)
+    if (!p || mt_me.f.b.busy >= MT_BUSY_LOCKED ||
+        (mt_table_filters_exact() && !mt_table_may_hold((uintptr_t)p)))
         return 0;
     return forget_now(p, old);
 }
@@ -254,6 +268,7 @@ static void fork_parent(void) {
 }
 
 static void fork_child(void) {
+    mt_unlock(&gate_turn);          /* perhaps held by a thread that did not come along */
     mt_counts_child(&mt_me.counts); /* the other threads did not come along */
     mt_erl_forked();
     mt_table_fork_child();

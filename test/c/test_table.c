@@ -250,8 +250,50 @@ static void test_math(void) {
     CHECK_EQ(mt_one_minus_exp(1e9), 1);
 }
 
+/* The filters while they are not kept (lossless tracking on) and after
+ * their rebuild: exact again for what the table holds, whatever was
+ * inserted and removed meanwhile, and for spilled entries too. */
+static void test_filters_kept(void) {
+    const uint64_t a = 0x7000000, b = 0x9000000, odd = 0x5008; /* odd: not 16-aligned, spilled */
+    mt_table_reset();
+    CHECK(mt_table_filters_exact());
+    for (uint64_t i = 0; i < 2000; i++)
+        mt_table_insert(a + i * 48, 32, 1, 1);
+    mt_table_filters_keep(0);
+    CHECK(!mt_table_filters_exact());
+    for (uint64_t i = 0; i < 1000; i++) {
+        mt_table_remove(a + i * 48, NULL);
+        mt_table_insert(b + i * 48, 32, 1, 1);
+    }
+    mt_table_insert(odd, 8, 1, 1);
+    mt_table_filters_keep(1);
+    CHECK(mt_table_filters_exact());
+    int missed = 0;
+    for (uint64_t i = 0; i < 1000; i++)
+        missed += !mt_table_may_hold(a + (1000 + i) * 48) + !mt_table_may_hold(b + i * 48);
+    CHECK_EQ(missed, 0);
+    CHECK(mt_table_may_hold(odd));
+    CHECK(mt_table_remove(odd, NULL));
+    for (uint64_t i = 0; i < 1000; i++) {
+        mt_table_remove(a + (1000 + i) * 48, NULL);
+        mt_table_remove(b + i * 48, NULL);
+    }
+    mt_table_filters_keep(0); /* the spilled entry saturated its shard's counts: */
+    mt_table_filters_keep(1); /* a rebuild of the now empty table clears them */
+    int nonzero = 0;
+    for (unsigned k = 0; k < MT_SHARDS; k++)
+        for (unsigned j = 0; j < MT_FILTER_SLOTS; j++)
+            nonzero += mt_shards[k].filter[j] != 0;
+    CHECK_EQ(nonzero, 0);
+    struct mt_table_figures f;
+    mt_table_figures(&f);
+    CHECK_EQ(f.live_count, 0);
+    mt_table_reset();
+}
+
 int main(void) {
     test_math();
+    test_filters_kept();
     test_basics();
     test_spill();
     test_times();
