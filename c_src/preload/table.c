@@ -109,7 +109,7 @@ RARE int split(struct mt_shard *s, uint64_t h) {
     /* b covers a run of 2^(d - depth) directory entries; b2 takes the upper
      * half of the run, the entries whose next hash bit is 1. */
     uint32_t d = s->depth, depth = depth_of(b) + 1;
-    size_t run = (size_t)1 << (d - depth_of(b)), first = dir_index(h, d) & ~(run - 1);
+    size_t run = run_of(b, d), first = dir_index(h, d) & ~(run - 1);
     for (size_t k = first + run / 2; k < first + run; k++)
         s->dir[k] = b2;
     struct mt_slot old[SLOTS];
@@ -354,8 +354,7 @@ void mt_table_scan(mt_entries_fn fn, void *ctx) {
         mt_lock(&s->lock);
         uint64_t e = epoch(); /* under a lock: a first entry's epoch is seen */
         size_t n = 0, dir_len = s->dir ? (size_t)1 << s->depth : 0;
-        /* A bucket of depth l fills a run of 2^(depth - l) directory entries. */
-        for (size_t d = 0; d < dir_len; d += (size_t)1 << (s->depth - depth_of(s->dir[d]))) {
+        for (size_t d = 0; d < dir_len; d += run_of(s->dir[d], s->depth)) {
             const struct bucket *b = s->dir[d];
             /* Buckets lie anywhere in the chunks: fetch some ahead (by
              * directory entries, which may repeat a bucket: harmless). */
@@ -364,7 +363,7 @@ void mt_table_scan(mt_entries_fn fn, void *ctx) {
                 __builtin_prefetch((const char *)s->dir[later] + line);
             for (unsigned i = 0; i < SLOTS; i++) { /* without branches: many are empty */
                 batch[n] = mt_slot_unpack(&b->s[i], e);
-                n += (b->tags[i >> 3] >> (8 * (i & 7) + 7)) & 1;
+                n += occupied(b, i);
             }
             if (n > BATCH - SLOTS) {
                 fn(ctx, batch, n);

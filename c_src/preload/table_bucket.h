@@ -46,6 +46,18 @@ static inline uint64_t empties(const struct bucket *b, unsigned w) {
 
 static inline int full(const struct bucket *b) { return !(empties(b, 0) | empties(b, 1)); }
 
+/* 1 when slot i holds an entry (its tag's high bit), without a branch. */
+static inline unsigned occupied(const struct bucket *b, unsigned i) {
+    return (unsigned)(b->tags[i >> 3] >> (8 * (i & 7) + 7)) & 1;
+}
+
+/* How many directory entries of a directory of depth dir_depth point to b:
+ * a bucket of depth l fills a run of 2^(dir_depth - l) of them.  A walk
+ * over a shard's buckets steps by this to visit each once. */
+static inline size_t run_of(const struct bucket *b, uint32_t dir_depth) {
+    return (size_t)1 << (dir_depth - depth_of(b));
+}
+
 /* High bit of each byte of x that is zero, and perhaps of bytes above one
  * (a borrow carries on through them); the lowest is always a true zero. */
 static inline uint64_t zero_bytes(uint64_t x) { return (x - ONES) & ~x & HIGHS; }

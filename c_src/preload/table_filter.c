@@ -22,12 +22,11 @@ static void rebuild(struct mt_shard *s) {
      * this one's there, saturated counts say "maybe" for all of them. */
     memset(counts, s->spilled ? 255 : 0, sizeof counts);
     size_t dir_len = s->dir && !s->spilled ? (size_t)1 << s->depth : 0;
-    /* A bucket of depth l fills a run of 2^(depth - l) directory entries. */
-    for (size_t d = 0; d < dir_len; d += (size_t)1 << (s->depth - depth_of(s->dir[d]))) {
+    for (size_t d = 0; d < dir_len; d += run_of(s->dir[d], s->depth)) {
         const struct bucket *b = s->dir[d];
         for (unsigned i = 0; i < SLOTS; i++) {
             unsigned k = mt_filter_slot(mt_slot_addr(&b->s[i]));
-            if ((b->tags[i >> 3] >> (8 * (i & 7) + 7) & 1) && counts[k] != 255)
+            if (occupied(b, i) && counts[k] != 255)
                 counts[k]++;
         }
     }
