@@ -487,9 +487,9 @@ defmodule Mtrace do
   the table, each free still asks it about its block; when the table is
   empty as tracking goes off, or once `reset/0` empties it, calls go
   straight to libc. Switching off lossless tracking first rebuilds the
-  table's per-shard filters, which lossless recording leaves alone: about
-  7 ms per million recorded blocks, on a dirty scheduler, holding one
-  shard's lock at a time.
+  table's filter, which lossless recording leaves alone: about 9 ms per
+  million recorded blocks, on a dirty scheduler, holding one shard's lock
+  at a time.
 
       iex> Mtrace.disable()
       :ok

@@ -216,7 +216,7 @@ static ErlNifFunc funcs[] = {
     {"sites", 5, mt_nif_sites, ERL_NIF_DIRTY_JOB_CPU_BOUND},
     {"stats", 0, nif_stats, 0},
     {"reset", 0, nif_reset, ERL_NIF_DIRTY_JOB_CPU_BOUND},
-    {"set_enabled", 1, nif_set_enabled, ERL_NIF_DIRTY_JOB_CPU_BOUND}, /* off rebuilds filters */
+    {"set_enabled", 1, nif_set_enabled, ERL_NIF_DIRTY_JOB_CPU_BOUND}, /* off rebuilds the filter */
     {"erlang_layout", 1, mt_nif_erlang_layout, 0},
     {"erlang_layout_dirty", 1, mt_nif_erlang_layout_dirty, ERL_NIF_DIRTY_JOB_CPU_BOUND},
 };

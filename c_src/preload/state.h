@@ -24,7 +24,7 @@ enum mt_mode {
  * (update_gate and gate_off in tracker.c). */
 enum mt_gate {
     MT_GATE_INERT,  /* straight to libc, frees included: the table holds no block */
-    MT_GATE_LIBC,   /* straight to libc, but frees ask the table's filters (switched off) */
+    MT_GATE_LIBC,   /* straight to libc, but frees ask the table's filter (switched off) */
     MT_GATE_SETUP,  /* the first call must configure the process */
     MT_GATE_TRACK,  /* calls counted, every block recorded */
     MT_GATE_SAMPLE, /* calls counted, MTRACE_SAMPLE_BYTES chooses the blocks */

@@ -50,14 +50,14 @@ static struct { _Atomic uint64_t count, bytes; } estimates[MT_SHARDS];
 #define EPOCH_MARGIN_MS 3600000
 static _Atomic uint64_t epoch_plus1;
 
-/* Filter counters move under the shard lock: plain load and store (when
- * the filters are kept: see table.h). */
-ALWAYS_INLINE void filter_add(struct mt_shard *s, uint64_t addr, int d) {
-    /* Acquire: a block left out of the filters is not yet freed by a thread
-     * that still reads them as exact (table_filter.c stores exact first). */
-    if (!atomic_load_explicit(&mt_filters_kept, memory_order_acquire))
+/* A filter counter moves under the lock of the shard its addresses go to:
+ * plain load and store (when the filter is kept: see table.h). */
+ALWAYS_INLINE void filter_add(uint64_t addr, int d) {
+    /* Acquire: a block left out of the filter is not yet freed by a thread
+     * that still reads it as exact (table_filter.c stores exact first). */
+    if (!atomic_load_explicit(&mt_filter_kept, memory_order_acquire))
         return;
-    _Atomic uint8_t *c = &s->filter[mt_filter_slot(addr)];
+    _Atomic uint8_t *c = &mt_filter[mt_filter_index(addr)];
     uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
     if (v != 255) /* saturated counts stay: "maybe here" is always safe */
         atomic_store_explicit(c, (uint8_t)(v + d), memory_order_relaxed);
@@ -153,12 +153,12 @@ ALWAYS_INLINE void account(struct mt_shard *s, uint64_t size, int sign) {
 }
 
 ALWAYS_INLINE void counted_in(struct mt_shard *s, uint64_t addr) {
-    filter_add(s, addr, 1);
+    filter_add(addr, 1);
     relaxed_add(&s->count, 1);
 }
 
 ALWAYS_INLINE void counted_out(struct mt_shard *s, uint64_t addr, uint64_t size) {
-    filter_add(s, addr, -1);
+    filter_add(addr, -1);
     relaxed_add(&s->count, -1);
     account(s, size, -1);
 }
@@ -336,8 +336,8 @@ uint64_t mt_table_reset(void) {
         atomic_store_explicit(&s->bytes, 0, memory_order_relaxed);
         atomic_store_explicit(&estimates[k].count, 0, memory_order_relaxed);
         atomic_store_explicit(&estimates[k].bytes, 0, memory_order_relaxed);
-        memset(s->filter, 0, sizeof s->filter);
     }
+    mt_table_filter_clear();
     mt_spill_reset();
     mt_mem_release_all();
     mt_table_unlock_all();

@@ -32,26 +32,38 @@ enum mt_insert_result { MT_INSERTED, MT_REPLACED, MT_DROPPED };
 
 /* A shard holds the blocks of some 64 KiB regions of the address space.
  * glibc gives each thread its own arena, so threads mostly work on shards
- * of their own and do not pass lock cache lines back and forth. */
+ * of their own and do not pass lock cache lines back and forth.  The
+ * shard is a hash of the region's number modulo 2^14 (of the address
+ * modulo 1 GiB), so that each of the filter's counters (below) belongs to
+ * one shard; 31 to 33 such keys hash to each shard (table_filter.c lists
+ * them). */
 #define MT_REGION_BITS 16
+#define MT_FILTER_GRAIN_BITS 10 /* one filter counter per KiB of address space */
+#define MT_FILTER_BITS 20       /* 2^20 of them: addresses modulo 1 GiB */
+#define MT_REGION_KEY_BITS (MT_FILTER_GRAIN_BITS + MT_FILTER_BITS - MT_REGION_BITS)
+static inline unsigned mt_region_key(uint64_t addr) {
+    return (unsigned)(addr >> MT_REGION_BITS) & ((1u << MT_REGION_KEY_BITS) - 1);
+}
 static inline unsigned mt_shard_index(uint64_t addr) {
-    return (unsigned)mt_hash_index(addr >> MT_REGION_BITS, MT_SHARD_BITS);
+    return (unsigned)mt_hash_index(mt_region_key(addr), MT_SHARD_BITS);
 }
 
-/* A lock-free filter that lets most frees skip the table: per shard, 64
- * counters of its entries by address hash (saturating: a counter that
- * reached 255 stays there and only means "maybe").  Written under the
- * shard's lock, read without it.  One byte load per free, and its answer
- * is almost always "no": predictable, and the bytes of a thread's shards
- * stay in its cache. */
-#define MT_FILTER_SLOTS 64
+/* A lock-free filter that lets most frees skip the table: a counter of
+ * the table's entries for each KiB of address space modulo 1 GiB
+ * (saturating: a counter that reached 255 stays there and only means
+ * "maybe").  Written under the lock of the one shard its addresses go to,
+ * read without it.  A free's look is a shift, a mask and one byte load:
+ * no multiply, and its answer is almost always "no".  1 MiB of zeroed
+ * memory, of which only the pages of addresses in use are touched. */
+extern _Atomic uint8_t mt_filter[1u << MT_FILTER_BITS];
 
-/* A shard (table.c): its lock and counts in one cache line, its filter in
- * the next.  Processors fetch 128-byte aligned pairs of lines together, so
- * a free that the filter sends on to the shard finds the lock's line
- * already on its way (a lossless pair about 1 ns faster than with all the
- * filters in an array of their own).  Outside table.c only the filter is
- * read. */
+static inline size_t mt_filter_index(uint64_t addr) {
+    return (size_t)(addr >> MT_FILTER_GRAIN_BITS) & ((1u << MT_FILTER_BITS) - 1);
+}
+
+/* A shard (table.c): its lock and counts.  128-byte aligned: processors
+ * fetch aligned pairs of lines together, and two threads on neighbouring
+ * shards would otherwise pull each other's lock line. */
 struct bucket;
 struct mt_shard {
     mt_spinlock lock;
@@ -62,34 +74,28 @@ struct mt_shard {
     /* Written under the lock, read without it by stats: atomics keep
      * those reads well-defined; relaxed stores cost a plain mov. */
     _Atomic uint64_t count, bytes, dropped, replaced;
-    _Atomic uint8_t filter[MT_FILTER_SLOTS] __attribute__((aligned(64)));
 } __attribute__((aligned(128)));
 extern struct mt_shard mt_shards[MT_SHARDS];
 
-/* The block's address bits inside its region, folded: no multiply on the
- * path of every free, and blocks of a region spread over the counters. */
-static inline unsigned mt_filter_slot(uint64_t addr) {
-    return (unsigned)((addr >> 4 ^ addr >> 10) & (MT_FILTER_SLOTS - 1));
-}
-
 /* Could addr be in the table?  An exact "no" for any block whose insertion
- * happened before this call, as it has for a block being freed: the count
- * for its filter slot was raised then and cannot fall while it is there. */
+ * happened before this call, as it has for a block being freed: its
+ * counter was raised then and cannot fall while it is there. */
 static inline int mt_table_may_hold(uint64_t addr) {
-    return atomic_load_explicit(&mt_shards[mt_shard_index(addr)].filter[mt_filter_slot(addr)],
-                                memory_order_relaxed) != 0;
+    return atomic_load_explicit(&mt_filter[mt_filter_index(addr)], memory_order_relaxed) != 0;
 }
 
-/* The filters are kept only while a free may ask them: not while lossless
+/* The filter is kept only while a free may ask it: not while lossless
  * tracking is on (gate TRACK), when every free goes to the table anyway and
- * keeping them cost a lossless malloc/free pair about 40 instructions.
- * mt_table_filters_keep(1) rebuilds them from the entries, a shard at a
- * time under its lock, before tracking switches off (table_filter.c); its
- * callers take turns.  While they are not exact, a "no" from
+ * keeping it cost a lossless malloc/free pair about 40 instructions.
+ * mt_table_filter_keep(1) rebuilds it from the entries, a shard's counters
+ * at a time under its lock, before tracking switches off (table_filter.c);
+ * its callers take turns.  While it is not exact, a "no" from
  * mt_table_may_hold means nothing. */
-void mt_table_filters_keep(int on);
-int mt_table_filters_exact(void);
-extern _Atomic int mt_filters_kept; /* read by inserts and removals, under the shard's lock */
+void mt_table_filter_keep(int on);
+int mt_table_filter_exact(void);
+extern _Atomic int mt_filter_kept; /* read by inserts and removals, under the shard's lock */
+/* All counters to zero, with every shard's lock held (a reset). */
+void mt_table_filter_clear(void);
 
 /* Records a block; an address already present is overwritten (its free was
  * missed) and reported as MT_REPLACED.  MT_DROPPED when no memory could be

@@ -4,7 +4,7 @@
  * supported C library returns those, but a tagged pointer would be one).
  * Few by nature, so one open-addressing table of whole entries under one
  * lock.  Called only under the lock of the entry's shard (table.c), which
- * keeps that shard's counters and filter in step with it.
+ * keeps that shard's counters and filter counters in step with it.
  */
 #ifndef MT_TABLE_SPILL_H
 #define MT_TABLE_SPILL_H

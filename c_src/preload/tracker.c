@@ -24,7 +24,7 @@ static int exit_key_made;
 
 /* ---- the gate ------------------------------------------------------------ */
 
-/* Tracking is off in a traced process: frees must still ask the filters
+/* Tracking is off in a traced process: frees must still ask the filter
  * while the table holds blocks recorded before (LIBC), but with an empty
  * table they need not, and a tracer loaded switched off (MTRACE_ENABLED=0,
  * or disabled and reset) costs what interposing costs (INERT).  Decided
@@ -43,9 +43,9 @@ static void gate_off(void) {
     mt_tracker_leave(was);
 }
 
-/* One gate change at a time: the filters must be exact before the gate
- * leaves TRACK (table.h), and two changes at once could leave them unkept
- * behind a gate that asks them. */
+/* One gate change at a time: the filter must be exact before the gate
+ * leaves TRACK (table.h), and two changes at once could leave it unkept
+ * behind a gate that asks it. */
 static mt_spinlock gate_turn;
 
 static void update_gate(void) {
@@ -62,10 +62,10 @@ static void update_gate(void) {
                      : mt_state.sample_mean                                ? MT_GATE_SAMPLE
                                                                            : MT_GATE_TRACK;
     if (g != MT_GATE_TRACK)
-        mt_table_filters_keep(1);
+        mt_table_filter_keep(1);
     atomic_store(&mt_state.gate, g);
     if (g == MT_GATE_TRACK)
-        mt_table_filters_keep(0);
+        mt_table_filter_keep(0);
     if (g == MT_GATE_LIBC && m == MT_MODE_ACTIVE)
         gate_off();
     mt_unlock(&gate_turn);
@@ -176,7 +176,7 @@ static void insert(uint64_t addr, uint64_t size, uint64_t t_ms, uint32_t stack) 
     mt_me.f.b.busy = MT_BUSY_LOCKED;
     mt_table_insert(addr, size, t_ms, stack);
     /* Tracking went off, with an empty table, while this block was being
-     * recorded: its free must ask the filters (see gate_off). */
+     * recorded: its free must ask the filter (see gate_off). */
     if (mt_unlikely(mt_gate() == MT_GATE_INERT)) {
         int inert = MT_GATE_INERT;
         atomic_compare_exchange_strong(&mt_state.gate, &inert, MT_GATE_LIBC);
@@ -205,7 +205,7 @@ static inline int forget_now(void *p, struct mt_entry *old) {
 /* Removes p from the table; returns 1 (and the entry) if it was recorded. */
 static inline int forget(void *p, struct mt_entry *old) {
     if (!p || mt_me.f.b.busy >= MT_BUSY_LOCKED ||
-        (mt_table_filters_exact() && !mt_table_may_hold((uintptr_t)p)))
+        (mt_table_filter_exact() && !mt_table_may_hold((uintptr_t)p)))
         return 0;
     return forget_now(p, old);
 }

@@ -130,7 +130,7 @@ static inline void *mt_recorded(void *p, size_t n) {
  * done before it: 1 mt_free_slow (decide, count, forget), 2
  * mt_forget_counted (the free counted).  Lossless, every block is asked
  * for in the table; sampling or switched off, most frees are answered by
- * the table's lock-free filters. */
+ * the table's lock-free filter (a NULL p too: the slow paths know it). */
 static inline int mt_free_verdict(void *p) {
     enum mt_gate g = mt_gate();
     if (mt_likely(g == MT_GATE_INERT))
@@ -140,11 +140,11 @@ static inline int mt_free_verdict(void *p) {
         if (mt_unlikely(mt_me.f.any != MT_THREAD_FAST || g == MT_GATE_SETUP))
             return 1;
         mt_counts_bump(&mt_me.counts, MT_FN_FREE);
-        if (g == MT_GATE_TRACK) /* lossless: the filters are not kept (table.h) */
+        if (g == MT_GATE_TRACK) /* lossless: the filter is not kept (table.h) */
             return p ? 2 : 0;
         counted = 1;
     }
-    if (mt_unlikely(p && mt_table_may_hold((uintptr_t)p)))
+    if (mt_unlikely(mt_table_may_hold((uintptr_t)p)))
         return 1 + counted;
     return 0;
 }

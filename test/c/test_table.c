@@ -250,24 +250,24 @@ static void test_math(void) {
     CHECK_EQ(mt_one_minus_exp(1e9), 1);
 }
 
-/* The filters while they are not kept (lossless tracking on) and after
- * their rebuild: exact again for what the table holds, whatever was
- * inserted and removed meanwhile, and for spilled entries too. */
-static void test_filters_kept(void) {
+/* The filter while it is not kept (lossless tracking on) and after its
+ * rebuild: exact again for what the table holds, whatever was inserted and
+ * removed meanwhile, and for spilled entries too. */
+static void test_filter_kept(void) {
     const uint64_t a = 0x7000000, b = 0x9000000, odd = 0x5008; /* odd: not 16-aligned, spilled */
     mt_table_reset();
-    CHECK(mt_table_filters_exact());
+    CHECK(mt_table_filter_exact());
     for (uint64_t i = 0; i < 2000; i++)
         mt_table_insert(a + i * 48, 32, 1, 1);
-    mt_table_filters_keep(0);
-    CHECK(!mt_table_filters_exact());
+    mt_table_filter_keep(0);
+    CHECK(!mt_table_filter_exact());
     for (uint64_t i = 0; i < 1000; i++) {
         mt_table_remove(a + i * 48, NULL);
         mt_table_insert(b + i * 48, 32, 1, 1);
     }
     mt_table_insert(odd, 8, 1, 1);
-    mt_table_filters_keep(1);
-    CHECK(mt_table_filters_exact());
+    mt_table_filter_keep(1);
+    CHECK(mt_table_filter_exact());
     int missed = 0;
     for (uint64_t i = 0; i < 1000; i++)
         missed += !mt_table_may_hold(a + (1000 + i) * 48) + !mt_table_may_hold(b + i * 48);
@@ -278,12 +278,11 @@ static void test_filters_kept(void) {
         mt_table_remove(a + (1000 + i) * 48, NULL);
         mt_table_remove(b + i * 48, NULL);
     }
-    mt_table_filters_keep(0); /* the spilled entry saturated its shard's counts: */
-    mt_table_filters_keep(1); /* a rebuild of the now empty table clears them */
+    mt_table_filter_keep(0); /* the spilled entry saturated its shard's counts: */
+    mt_table_filter_keep(1); /* a rebuild of the now empty table clears them */
     int nonzero = 0;
-    for (unsigned k = 0; k < MT_SHARDS; k++)
-        for (unsigned j = 0; j < MT_FILTER_SLOTS; j++)
-            nonzero += mt_shards[k].filter[j] != 0;
+    for (size_t i = 0; i < sizeof mt_filter; i++)
+        nonzero += mt_filter[i] != 0;
     CHECK_EQ(nonzero, 0);
     struct mt_table_figures f;
     mt_table_figures(&f);
@@ -291,14 +290,62 @@ static void test_filters_kept(void) {
     mt_table_reset();
 }
 
+/* Each counter is its shard's, whichever of its 31 to 33 regions it
+ * covers: after inserts and removals across 32 GiB of addresses while the
+ * filter is not kept, a rebuild makes every one of its 2^20 counters the
+ * number of entries in its KiB (modulo 1 GiB), saturated at 255. */
+static void test_filter_rebuilt_exactly(void) {
+    enum { N = 60000 };
+    static uint64_t addrs[N];
+    static uint16_t want[1u << MT_FILTER_BITS];
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    mt_table_reset();
+    mt_table_filter_keep(0);
+    for (int i = 0; i < N; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        /* The first 2048 in one KiB of 32 GiBs: their counter passes 255. */
+        addrs[i] = i < 2048 ? ((uint64_t)i / 64 << 30) + 0x12345400 + (uint64_t)i % 64 * 16
+                            : (x & 0x1fffffff0ull) + 16;
+        if (mt_table_insert(addrs[i], 8, 1, 1) != MT_INSERTED)
+            addrs[i] = 0; /* already there: counted once */
+    }
+    for (int i = 0; i < N; i += 3)
+        if (addrs[i] && mt_table_remove(addrs[i], NULL))
+            addrs[i] = 0;
+    mt_table_filter_keep(1);
+    for (int i = 0; i < N; i++)
+        if (addrs[i])
+            want[mt_filter_index(addrs[i])]++;
+    int wrong = 0;
+    for (size_t i = 0; i < sizeof mt_filter; i++)
+        wrong += mt_filter[i] != (want[i] > 255 ? 255 : want[i]);
+    CHECK_EQ(wrong, 0);
+    /* Kept from here on: a removal brings its counter down again. */
+    for (int i = 0; i < N; i++)
+        if (addrs[i])
+            CHECK(mt_table_remove(addrs[i], NULL));
+    struct mt_table_figures f;
+    mt_table_figures(&f);
+    CHECK_EQ(f.live_count, 0);
+    int left = 0;
+    for (size_t i = 0; i < sizeof mt_filter; i++)
+        left += mt_filter[i] != 0 && !(want[i] > 255);
+    CHECK_EQ(left, 0);
+    mt_table_reset();
+    for (size_t i = 0; i < sizeof mt_filter; i++)
+        left += mt_filter[i] != 0;
+    CHECK_EQ(left, 0);
+}
+
 int main(void) {
     test_math();
-    test_filters_kept();
+    test_filter_kept();
     test_basics();
     test_spill();
     test_times();
     test_growth();
     test_threads();
     test_map_failure();
+    test_filter_rebuilt_exactly(); /* last: its duplicate inserts count as replaced */
     return check_summary();
 }
