@@ -471,7 +471,7 @@ static void test_inert_cost(void) {
            glibc.malloc_all, glibc.free_ours, glibc.free_all);
     /* malloc: load the gate word, test it, branch, jump to libc.  free: the
      * same, plus the lock-free filter probe that lets a block recorded before
-     * tracking was switched off still be forgotten (a hash and one byte load). */
+     * tracking was switched off still be forgotten (a shift, a mask, one byte load). */
     CHECK(inert.malloc_ours >= 1 && inert.malloc_ours <= 8);
     CHECK(inert.free_ours >= 1 && inert.free_ours <= 24);
     CHECK(tracked.malloc_ours > inert.malloc_ours); /* the counter can see the difference */
