@@ -24,17 +24,20 @@ int mt_table_filter_exact(void) { return atomic_load_explicit(&exact, memory_ord
 static struct {
     uint16_t of[MT_SHARDS][KEYS_MAX];
     uint8_t n[MT_SHARDS];
-    uint8_t nth[KEYS]; /* a key's place among its shard's */
+    uint8_t nth[KEYS];  /* a key's place among its shard's */
+    _Atomic int listed; /* all of them: a fork child may inherit half a list */
 } keys;
 
 static void list_keys(void) {
-    if (keys.n[0])
+    if (atomic_load_explicit(&keys.listed, memory_order_acquire))
         return;
+    memset(keys.n, 0, sizeof keys.n);
     for (unsigned k = 0; k < KEYS; k++) {
         unsigned s = (unsigned)mt_hash_index(k, MT_SHARD_BITS);
         keys.nth[k] = keys.n[s];
         keys.of[s][keys.n[s]++] = (uint16_t)k;
     }
+    atomic_store_explicit(&keys.listed, 1, memory_order_release);
 }
 
 /* Stores n counters, but leaves a run that is and stays all zero alone:
