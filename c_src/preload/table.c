@@ -52,7 +52,7 @@ static _Atomic uint64_t epoch_plus1;
 
 /* A filter counter moves under the lock of the shard its addresses go to:
  * plain load and store (when the filter is kept: see table.h). */
-ALWAYS_INLINE void filter_add(uint64_t addr, int d) {
+ALWAYS_INLINE void filter_add(struct mt_shard *s, uint64_t addr, int d) {
     /* Acquire: a block left out of the filter is not yet freed by a thread
      * that still reads it as exact (table_filter.c stores exact first). */
     if (!atomic_load_explicit(&mt_filter_kept, memory_order_acquire))
@@ -61,6 +61,7 @@ ALWAYS_INLINE void filter_add(uint64_t addr, int d) {
     uint8_t v = atomic_load_explicit(c, memory_order_relaxed);
     if (v != 255) /* saturated counts stay: "maybe here" is always safe */
         atomic_store_explicit(c, (uint8_t)(v + d), memory_order_relaxed);
+    s->filter_set = 1;
 }
 
 static void relaxed_add(_Atomic uint64_t *c, int64_t d) {
@@ -153,12 +154,12 @@ ALWAYS_INLINE void account(struct mt_shard *s, uint64_t size, int sign) {
 }
 
 ALWAYS_INLINE void counted_in(struct mt_shard *s, uint64_t addr) {
-    filter_add(addr, 1);
+    filter_add(s, addr, 1);
     relaxed_add(&s->count, 1);
 }
 
 ALWAYS_INLINE void counted_out(struct mt_shard *s, uint64_t addr, uint64_t size) {
-    filter_add(addr, -1);
+    filter_add(s, addr, -1);
     relaxed_add(&s->count, -1);
     account(s, size, -1);
 }

@@ -74,6 +74,7 @@ struct mt_shard {
     /* Written under the lock, read without it by stats: atomics keep
      * those reads well-defined; relaxed stores cost a plain mov. */
     _Atomic uint64_t count, bytes, dropped, replaced;
+    int filter_set; /* 0: all of its filter counters are 0 (table_filter.c) */
 } __attribute__((aligned(128)));
 extern struct mt_shard mt_shards[MT_SHARDS];
 

@@ -17,42 +17,40 @@ static _Atomic int exact = 1; /* kept, and rebuilt since it was not */
 int mt_table_filter_exact(void) { return atomic_load_explicit(&exact, memory_order_acquire); }
 
 /* A shard's counters: a run of GRAINS for each region key that hashes to
- * it, listed once (under the rebuild's turn: table.h). */
+ * it, listed once, under shard 0's lock (which a reset and a fork hold
+ * too). */
 #define GRAINS (1u << (MT_REGION_BITS - MT_FILTER_GRAIN_BITS))
 #define KEYS (1u << MT_REGION_KEY_BITS)
 #define KEYS_MAX 33 /* of one shard: the hash gives each 31 to 33 */
 static struct {
     uint16_t of[MT_SHARDS][KEYS_MAX];
     uint8_t n[MT_SHARDS];
-    uint8_t nth[KEYS];  /* a key's place among its shard's */
-    _Atomic int listed; /* all of them: a fork child may inherit half a list */
+    uint8_t nth[KEYS]; /* a key's place among its shard's */
+    int listed;
 } keys;
 
 static void list_keys(void) {
-    if (atomic_load_explicit(&keys.listed, memory_order_acquire))
+    if (keys.listed)
         return;
-    memset(keys.n, 0, sizeof keys.n);
     for (unsigned k = 0; k < KEYS; k++) {
         unsigned s = (unsigned)mt_hash_index(k, MT_SHARD_BITS);
         keys.nth[k] = keys.n[s];
         keys.of[s][keys.n[s]++] = (uint16_t)k;
     }
-    atomic_store_explicit(&keys.listed, 1, memory_order_release);
+    keys.listed = 1;
 }
 
-/* Stores n counters, but leaves a run that is and stays all zero alone:
- * its page may never have been touched. */
-static void store(_Atomic uint8_t *to, const uint8_t *from, size_t n) {
-    uint8_t any = 0;
-    for (size_t i = 0; i < n; i++)
-        any |= from[i] | atomic_load_explicit(&to[i], memory_order_relaxed);
-    for (size_t i = 0; any && i < n; i++)
-        atomic_store_explicit(&to[i], from[i], memory_order_relaxed);
+static _Atomic uint8_t *counters(unsigned shard, unsigned k) {
+    return &mt_filter[(size_t)keys.of[shard][k] * GRAINS];
 }
 
-/* A shard's counters anew from its entries; under its lock. */
+/* A shard's counters anew from its entries; under its lock.  A shard whose
+ * counters are all 0 and that holds nothing is left alone, so that
+ * switching off a small table does not read the whole filter. */
 static void rebuild(unsigned shard) {
-    const struct mt_shard *s = &mt_shards[shard];
+    struct mt_shard *s = &mt_shards[shard];
+    if (!s->filter_set && !atomic_load_explicit(&s->count, memory_order_relaxed))
+        return;
     uint8_t counts[KEYS_MAX][GRAINS];
     /* The spill holds the entries of every shard: rather than look for
      * this one's there, saturated counts say "maybe" for all of them. */
@@ -67,8 +65,20 @@ static void rebuild(unsigned shard) {
                 ++*c;
         }
     }
-    for (unsigned k = 0; k < keys.n[shard]; k++)
-        store(&mt_filter[(size_t)keys.of[shard][k] * GRAINS], counts[k], GRAINS);
+    uint8_t any = 0;
+    for (unsigned k = 0; k < keys.n[shard]; k++) {
+        /* A run that is and stays all 0 is not written: its page may
+         * never have been touched. */
+        _Atomic uint8_t *to = counters(shard, k);
+        uint8_t run = 0;
+        for (unsigned g = 0; g < GRAINS; g++)
+            run |= counts[k][g] | atomic_load_explicit(&to[g], memory_order_relaxed);
+        for (unsigned g = 0; run && g < GRAINS; g++) {
+            atomic_store_explicit(&to[g], counts[k][g], memory_order_relaxed);
+            any |= counts[k][g];
+        }
+    }
+    s->filter_set = any != 0;
 }
 
 void mt_table_filter_keep(int on) {
@@ -83,9 +93,10 @@ void mt_table_filter_keep(int on) {
      * its rebuild, under the same lock, and is counted by it, or after, and
      * finds the filter kept. */
     atomic_store(&mt_filter_kept, 1);
-    list_keys();
     for (unsigned k = 0; k < MT_SHARDS; k++) {
         mt_lock(&mt_shards[k].lock);
+        if (k == 0)
+            list_keys();
         rebuild(k);
         mt_unlock(&mt_shards[k].lock);
     }
@@ -93,7 +104,13 @@ void mt_table_filter_keep(int on) {
 }
 
 void mt_table_filter_clear(void) {
-    static const uint8_t zeros[GRAINS];
-    for (size_t i = 0; i < sizeof mt_filter; i += GRAINS)
-        store(&mt_filter[i], zeros, GRAINS);
+    list_keys();
+    for (unsigned shard = 0; shard < MT_SHARDS; shard++) {
+        if (!mt_shards[shard].filter_set)
+            continue;
+        for (unsigned k = 0; k < keys.n[shard]; k++)
+            for (unsigned g = 0; g < GRAINS; g++)
+                atomic_store_explicit(&counters(shard, k)[g], 0, memory_order_relaxed);
+        mt_shards[shard].filter_set = 0;
+    }
 }
