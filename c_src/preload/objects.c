@@ -5,6 +5,26 @@
 #include <link.h>
 #include <stddef.h>
 
+#include "spinlock.h"
+
+/* dl_iterate_phdr holds the loader's object list lock meanwhile, which a
+ * fork child does not get back (glibc resets only its load lock): a fork
+ * while a walk here was looking up an object would leave the child's
+ * first walks (its rule cache starts empty) waiting for it for ever.  So
+ * lookups take turns under a lock of ours, which fork holds too
+ * (mt_objects_lock).  mt_objects_each is left out: it calls its caller's
+ * function, which may allocate and so walk. */
+static mt_spinlock lookups;
+
+void mt_objects_lock(void) { mt_lock(&lookups); }
+void mt_objects_unlock(void) { mt_unlock(&lookups); }
+
+static void iterate(int (*fn)(struct dl_phdr_info *, size_t, void *), void *arg) {
+    mt_lock(&lookups);
+    dl_iterate_phdr(fn, arg);
+    mt_unlock(&lookups);
+}
+
 struct walk {
     mtrace_object_fn fn;
     void *ctx;
@@ -59,7 +79,7 @@ enum mtrace_result mt_object_at(uintptr_t addr, struct mtrace_object *out) {
     struct walk w = {NULL, NULL, addr ? addr : 1, 0, 0, 0, out};
     if (!out)
         return MTRACE_ERR_ARGUMENT;
-    dl_iterate_phdr(visit, &w); /* one pass: the generation comes with the lookup */
+    iterate(visit, &w); /* one pass: the generation comes with the lookup */
     out->generation = w.generation;
     return w.found && addr ? MTRACE_OK : MTRACE_ERR_ARGUMENT;
 }
@@ -73,7 +93,7 @@ static int generation_of(struct dl_phdr_info *info, size_t size, void *arg) {
 
 uint64_t mt_objects_generation(void) {
     uint64_t g = 0;
-    dl_iterate_phdr(generation_of, &g);
+    iterate(generation_of, &g);
     return g;
 }
 

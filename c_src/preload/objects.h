@@ -23,6 +23,10 @@ enum mtrace_result mt_object_at(uintptr_t addr, struct mtrace_object *out);
  * that maps something and every dlclose that unmaps it. */
 uint64_t mt_objects_generation(void);
 
+/* Around fork: no lookup is under way in the loader's list meanwhile. */
+void mt_objects_lock(void);
+void mt_objects_unlock(void);
+
 /* The address of obj's PT_GNU_EH_FRAME (its .eh_frame_hdr), or NULL. */
 const uint8_t *mt_object_eh_frame_hdr(const struct mtrace_object *o);
 

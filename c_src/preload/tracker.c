@@ -11,6 +11,7 @@
 
 #include "erlang_frames.h"
 #include "libc.h"
+#include "objects.h"
 #include "stacks.h"
 #include "unwind.h"
 #include "unwind_fallback.h"
@@ -253,10 +254,12 @@ static void fork_prepare(void) {
     mt_me.fork_saved_busy = mt_tracker_enter();
     mt_counts_lock();
     mt_stacks_lock();
+    mt_objects_lock();
     mt_table_fork_prepare();
 }
 
 static void unlock_rest(void) {
+    mt_objects_unlock();
     mt_stacks_unlock();
     mt_counts_unlock();
     mt_tracker_leave(mt_me.fork_saved_busy);

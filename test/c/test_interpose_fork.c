@@ -320,6 +320,48 @@ static void test_storm(int forks) {
 
 /* --- instructions executed inside mtrace.so -------------------------------- */
 
+/* Threads that look objects up, as walks do on a rule the cache lacks:
+ * dl_iterate_phdr holds the loader's list lock meanwhile, which a fork
+ * child does not get back.  A child's first walks miss its empty rule
+ * cache and look up objects too: unless fork waits for lookups under way,
+ * such a child waits for that lock for ever. */
+static void *look_up(void *arg) {
+    (void)arg;
+    struct mtrace_object o;
+    while (!atomic_load_explicit(&stop, memory_order_relaxed))
+        api->object_at((uintptr_t)&look_up, &o);
+    return NULL;
+}
+
+static void test_fork_during_lookups(int forks) {
+    enum { LOOKERS = 2 };
+    pthread_t tid[LOOKERS];
+    atomic_store(&stop, 0);
+    for (int i = 0; i < LOOKERS; i++)
+        pthread_create(&tid[i], NULL, look_up, NULL);
+    int ok = 0, hung = 0;
+    for (int i = 0; i < forks; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(10);
+            void *p = malloc(ANCHOR_SIZE + 3); /* walked: every rule is looked up */
+            _exit(p && recorded(p, ANCHOR_SIZE + 3) ? 0 : 1);
+        }
+        int status = -1;
+        if (pid < 0 || waitpid(pid, &status, 0) < 0)
+            break;
+        ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        hung += WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;
+        if (ok <= i) /* one says enough, and each hung child takes 10 s */
+            break;
+    }
+    atomic_store(&stop, 1);
+    for (int i = 0; i < LOOKERS; i++)
+        pthread_join(tid[i], NULL);
+    printf("%d forks while %d threads looked objects up: %d children hung\n", forks, LOOKERS, hung);
+    CHECK_EQ(ok, forks);
+}
+
 static volatile size_t probe_size = 64;
 
 static __attribute__((noinline)) void stop_if(int stops) {
@@ -502,6 +544,7 @@ int main(int argc, char **argv) {
     test_child_knows_stacks();
     test_child_grows_table();
     test_storm(forks);
+    test_fork_during_lookups(forks / 5);
     test_inert_cost();
     return check_summary();
 }
