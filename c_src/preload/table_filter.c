@@ -44,6 +44,20 @@ static _Atomic uint8_t *counters(unsigned shard, unsigned k) {
     return &mt_filter[(size_t)keys.of[shard][k] * GRAINS];
 }
 
+/* Writes a run of GRAINS counters; returns whether any is non-zero.  A
+ * run that is and stays all 0 is not written: its page may never have
+ * been touched. */
+static uint8_t put_run(_Atomic uint8_t *to, const uint8_t *from) {
+    uint8_t run = 0, any = 0;
+    for (unsigned g = 0; g < GRAINS; g++)
+        run |= from[g] | atomic_load_explicit(&to[g], memory_order_relaxed);
+    for (unsigned g = 0; run && g < GRAINS; g++) {
+        atomic_store_explicit(&to[g], from[g], memory_order_relaxed);
+        any |= from[g];
+    }
+    return any;
+}
+
 /* A shard's counters anew from its entries; under its lock.  A shard whose
  * counters are all 0 and that holds nothing is left alone, so that
  * switching off a small table does not read the whole filter. */
@@ -66,18 +80,8 @@ static void rebuild(unsigned shard) {
         }
     }
     uint8_t any = 0;
-    for (unsigned k = 0; k < keys.n[shard]; k++) {
-        /* A run that is and stays all 0 is not written: its page may
-         * never have been touched. */
-        _Atomic uint8_t *to = counters(shard, k);
-        uint8_t run = 0;
-        for (unsigned g = 0; g < GRAINS; g++)
-            run |= counts[k][g] | atomic_load_explicit(&to[g], memory_order_relaxed);
-        for (unsigned g = 0; run && g < GRAINS; g++) {
-            atomic_store_explicit(&to[g], counts[k][g], memory_order_relaxed);
-            any |= counts[k][g];
-        }
-    }
+    for (unsigned k = 0; k < keys.n[shard]; k++)
+        any |= put_run(counters(shard, k), counts[k]);
     s->filter_set = any != 0;
 }
 
@@ -104,13 +108,13 @@ void mt_table_filter_keep(int on) {
 }
 
 void mt_table_filter_clear(void) {
+    static const uint8_t zeros[GRAINS];
     list_keys();
     for (unsigned shard = 0; shard < MT_SHARDS; shard++) {
         if (!mt_shards[shard].filter_set)
             continue;
         for (unsigned k = 0; k < keys.n[shard]; k++)
-            for (unsigned g = 0; g < GRAINS; g++)
-                atomic_store_explicit(&counters(shard, k)[g], 0, memory_order_relaxed);
+            put_run(counters(shard, k), zeros);
         mt_shards[shard].filter_set = 0;
     }
 }
