@@ -99,8 +99,9 @@ static inline const char *field(const char *base, uint32_t offset) {
 
 static struct capture_cache *thread_cache(void) {
     if (!cache) {
-        void *m =
-            mmap(NULL, sizeof *cache, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        /* Populated, as recent_stacks.c's: read before written. */
+        void *m = mmap(NULL, sizeof *cache, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
         cache = m == MAP_FAILED ? NULL : m;
     }
     return cache;
