@@ -88,12 +88,16 @@ static struct mt_slot pack(const struct mt_entry *e) {
 /* Doubles the shard's directory; 0 when memory or depth ran out. */
 RARE int double_dir(struct mt_shard *s) {
     uint32_t d = s->depth;
-    struct bucket **dir = d < MAX_DEPTH ? mt_mem_take(sizeof *dir << (d + 1)) : NULL;
+    size_t grown = (size_t)2 << d;
+    struct bucket **dir = grown <= MT_SMALL_DIR ? s->small_dir
+                          : d < MAX_DEPTH       ? mt_mem_take(sizeof *dir * grown)
+                                                : NULL;
     if (!dir)
         return 0;
-    for (size_t k = 0; k < (size_t)1 << d; k++)
+    for (size_t k = grown / 2; k-- > 0;) /* downwards: the small one grows in place */
         dir[2 * k] = dir[2 * k + 1] = s->dir[k];
-    mt_mem_give(s->dir, sizeof *dir << d);
+    if (s->dir != s->small_dir)
+        mt_mem_give(s->dir, sizeof *dir * (grown / 2));
     s->dir = dir;
     s->depth = d + 1;
     return 1;
@@ -127,14 +131,11 @@ RARE int split(struct mt_shard *s, uint64_t h) {
 
 /* The shard's first bucket, when it has none. */
 RARE int start(struct mt_shard *s) {
-    struct bucket **dir = mt_mem_take(sizeof *dir);
-    struct bucket *b = dir ? mt_mem_take(sizeof *b) : NULL;
-    if (!b) {
-        mt_mem_give(dir, sizeof *dir);
+    struct bucket *b = mt_mem_take(sizeof *b);
+    if (!b)
         return 0;
-    }
-    dir[0] = b;
-    s->dir = dir;
+    s->small_dir[0] = b;
+    s->dir = s->small_dir;
     s->depth = 0;
     return 1;
 }

@@ -65,6 +65,7 @@ static inline size_t mt_filter_index(uint64_t addr) {
  * fetch aligned pairs of lines together, and two threads on neighbouring
  * shards would otherwise pull each other's lock line. */
 struct bucket;
+#define MT_SMALL_DIR 8
 struct mt_shard {
     mt_spinlock lock;
     uint32_t depth;      /* the directory has 1 << depth entries */
@@ -75,6 +76,10 @@ struct mt_shard {
      * those reads well-defined; relaxed stores cost a plain mov. */
     _Atomic uint64_t count, bytes, dropped, replaced;
     int filter_set; /* 0: all of its filter counters are 0 (table_filter.c) */
+    /* The directory while it has at most 8 entries, in the line next to
+     * the lock's, which the processor fetches with it: a shard of a few
+     * hundred entries needs no line of its own for its directory. */
+    struct bucket *small_dir[MT_SMALL_DIR];
 } __attribute__((aligned(128)));
 extern struct mt_shard mt_shards[MT_SHARDS];
 
