@@ -61,9 +61,10 @@ static inline size_t mt_filter_index(uint64_t addr) {
     return (size_t)(addr >> MT_FILTER_GRAIN_BITS) & ((1u << MT_FILTER_BITS) - 1);
 }
 
-/* A shard (table.c): its lock and counts.  128-byte aligned: processors
- * fetch aligned pairs of lines together, and two threads on neighbouring
- * shards would otherwise pull each other's lock line. */
+/* A shard (table.c): its lock, counts and a small directory.  128-byte
+ * aligned: processors fetch aligned pairs of lines together, and two
+ * threads on neighbouring shards would otherwise pull each other's lock
+ * line. */
 struct bucket;
 #define MT_SMALL_DIR 8
 struct mt_shard {
