@@ -54,22 +54,6 @@ static enum mtrace_result api_stats(struct mtrace_stats *out, size_t size) {
     return MTRACE_OK;
 }
 
-/* Object lookups hold a lock (objects.c): a signal handler's malloc on
- * the same thread meanwhile must not walk, and so look up again. */
-static enum mtrace_result api_object_at(uintptr_t addr, struct mtrace_object *out) {
-    unsigned char was = mt_tracker_enter();
-    enum mtrace_result r = mt_object_at(addr, out);
-    mt_tracker_leave(was);
-    return r;
-}
-
-static uint64_t api_objects_generation(void) {
-    unsigned char was = mt_tracker_enter();
-    uint64_t g = mt_objects_generation();
-    mt_tracker_leave(was);
-    return g;
-}
-
 __attribute__((visibility("default"))) const struct mtrace_api mtrace_api_v2 = {
     .version = MTRACE_API_VERSION,
     .size = sizeof(struct mtrace_api),
@@ -84,6 +68,6 @@ __attribute__((visibility("default"))) const struct mtrace_api mtrace_api_v2 = {
     .now_ms = mt_now_ms,
     .erlang_frames = mt_erl_setup,
     .objects = mt_objects_each,
-    .object_at = api_object_at,
-    .objects_generation = api_objects_generation,
+    .object_at = mt_object_at,
+    .objects_generation = mt_objects_generation,
 };

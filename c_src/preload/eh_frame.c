@@ -251,7 +251,12 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
     memset(out, 0, sizeof *out);
     struct mtrace_object o;
     const uint8_t *h = NULL;
-    if (mt_object_at(target, &o) == MTRACE_OK)
+    int found = mt_object_at_walking(target, &o);
+    if (found == MT_OBJECTS_CLOSED) { /* a fork is under way: kind UNSUPPORTED */
+        *loads = 0;
+        return;
+    }
+    if (found == MTRACE_OK)
         h = mt_object_eh_frame_hdr(&o);
     *loads = o.generation;
     if (!h) {

@@ -3,26 +3,63 @@
 #include "objects.h"
 
 #include <link.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stddef.h>
-
-#include "spinlock.h"
 
 /* dl_iterate_phdr holds the loader's object list lock meanwhile, which a
  * fork child does not get back (glibc resets only its load lock): a fork
- * while a walk here was looking up an object would leave the child's
- * first walks (its rule cache starts empty) waiting for it for ever.  So
- * lookups take turns under a lock of ours, which fork holds too
- * (mt_objects_lock).  mt_objects_each is left out: it calls its caller's
- * function, which may allocate and so walk. */
-static mt_spinlock lookups;
+ * while a lookup was under way here would leave the child's first walks
+ * (its rule cache starts empty) waiting for it for ever.  So a fork first
+ * closes the way in and waits for the lookups under way to end
+ * (mt_objects_close, before it takes any other lock of the tracer), and
+ * until it is done a walk's lookup gives up (mt_object_at_walking) and
+ * other lookups wait.  Lookups never wait for each other: a lock here
+ * would hang a thread whose dl_iterate_phdr callback (other code's)
+ * allocates, and so walks, while another lookup waits for the loader's
+ * lock that thread holds. */
+static _Atomic int inside;
+static _Atomic int closing; /* forks under way */
+/* This thread's lookups under way: one inside another's callback enters
+ * at once (a fork still waits for the outer one). */
+static __thread int mine __attribute__((tls_model("initial-exec")));
 
-void mt_objects_lock(void) { mt_lock(&lookups); }
-void mt_objects_unlock(void) { mt_unlock(&lookups); }
+static int enter(int wait) {
+    for (;;) {
+        /* seq_cst: a fork sees this lookup, or this lookup sees the fork */
+        atomic_fetch_add(&inside, 1);
+        if (mine || !atomic_load(&closing)) {
+            mine++;
+            return 1;
+        }
+        atomic_fetch_sub(&inside, 1);
+        if (!wait)
+            return 0;
+        while (atomic_load_explicit(&closing, memory_order_relaxed))
+            sched_yield();
+    }
+}
 
-static void iterate(int (*fn)(struct dl_phdr_info *, size_t, void *), void *arg) {
-    mt_lock(&lookups);
+static void leave(void) {
+    mine--;
+    atomic_fetch_sub_explicit(&inside, 1, memory_order_release);
+}
+
+void mt_objects_close(void) {
+    atomic_fetch_add(&closing, 1);
+    while (atomic_load(&inside))
+        sched_yield();
+}
+
+void mt_objects_open(void) { atomic_fetch_sub(&closing, 1); }
+void mt_objects_open_child(void) { atomic_store(&closing, 0); }
+
+static int iterate(int (*fn)(struct dl_phdr_info *, size_t, void *), void *arg, int wait) {
+    if (!enter(wait))
+        return 0;
     dl_iterate_phdr(fn, arg);
-    mt_unlock(&lookups);
+    leave();
+    return 1;
 }
 
 struct walk {
@@ -72,16 +109,25 @@ static int visit(struct dl_phdr_info *info, size_t size, void *arg) {
 void mt_objects_each(mtrace_object_fn fn, void *ctx) {
     struct walk w = {fn, ctx, 0, 0, 0, 0, NULL};
     if (fn)
-        dl_iterate_phdr(visit, &w);
+        iterate(visit, &w, 1);
 }
 
-enum mtrace_result mt_object_at(uintptr_t addr, struct mtrace_object *out) {
+static int look_up(uintptr_t addr, struct mtrace_object *out, int wait) {
     struct walk w = {NULL, NULL, addr ? addr : 1, 0, 0, 0, out};
     if (!out)
         return MTRACE_ERR_ARGUMENT;
-    iterate(visit, &w); /* one pass: the generation comes with the lookup */
+    if (!iterate(visit, &w, wait)) /* one pass: the generation comes with the lookup */
+        return MT_OBJECTS_CLOSED;
     out->generation = w.generation;
     return w.found && addr ? MTRACE_OK : MTRACE_ERR_ARGUMENT;
+}
+
+enum mtrace_result mt_object_at(uintptr_t addr, struct mtrace_object *out) {
+    return (enum mtrace_result)look_up(addr, out, 1);
+}
+
+int mt_object_at_walking(uintptr_t addr, struct mtrace_object *out) {
+    return look_up(addr, out, 0);
 }
 
 static int generation_of(struct dl_phdr_info *info, size_t size, void *arg) {
@@ -93,7 +139,7 @@ static int generation_of(struct dl_phdr_info *info, size_t size, void *arg) {
 
 uint64_t mt_objects_generation(void) {
     uint64_t g = 0;
-    iterate(generation_of, &g);
+    iterate(generation_of, &g, 1);
     return g;
 }
 

@@ -23,9 +23,18 @@ enum mtrace_result mt_object_at(uintptr_t addr, struct mtrace_object *out);
  * that maps something and every dlclose that unmaps it. */
 uint64_t mt_objects_generation(void);
 
-/* Around fork: no lookup is under way in the loader's list meanwhile. */
-void mt_objects_lock(void);
-void mt_objects_unlock(void);
+/* For the walker, inside an allocation: as mt_object_at, but while a fork
+ * is under way it looks nothing up and returns MT_OBJECTS_CLOSED, where
+ * the others wait for the fork to end (objects.c). */
+#define MT_OBJECTS_CLOSED 1
+int mt_object_at_walking(uintptr_t addr, struct mtrace_object *out);
+
+/* Around fork, before the tracer's other locks are taken: no lookup is
+ * under way in the loader's list until mt_objects_open (the child's:
+ * _child, the other threads did not come along). */
+void mt_objects_close(void);
+void mt_objects_open(void);
+void mt_objects_open_child(void);
 
 /* The address of obj's PT_GNU_EH_FRAME (its .eh_frame_hdr), or NULL. */
 const uint8_t *mt_object_eh_frame_hdr(const struct mtrace_object *o);

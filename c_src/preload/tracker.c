@@ -252,14 +252,15 @@ void mt_tracker_code_unloaded(void) { mt_unwind_forget(); }
  * this thread out of the table meanwhile (fork itself may allocate). */
 static void fork_prepare(void) {
     mt_me.fork_saved_busy = mt_tracker_enter();
+    /* First: a lookup under way may wait in the loader for a thread whose
+     * allocation needs one of the locks below. */
+    mt_objects_close();
     mt_counts_lock();
     mt_stacks_lock();
-    mt_objects_lock();
     mt_table_fork_prepare();
 }
 
 static void unlock_rest(void) {
-    mt_objects_unlock();
     mt_stacks_unlock();
     mt_counts_unlock();
     mt_tracker_leave(mt_me.fork_saved_busy);
@@ -268,6 +269,7 @@ static void unlock_rest(void) {
 static void fork_parent(void) {
     mt_table_fork_parent();
     unlock_rest();
+    mt_objects_open();
 }
 
 static void fork_child(void) {
@@ -276,6 +278,7 @@ static void fork_child(void) {
     mt_erl_forked();
     mt_table_fork_child();
     unlock_rest();
+    mt_objects_open_child();
 }
 
 __attribute__((constructor)) static void on_load(void) {

@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <errno.h>
+#include <link.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
@@ -362,6 +363,53 @@ static void test_fork_during_lookups(int forks) {
     CHECK_EQ(ok, forks);
 }
 
+/* Other code's dl_iterate_phdr callback that allocates (a backtrace
+ * library's does) holds the loader's list lock while its allocation is
+ * walked, and with the rules forgotten (any dlclose) that walk looks
+ * objects up while other threads' lookups wait for that very lock.
+ * Lookups that took turns under a lock of the tracer's hung here. */
+static int allocating_callback(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)info;
+    (void)size;
+    void *p = malloc(96); /* walked: its rules were forgotten */
+    *(int *)arg += p != NULL;
+    free(p);
+    return 1; /* one object is enough */
+}
+
+static int lookups_inside_callbacks(int rounds) {
+    enum { LOOKERS = 2 };
+    pthread_t tid[LOOKERS];
+    atomic_store(&stop, 0);
+    for (int i = 0; i < LOOKERS; i++)
+        pthread_create(&tid[i], NULL, look_up, NULL);
+    int n = 0;
+    for (int i = 0; i < rounds; i++) {
+        void *h = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+        if (h)
+            dlclose(h); /* every rule forgotten */
+        dl_iterate_phdr(allocating_callback, &n);
+    }
+    atomic_store(&stop, 1);
+    for (int i = 0; i < LOOKERS; i++)
+        pthread_join(tid[i], NULL);
+    return n == rounds;
+}
+
+static void test_lookup_inside_loader_callback(int rounds) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);
+        _exit(lookups_inside_callbacks(rounds) ? 0 : 1);
+    }
+    int status = -1;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    int hung = WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;
+    printf("%d allocating loader callbacks while 2 threads looked objects up: %s\n", rounds,
+           hung ? "hung" : "done");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 static volatile size_t probe_size = 64;
 
 static __attribute__((noinline)) void stop_if(int stops) {
@@ -545,6 +593,7 @@ int main(int argc, char **argv) {
     test_child_grows_table();
     test_storm(forks);
     test_fork_during_lookups(forks / 5);
+    test_lookup_inside_loader_callback(forks * 2);
     test_inert_cost();
     return check_summary();
 }
