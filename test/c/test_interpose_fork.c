@@ -334,12 +334,23 @@ static void *look_up(void *arg) {
     return NULL;
 }
 
-static void test_fork_during_lookups(int forks) {
-    enum { LOOKERS = 2 };
-    pthread_t tid[LOOKERS];
+enum { LOOKERS = 2 };
+static pthread_t lookers[LOOKERS];
+
+static void start_lookers(void) {
     atomic_store(&stop, 0);
     for (int i = 0; i < LOOKERS; i++)
-        pthread_create(&tid[i], NULL, look_up, NULL);
+        pthread_create(&lookers[i], NULL, look_up, NULL);
+}
+
+static void stop_lookers(void) {
+    atomic_store(&stop, 1);
+    for (int i = 0; i < LOOKERS; i++)
+        pthread_join(lookers[i], NULL);
+}
+
+static void test_fork_during_lookups(int forks) {
+    start_lookers();
     int ok = 0, hung = 0;
     for (int i = 0; i < forks; i++) {
         pid_t pid = fork();
@@ -356,9 +367,7 @@ static void test_fork_during_lookups(int forks) {
         if (ok <= i) /* one says enough, and each hung child takes 10 s */
             break;
     }
-    atomic_store(&stop, 1);
-    for (int i = 0; i < LOOKERS; i++)
-        pthread_join(tid[i], NULL);
+    stop_lookers();
     printf("%d forks while %d threads looked objects up: %d children hung\n", forks, LOOKERS, hung);
     CHECK_EQ(ok, forks);
 }
@@ -378,11 +387,7 @@ static int allocating_callback(struct dl_phdr_info *info, size_t size, void *arg
 }
 
 static int lookups_inside_callbacks(int rounds) {
-    enum { LOOKERS = 2 };
-    pthread_t tid[LOOKERS];
-    atomic_store(&stop, 0);
-    for (int i = 0; i < LOOKERS; i++)
-        pthread_create(&tid[i], NULL, look_up, NULL);
+    start_lookers();
     int n = 0;
     for (int i = 0; i < rounds; i++) {
         void *h = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
@@ -390,9 +395,7 @@ static int lookups_inside_callbacks(int rounds) {
             dlclose(h); /* every rule forgotten */
         dl_iterate_phdr(allocating_callback, &n);
     }
-    atomic_store(&stop, 1);
-    for (int i = 0; i < LOOKERS; i++)
-        pthread_join(tid[i], NULL);
+    stop_lookers();
     return n == rounds;
 }
 
@@ -405,8 +408,8 @@ static void test_lookup_inside_loader_callback(int rounds) {
     int status = -1;
     CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
     int hung = WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;
-    printf("%d allocating loader callbacks while 2 threads looked objects up: %s\n", rounds,
-           hung ? "hung" : "done");
+    printf("%d allocating loader callbacks while %d threads looked objects up: %s\n", rounds,
+           LOOKERS, hung ? "hung" : "done");
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
