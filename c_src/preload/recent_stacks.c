@@ -1,6 +1,6 @@
 /*
  * The calling thread's last few stacks (see recent_stacks.h): the proofs of
- * its last 64 walks with their checks in a ring that the oldest proofs give
+ * its last 128 walks with their checks in a ring that the oldest proofs give
  * up first.  A capture tries the one found last, then the one found after
  * it last time, then those with the same first frame, through a small
  * index.
@@ -14,9 +14,10 @@
 
 #include "hash.h"
 
-#define RECENT 64    /* stacks kept: a bit each in an index bucket's mask */
+#define RECENT 128 /* stacks kept: a bit each in an index bucket's mask */
+#define MASK_WORDS (RECENT / 64)
 #define INDEX_BITS 4 /* 16 buckets, by first frame */
-#define POOL 1024    /* checks of them all, in a ring */
+#define POOL 2048    /* checks of them all, in a ring */
 #define PROOF_MAX 96 /* checks of the longest stack kept */
 _Static_assert(PROOF_MAX <= POOL, "a proof fits the ring");
 
@@ -28,12 +29,12 @@ struct kept {
     uint32_t id;
 };
 
-/* A thread's: 21 KiB in a mapping of its own (made on the first walk kept,
+/* A thread's: 42 KiB in a mapping of its own (made on the first walk kept,
  * unmapped as the thread exits), not in TLS, whose size is taken from every
  * thread's stack in every program the preload is in. */
 struct recent {
     struct kept k[RECENT];
-    uint64_t bucket[1u << INDEX_BITS]; /* the stacks each bucket holds, a bit each */
+    uint64_t bucket[1u << INDEX_BITS][MASK_WORDS]; /* the stacks each holds, a bit each */
     /* Hashes of each one's check words and of their addresses: stacks of
      * one bucket walked through frames of the same sizes read the same
      * addresses, so one hash of the words there now rules out all of them
@@ -113,7 +114,7 @@ int mt_recent_keep(int max, uint32_t id) {
     unsigned i = r->next % RECENT;
     struct kept *k = &r->k[i];
     if (k->p.sp)
-        r->bucket[bucket_of(k->p.ip, k->p.sp)] &= ~(1ull << i);
+        r->bucket[bucket_of(k->p.ip, k->p.sp)][i / 64] &= ~(1ull << i % 64);
     /* A proof's checks are contiguous: one that might not fit before the
      * ring's end starts at its beginning. */
     uint32_t start = r->end;
@@ -130,7 +131,7 @@ int mt_recent_keep(int max, uint32_t id) {
     k->id = id;
     r->words[i] = hash_words(k->c, k->p.n);
     r->places[i] = hash_places(k->c, k->p.n);
-    r->bucket[bucket_of(k->p.ip, k->p.sp)] |= 1ull << i;
+    r->bucket[bucket_of(k->p.ip, k->p.sp)][i / 64] |= 1ull << i % 64;
     r->next++;
     r->next_of[r->hit] = (uint8_t)i;
     r->hit = i; /* the next allocation most likely repeats it */
@@ -147,23 +148,29 @@ static inline MT_READS_STACK int proves(const struct recent *r, const struct kep
 static __attribute__((noinline)) MT_READS_STACK uint32_t find(struct recent *r,
                                                               const struct mt_walk_start *at,
                                                               int max) {
-    uint64_t m = r->bucket[bucket_of(at->ip, at->sp)] & ~(1ull << r->hit);
+    const uint64_t *mask = r->bucket[bucket_of(at->ip, at->sp)];
     uint64_t places = 0, words = 0; /* the words at places now, once hashed */
     int hashed = 0;
-    for (; m; m &= m - 1) {
-        unsigned i = (unsigned)__builtin_ctzll(m);
-        const struct kept *k = &r->k[i];
-        if (!hashed || r->places[i] != places) {
-            if (!mt_proof_applies(&k->p, at, max) || !intact(r, k) ||
-                mt_checks_differ(k->c, k->p.n < 4 ? k->p.n : 4)) /* stacks most often part early */
-                continue;
-            places = r->places[i];
-            words = hash_words_now(k->c, k->p.n);
-            hashed = 1;
-        }
-        if (r->words[i] == words && proves(r, k, at, max)) {
-            r->hit = i;
-            return k->id;
+    for (unsigned w = 0; w < MASK_WORDS; w++) {
+        uint64_t m = mask[w];
+        if (r->hit / 64 == w) /* already tried */
+            m &= ~(1ull << r->hit % 64);
+        for (; m; m &= m - 1) {
+            unsigned i = 64 * w + (unsigned)__builtin_ctzll(m);
+            const struct kept *k = &r->k[i];
+            if (!hashed || r->places[i] != places) {
+                /* Stacks most often part in their first 4 words. */
+                if (!mt_proof_applies(&k->p, at, max) || !intact(r, k) ||
+                    mt_checks_differ(k->c, k->p.n < 4 ? k->p.n : 4))
+                    continue;
+                places = r->places[i];
+                words = hash_words_now(k->c, k->p.n);
+                hashed = 1;
+            }
+            if (r->words[i] == words && proves(r, k, at, max)) {
+                r->hit = i;
+                return k->id;
+            }
         }
     }
     return 0;

@@ -361,7 +361,7 @@ static void test_recent_stacks(void) {
 }
 
 /* Many stacks that share their first frame and all of their frame sizes
- * (64 paths through two identical functions, as bench/churn.c makes them):
+ * (128 paths through two identical functions, as bench/churn.c makes 64):
  * each kept one is found with its own id or not at all (its checks gave
  * way to later ones), the last kept always; none once the thread exited. */
 static void chain_a(int n, unsigned path);
@@ -386,14 +386,14 @@ static __attribute__((noinline)) void chain_b(int n, unsigned path) {
 
 static __attribute__((noinline)) uint32_t visit(unsigned path, uint32_t keep) {
     recent_id = keep;
-    chain(6, path);
+    chain(7, path);
     __asm__ __volatile__("" ::: "memory");
     return recent_id;
 }
 
 static void *many_recent_stacks(void *unused) {
     (void)unused;
-    enum { PATHS = 64, ID = 1000 };
+    enum { PATHS = 128, ID = 1000 }; /* as many as are kept: both words of a mask */
     int found = 0, wrong = 0;
     uint32_t got[2 * PATHS];
     /* One call site (a walk reads the return addresses up to main): keep
@@ -408,11 +408,18 @@ static void *many_recent_stacks(void *unused) {
     }
     CHECK_EQ(got[PATHS], ID + PATHS - 1); /* the last kept */
     CHECK_EQ(wrong, 0);
-    CHECK(found >= PATHS / 4); /* as many as their checks leave room for */
+    /* As many as their checks leave room for: more than one mask word holds,
+     * except where AddressSanitizer's frames make each proof about twice as
+     * long (55 of 128 found). */
+#ifdef __SANITIZE_ADDRESS__
+    CHECK(found >= PATHS / 4);
+#else
+    CHECK(found > 64);
+#endif
     printf("%d of %d stacks with one first frame found among the last kept\n", found, PATHS);
     mt_recent_thread_exit();
     recent_id = 0;
-    chain(6, PATHS - 1);
+    chain(7, PATHS - 1);
     CHECK_EQ(recent_id, 0);
     return NULL;
 }
