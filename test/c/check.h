@@ -61,6 +61,20 @@ static inline void check_exec_self(char **args) {
     execvp(emulator, argv);
 }
 
+/* Starts this program (argv0) again with argument mode, tracked by the
+ * preload or not (another MTRACE_PROGRAMS), with the preload or without;
+ * exits 126 if that failed. */
+static inline void check_restart(char *argv0, const char *mode, int keep_programs,
+                                 int keep_preload) {
+    if (!keep_programs)
+        setenv("MTRACE_PROGRAMS", "some-other-program", 1);
+    if (!keep_preload)
+        unsetenv("LD_PRELOAD");
+    char *args[] = {argv0, (char *)mode, NULL};
+    check_exec_self(args);
+    _exit(126);
+}
+
 static inline int check_summary(void) {
     printf("%d passed, %d failed\n", checks_passed, checks_failed);
     return checks_failed ? 1 : 0;
