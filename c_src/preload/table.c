@@ -4,8 +4,8 @@
  * Each shard is an extendible hash table: a directory of 2^depth bucket
  * pointers indexed by the top bits of the address's hash, and 256-byte
  * buckets of 15 slots.  A bucket carries a tag byte per slot (7 more hash
- * bits, 0 = empty), so a lookup compares its tags 8 at a time in a word and
- * reads the one slot they point to, and a delete clears a tag: no probe
+ * bits, 0 = empty), so a lookup compares all its tags at once and reads
+ * the one slot they point to, and a delete clears a tag: no probe
  * sequences, no shifting, no tombstones, and a table that churns for days
  * never degrades.  (Linear probing's loops, of unpredictable length, cost
  * about one branch miss per step: tags halved the table's share of a
@@ -41,6 +41,7 @@ _Static_assert(sizeof(void *) << MAX_DEPTH <= MT_MEM_MAX_BLOCK, "a directory fit
 
 struct mt_shard mt_shards[MT_SHARDS];
 _Static_assert(sizeof(struct mt_shard) == 128, "a shard is a 128-byte aligned pair of lines");
+_Static_assert(sizeof(struct bucket) == 256, "a bucket is 4 lines");
 /* Sampling estimates per shard (sum of weights, fixed point, and of
  * weighted bytes), apart: lossless mode never touches them. */
 static struct { _Atomic uint64_t count, bytes; } estimates[MT_SHARDS];
@@ -143,8 +144,9 @@ RARE int split(struct mt_shard *s, uint64_t h) {
     struct mt_slot old[SLOTS];
     memcpy(old, b->s, sizeof old);
     memset(b->s, 0, sizeof b->s);
-    b->tags[0] = b2->tags[0] = 0;
-    b->tags[1] = b2->tags[1] = (uint64_t)depth << 56;
+    memset(b->tag, 0, sizeof b->tag);
+    memset(b2->tag, 0, sizeof b2->tag);
+    b->tag[SLOTS] = b2->tag[SLOTS] = (uint8_t)depth;
     for (unsigned i = 0; i < SLOTS; i++) {
         uint64_t he = hash_addr(mt_slot_addr(&old[i]));
         place((he >> (64 - depth)) & 1 ? b2 : b, &old[i], tag_of(he));
@@ -323,10 +325,13 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
     if (UNLIKELY(!s->dir || s->spilled))
         return insert_slow(s, addr, size, packed);
     struct bucket *b = s->dir[dir_index(h, s->depth)];
-    if (UNLIKELY(find(b, key, tag) < SLOTS || full(b)))
+    unsigned same_tag = matching(b, tag), empty = ~taken(b) & SLOT_MASK;
+    if (UNLIKELY((same_tag && find_in(b, same_tag, key) < SLOTS) || !empty))
         return insert_slow(s, addr, size, packed);
     counted_in(s, addr);
-    place(b, &packed, tag);
+    unsigned i = (unsigned)__builtin_ctz(empty);
+    b->s[i] = packed;
+    b->tag[i] = (uint8_t)tag;
     account(s, size, 1);
     mt_unlock(&s->lock);
     return MT_INSERTED;
