@@ -74,14 +74,13 @@ static void relaxed_add(_Atomic uint64_t *c, int64_t d) {
 
 static uint64_t epoch(void) { return atomic_load_explicit(&epoch_plus1, memory_order_relaxed) - 1; }
 
-/* The first entry sets the epoch; of two at once, the first store wins. */
-static struct mt_slot pack(const struct mt_entry *e) {
-    if (!atomic_load_explicit(&epoch_plus1, memory_order_relaxed)) {
-        uint64_t none = 0, t = e->t_ms;
-        atomic_compare_exchange_strong(&epoch_plus1, &none,
-                                       (t > EPOCH_MARGIN_MS ? t - EPOCH_MARGIN_MS : 0) + 1);
-    }
-    return mt_slot_pack(e, epoch());
+/* The first entry sets the epoch; of two at once, the first store wins.
+ * Returns the epoch. */
+RARE uint64_t set_epoch(uint64_t t_ms) {
+    uint64_t none = 0;
+    atomic_compare_exchange_strong(&epoch_plus1, &none,
+                                   (t_ms > EPOCH_MARGIN_MS ? t_ms - EPOCH_MARGIN_MS : 0) + 1);
+    return epoch();
 }
 
 /* ---- growth -------------------------------------------------------------- */
@@ -306,6 +305,17 @@ out:
     return r;
 }
 
+/* An insert that found the lock taken, or is the first (no epoch yet). */
+RARE enum mt_insert_result insert_waiting(struct mt_shard *s, uint64_t addr, uint64_t size,
+                                          uint64_t t_ms, uint32_t stack_id) {
+    uint64_t e =
+        atomic_load_explicit(&epoch_plus1, memory_order_relaxed) ? epoch() : set_epoch(t_ms);
+    struct mt_slot packed = mt_slot_pack(&(struct mt_entry){addr, size, t_ms, stack_id}, e);
+    mt_lock(&s->lock);
+    return insert_slow(s, addr, size, packed);
+}
+
+/* The common case has no call but tail calls: it needs no saved registers. */
 enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_ms,
                                       uint32_t stack_id) {
 #ifdef MT_LEAVE_OUT_TABLE /* a benchmark's build only: what the table costs (bench/churn.sh) */
@@ -315,11 +325,13 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
     struct mt_shard *s = shard_of(addr);
     if (UNLIKELY(!mt_slot_fits(addr, size)))
         return insert_odd(s, addr, size, t_ms, stack_id);
-    struct mt_entry e = {addr, size, t_ms, stack_id};
     /* What needs no lock is done before it is taken. */
+    uint64_t epoch_1 = atomic_load_explicit(&epoch_plus1, memory_order_relaxed);
+    if (UNLIKELY(!epoch_1 || !mt_try_lock(&s->lock)))
+        return insert_waiting(s, addr, size, t_ms, stack_id);
     uint64_t h = hash_addr(addr), key = addr >> 4, tag = tag_of(h);
-    struct mt_slot packed = pack(&e);
-    mt_lock(&s->lock);
+    struct mt_slot packed =
+        mt_slot_pack(&(struct mt_entry){addr, size, t_ms, stack_id}, epoch_1 - 1);
     /* The common case: a bucket with room, an address not there yet, and
      * nothing of this shard in the spill. */
     if (UNLIKELY(!s->dir || s->spilled))
@@ -345,12 +357,46 @@ int mt_table_remove(uint64_t addr, struct mt_entry *old) {
     return found;
 }
 
-int mt_table_forget(uint64_t addr) { /* remove_locked made for old == NULL */
-    struct mt_shard *s = shard_of(addr);
-    mt_lock(&s->lock);
+/* A removal that found the lock taken. */
+RARE int forget_waiting(struct mt_shard *s, uint64_t addr) {
+    mt_lock_wait(&s->lock);
     int found = remove_locked(s, addr, NULL);
     mt_unlock(&s->lock);
     return found;
+}
+
+/* A removal the slots did not answer: the spill may; under the lock,
+ * which it releases. */
+RARE int forget_rest(struct mt_shard *s, uint64_t addr) {
+    struct mt_entry e;
+    int found = s->spilled && mt_spill_take(addr, &e);
+    if (found) {
+        s->spilled--;
+        counted_out(s, addr, e.size);
+    }
+    mt_unlock(&s->lock);
+    return found;
+}
+
+/* remove_locked for old == NULL, written out so that its common case has
+ * no call but tail calls. */
+int mt_table_forget(uint64_t addr) {
+    struct mt_shard *s = shard_of(addr);
+    if (UNLIKELY(!mt_try_lock(&s->lock)))
+        return forget_waiting(s, addr);
+    if (atomic_load_explicit(&s->count, memory_order_relaxed) && s->dir && mt_slot_fits(addr, 0)) {
+        uint64_t h = hash_addr(addr);
+        struct bucket *b = s->dir[dir_index(h, s->depth)];
+        unsigned i = find(b, addr >> 4, tag_of(h));
+        if (i < SLOTS) {
+            uint64_t size = mt_slot_size(&b->s[i]);
+            delete_at(b, i);
+            counted_out(s, addr, size);
+            mt_unlock(&s->lock);
+            return 1;
+        }
+    }
+    return forget_rest(s, addr);
 }
 
 uint64_t mt_table_reset(void) {

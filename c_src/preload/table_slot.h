@@ -33,9 +33,12 @@ static inline int mt_slot_fits(uint64_t addr, uint64_t size) {
 }
 
 static inline uint64_t time_code(uint64_t t_ms, uint64_t epoch) {
-    uint64_t d = t_ms > epoch ? t_ms - epoch : 0;
-    if (d >= TIME_EXACT)
-        d = TIME_EXACT + ((d - TIME_EXACT) >> TIME_STEP_SHIFT);
+    uint64_t d = t_ms - epoch; /* huge if t_ms is before the epoch */
+    if (__builtin_expect(d < TIME_EXACT, 1))
+        return d;
+    if (t_ms < epoch)
+        return 0;
+    d = TIME_EXACT + ((d - TIME_EXACT) >> TIME_STEP_SHIFT);
     return d > UINT32_MAX ? UINT32_MAX : d;
 }
 
