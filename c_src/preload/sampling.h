@@ -29,7 +29,16 @@ int mt_sample_crossed(struct mt_sampler *s, size_t n);
 /* Counts n bytes down; 1 while no sample point was crossed (malloc(0)
  * holds memory too, so it counts as one byte). */
 static inline int mt_sample_skip(struct mt_sampler *s, size_t n) {
-    return (s->left -= (int64_t)(n + (n == 0))) > 0;
+    int64_t bytes = (int64_t)(n + (n == 0));
+#if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__)
+    /* One subtract from memory, whose flags answer: GCC loads, subtracts,
+     * stores and tests. */
+    int more;
+    __asm__("subq %2, %0" : "+m"(s->left), "=@ccg"(more) : "r"(bytes));
+    return more;
+#else
+    return (s->left -= bytes) > 0;
+#endif
 }
 
 /* Should this thread record an allocation of n bytes?  Always in lossless mode. */

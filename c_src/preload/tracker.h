@@ -135,18 +135,14 @@ static inline int mt_free_verdict(void *p) {
     enum mt_gate g = mt_gate();
     if (mt_likely(g == MT_GATE_INERT))
         return 0;
-    int counted = 0;
-    if (mt_likely(g != MT_GATE_LIBC)) {
-        if (mt_unlikely(mt_me.f.any != MT_THREAD_FAST || g == MT_GATE_SETUP))
-            return 1;
-        mt_counts_bump(&mt_me.counts, MT_FN_FREE);
-        if (g == MT_GATE_TRACK) /* lossless: the filter is not kept (table.h) */
-            return p ? 2 : 0;
-        counted = 1;
-    }
-    if (mt_unlikely(mt_table_may_hold((uintptr_t)p)))
-        return 1 + counted;
-    return 0;
+    if (g == MT_GATE_LIBC) /* not counted */
+        return mt_unlikely(mt_table_may_hold((uintptr_t)p)) ? 1 : 0;
+    if (mt_unlikely(mt_me.f.any != MT_THREAD_FAST || g == MT_GATE_SETUP))
+        return 1;
+    mt_counts_bump(&mt_me.counts, MT_FN_FREE);
+    if (g == MT_GATE_TRACK) /* lossless: the filter is not kept (table.h) */
+        return p ? 2 : 0;
+    return mt_unlikely(mt_table_may_hold((uintptr_t)p)) ? 2 : 0;
 }
 
 /* After a free verdict of 2: a tracked thread's free of a block the table
