@@ -9,6 +9,7 @@
 #include "check.h"
 #include "math_lite.h"
 #include "table.h"
+#include "table_slot.h"
 
 struct tally {
     uint64_t count, bytes, sum_addr;
@@ -131,6 +132,26 @@ static void test_times(void) {
         CHECK(ts[i] - old.t_ms < (ts[i] - t0 < (1ull << 31) ? 1 : 1024));
     }
     mt_table_reset();
+}
+
+/* A slot's time code: exact for 2^31 ms after the epoch, then 1024 ms
+ * steps, never later than the time, capped at 32 bits; a time before the
+ * epoch (which a monotonic clock cannot give) is kept as the epoch. */
+static void test_time_codes(void) {
+    const uint64_t e = 1000;
+    CHECK_EQ(time_code(999, e), 0);
+    CHECK_EQ(time_code(0, e), 0);
+    CHECK_EQ(time_code(e, e), 0);
+    CHECK_EQ(time_code(e + TIME_EXACT - 1, e), TIME_EXACT - 1);
+    CHECK_EQ(time_code(e + TIME_EXACT, e), TIME_EXACT);
+    CHECK_EQ(time_code(e + TIME_EXACT + 2047, e), TIME_EXACT + 1);
+    CHECK_EQ(time_code(UINT64_MAX, e), UINT32_MAX);
+    const uint64_t ts[] = {e, e + 5, e + TIME_EXACT - 1, e + TIME_EXACT + 5000, e + (1ull << 40)};
+    for (unsigned i = 0; i < sizeof ts / sizeof *ts; i++) {
+        uint64_t back = time_of(time_code(ts[i], e), e);
+        CHECK(back <= ts[i]);
+        CHECK(ts[i] - back < (ts[i] - e < TIME_EXACT ? 1 : 1024));
+    }
 }
 
 /* Grows every shard many times over, then empties it in a scattered order:
@@ -343,6 +364,7 @@ int main(void) {
     test_basics();
     test_spill();
     test_times();
+    test_time_codes();
     test_growth();
     test_threads();
     test_map_failure();
