@@ -190,24 +190,32 @@ ALWAYS_INLINE void counted_out(struct mt_shard *s, uint64_t addr, uint64_t size)
 }
 
 /* Forgets addr wherever the shard keeps it; under its lock. */
+/* Where addr sits in the shard's slots (i == SLOTS: not there); under its lock. */
+struct spot {
+    struct bucket *b;
+    unsigned i;
+};
+ALWAYS_INLINE struct spot slot_of(const struct mt_shard *s, uint64_t addr) {
+    if (!atomic_load_explicit(&s->count, memory_order_relaxed) || !s->dir || !mt_slot_fits(addr, 0))
+        return (struct spot){NULL, SLOTS};
+    uint64_t h = hash_addr(addr);
+    struct bucket *b = s->dir[dir_index(h, s->depth)];
+    return (struct spot){b, find(b, addr >> 4, tag_of(h))};
+}
+
 ALWAYS_INLINE int remove_locked(struct mt_shard *s, uint64_t addr, struct mt_entry *old) {
-    if (!atomic_load_explicit(&s->count, memory_order_relaxed))
-        return 0;
     struct mt_entry e;
     int found = 0;
-    if (s->dir && mt_slot_fits(addr, 0)) {
-        uint64_t h = hash_addr(addr);
-        struct bucket *b = s->dir[dir_index(h, s->depth)];
-        unsigned i = find(b, addr >> 4, tag_of(h));
-        if (i < SLOTS) {
-            if (old) /* a free needs only the size */
-                e = mt_slot_unpack(&b->s[i], epoch());
-            else
-                e.size = mt_slot_size(&b->s[i]);
-            delete_at(b, i);
-            found = 1;
-        }
+    struct spot at = slot_of(s, addr);
+    if (at.i < SLOTS) {
+        if (old) /* a free needs only the size */
+            e = mt_slot_unpack(&at.b->s[at.i], epoch());
+        else
+            e.size = mt_slot_size(&at.b->s[at.i]);
+        delete_at(at.b, at.i);
+        found = 1;
     }
+    /* (A shard that counts no entry has none in the spill either.) */
     if (!found && s->spilled && (found = mt_spill_take(addr, &e)))
         s->spilled--;
     if (!found)
@@ -341,9 +349,7 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
     if (UNLIKELY((same_tag && find_in(b, same_tag, key) < SLOTS) || !empty))
         return insert_slow(s, addr, size, packed);
     counted_in(s, addr);
-    unsigned i = (unsigned)__builtin_ctz(empty);
-    b->s[i] = packed;
-    b->tag[i] = (uint8_t)tag;
+    place_in(b, empty, &packed, tag);
     account(s, size, 1);
     mt_unlock(&s->lock);
     return MT_INSERTED;
@@ -378,25 +384,20 @@ RARE int forget_rest(struct mt_shard *s, uint64_t addr) {
     return found;
 }
 
-/* remove_locked for old == NULL, written out so that its common case has
- * no call but tail calls. */
+/* remove_locked for old == NULL, apart so that its common case has no
+ * call but tail calls. */
 int mt_table_forget(uint64_t addr) {
     struct mt_shard *s = shard_of(addr);
     if (UNLIKELY(!mt_try_lock(&s->lock)))
         return forget_waiting(s, addr);
-    if (atomic_load_explicit(&s->count, memory_order_relaxed) && s->dir && mt_slot_fits(addr, 0)) {
-        uint64_t h = hash_addr(addr);
-        struct bucket *b = s->dir[dir_index(h, s->depth)];
-        unsigned i = find(b, addr >> 4, tag_of(h));
-        if (i < SLOTS) {
-            uint64_t size = mt_slot_size(&b->s[i]);
-            delete_at(b, i);
-            counted_out(s, addr, size);
-            mt_unlock(&s->lock);
-            return 1;
-        }
-    }
-    return forget_rest(s, addr);
+    struct spot at = slot_of(s, addr);
+    if (at.i == SLOTS)
+        return forget_rest(s, addr);
+    uint64_t size = mt_slot_size(&at.b->s[at.i]);
+    delete_at(at.b, at.i);
+    counted_out(s, addr, size);
+    mt_unlock(&s->lock);
+    return 1;
 }
 
 uint64_t mt_table_reset(void) {

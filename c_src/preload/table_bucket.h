@@ -118,11 +118,17 @@ ALWAYS_INLINE unsigned find(const struct bucket *b, uint64_t key, uint64_t tag) 
     return find_in(b, matching(b, tag), key);
 }
 
-/* Puts a slot into the first empty one of b (there is one). */
-ALWAYS_INLINE void place(struct bucket *b, const struct mt_slot *s, uint64_t tag) {
-    unsigned i = (unsigned)__builtin_ctz(~taken(b));
+/* Puts a slot into the first of b's empty slots in mask empty (not 0). */
+ALWAYS_INLINE void place_in(struct bucket *b, unsigned empty, const struct mt_slot *s,
+                            uint64_t tag) {
+    unsigned i = (unsigned)__builtin_ctz(empty);
     b->s[i] = *s;
     b->tag[i] = (uint8_t)tag;
+}
+
+/* Puts a slot into the first empty one of b (there is one). */
+ALWAYS_INLINE void place(struct bucket *b, const struct mt_slot *s, uint64_t tag) {
+    place_in(b, ~taken(b) & SLOT_MASK, s, tag);
 }
 
 ALWAYS_INLINE void delete_at(struct bucket *b, unsigned i) {
