@@ -48,7 +48,7 @@ static inline void mt_lock(mt_spinlock *l) {
 
 /* Takes l if it is free: 1 if taken.  A caller that then waits out of
  * line (mt_lock_wait, in a cold function of its own) keeps its common path
- * free of calls, and so of saved registers. */
+ * free of calls. */
 static inline int mt_try_lock(mt_spinlock *l) {
 #ifdef MT_LEAVE_OUT_LOCK
     atomic_store_explicit(l, 1, memory_order_relaxed);
