@@ -9,12 +9,11 @@
  * sequences, no shifting, no tombstones, and a table that churns for days
  * never degrades.  (Linear probing's loops, of unpredictable length, cost
  * about one branch miss per step: tags halved the table's share of a
- * malloc/free pair.)  A full bucket splits in two by one more hash bit (the
- * directory doubles when the bucket was the only one at its depth), so
- * growth moves at most 15 entries inside someone's malloc, memory grows in
- * 256-byte steps (buckets of 7 grew the directory too fast: 50 bytes an
- * entry at 10M), and buckets are freed only by reset, which unmaps the
- * table's few chunks (table_mem.c).
+ * malloc/free pair.)  A full bucket splits in two by one more hash bit,
+ * the directory doubling when the bucket was the only one at its depth
+ * (table_grow.c; buckets of 7 grew the directory too fast: 50 bytes an
+ * entry at 10M).  Buckets are freed only by reset, which unmaps the table's
+ * few chunks (table_mem.c).
  *
  * Slots are 16 bytes (table_slot.h); entries that do not fit go to the
  * spill (table_spill.c).
@@ -29,11 +28,10 @@
 #include "state.h"
 #include "table_mem.h"
 #include "table_bucket.h"
+#include "table_grow.h"
 #include "table_slot.h"
 #include "table_spill.h"
 
-#define MAX_DEPTH 18 /* directory bits: its 2 MiB is the largest block table_mem.c gives */
-_Static_assert(sizeof(void *) << MAX_DEPTH <= MT_MEM_MAX_BLOCK, "a directory fits a block");
 /* The rare steps (a bucket splits, a shard starts, a block spills) stay out
  * of line, so that the common insert keeps its values in registers. */
 #define RARE static __attribute__((noinline, cold))
@@ -81,87 +79,6 @@ RARE uint64_t set_epoch(uint64_t t_ms) {
     atomic_compare_exchange_strong(&epoch_plus1, &none,
                                    (t_ms > EPOCH_MARGIN_MS ? t_ms - EPOCH_MARGIN_MS : 0) + 1);
     return epoch();
-}
-
-/* ---- growth -------------------------------------------------------------- */
-
-/* A shard's buckets come 8 at a time, in 2 KiB of its own.  Threads
- * allocate in address regions of their own (glibc gives each its arena),
- * and so into shards of their own; with buckets of two threads' shards
- * side by side, though they share no line, the 2-thread churn ran 10%
- * slower than two processes of it (presumably the processors'
- * prefetchers, which fetch beyond the line asked for).  Larger runs cost
- * one thread page reach: 16 made its pairs 2 ns slower.  Under the
- * shard's lock. */
-#define SLAB_BUCKETS 8
-static struct slab { struct bucket *next, *end; } slabs[MT_SHARDS];
-
-static struct bucket *new_bucket(struct mt_shard *s) {
-    struct slab *sl = &slabs[s - mt_shards];
-    if (sl->next == sl->end) {
-        struct bucket *run = mt_mem_take(sizeof *run * SLAB_BUCKETS);
-        if (!run)
-            return NULL;
-        sl->next = run;
-        sl->end = run + SLAB_BUCKETS;
-    }
-    return sl->next++;
-}
-
-/* Doubles the shard's directory; 0 when memory or depth ran out. */
-RARE int double_dir(struct mt_shard *s) {
-    uint32_t d = s->depth;
-    size_t grown = (size_t)2 << d;
-    struct bucket **dir = grown <= MT_SMALL_DIR ? s->small_dir
-                          : d < MAX_DEPTH       ? mt_mem_take(sizeof *dir * grown)
-                                                : NULL;
-    if (!dir)
-        return 0;
-    for (size_t k = grown / 2; k-- > 0;) /* downwards: the small one grows in place */
-        dir[2 * k] = dir[2 * k + 1] = s->dir[k];
-    if (s->dir != s->small_dir)
-        mt_mem_give(s->dir, sizeof *dir * (grown / 2));
-    s->dir = dir;
-    s->depth = d + 1;
-    return 1;
-}
-
-/* Splits the full bucket that h falls in; 0 when memory or depth ran out. */
-RARE int split(struct mt_shard *s, uint64_t h) {
-    struct bucket *b = s->dir[dir_index(h, s->depth)];
-    if (depth_of(b) == s->depth && !double_dir(s)) /* the only bucket for its bits */
-        return 0;
-    struct bucket *b2 = new_bucket(s);
-    if (!b2)
-        return 0;
-    /* b covers a run of 2^(d - depth) directory entries; b2 takes the upper
-     * half of the run, the entries whose next hash bit is 1. */
-    uint32_t d = s->depth, depth = depth_of(b) + 1;
-    size_t run = run_of(b, d), first = dir_index(h, d) & ~(run - 1);
-    for (size_t k = first + run / 2; k < first + run; k++)
-        s->dir[k] = b2;
-    struct mt_slot old[SLOTS];
-    memcpy(old, b->s, sizeof old);
-    memset(b->s, 0, sizeof b->s);
-    memset(b->tag, 0, sizeof b->tag);
-    memset(b2->tag, 0, sizeof b2->tag);
-    b->tag[SLOTS] = b2->tag[SLOTS] = (uint8_t)depth;
-    for (unsigned i = 0; i < SLOTS; i++) {
-        uint64_t he = hash_addr(mt_slot_addr(&old[i]));
-        place((he >> (64 - depth)) & 1 ? b2 : b, &old[i], tag_of(he));
-    }
-    return 1;
-}
-
-/* The shard's first bucket, when it has none. */
-RARE int start(struct mt_shard *s) {
-    struct bucket *b = new_bucket(s);
-    if (!b)
-        return 0;
-    s->small_dir[0] = b;
-    s->dir = s->small_dir;
-    s->depth = 0;
-    return 1;
 }
 
 /* ---- the shards ----------------------------------------------------------- */
@@ -273,7 +190,7 @@ RARE enum mt_insert_result insert_slow(struct mt_shard *s, uint64_t addr, uint64
                                        struct mt_slot packed) {
     uint64_t h = hash_addr(addr), key = addr >> 4, tag = tag_of(h);
     enum mt_insert_result r = MT_INSERTED;
-    if (!s->dir && !start(s)) {
+    if (!s->dir && !mt_shard_start(s)) {
         relaxed_add(&s->dropped, 1);
         r = MT_DROPPED;
         goto out;
@@ -289,7 +206,7 @@ RARE enum mt_insert_result insert_slow(struct mt_shard *s, uint64_t addr, uint64
             break;
         }
         if (full(b)) {
-            if (split(s, h))
+            if (mt_shard_split(s, h))
                 continue;
             relaxed_add(&s->dropped, 1); /* no memory to split it */
             r = MT_DROPPED;
@@ -411,12 +328,12 @@ uint64_t mt_table_reset(void) {
         s->dir = NULL;
         s->depth = 0;
         s->spilled = 0;
-        slabs[k] = (struct slab){NULL, NULL};
         atomic_store_explicit(&s->count, 0, memory_order_relaxed);
         atomic_store_explicit(&s->bytes, 0, memory_order_relaxed);
         atomic_store_explicit(&estimates[k].count, 0, memory_order_relaxed);
         atomic_store_explicit(&estimates[k].bytes, 0, memory_order_relaxed);
     }
+    mt_shard_growth_reset();
     mt_table_filter_clear();
     mt_spill_reset();
     mt_mem_release_all();
