@@ -4,9 +4,11 @@
 # and heaptrack when installed; with 1 thread also the builds of mtrace.so
 # that each leave one part out (table, stacks, lock), whose difference to
 # lossless is what that part costs a pair.  Variants are
-# interleaved (A B C ... A B C ...) for ROUNDS rounds; each cell is the median
-# ns per malloc/free pair and the median of the per-round ratios to bare glibc
-# (a ratio compares runs made seconds apart, so machine drift cancels out).
+# interleaved for ROUNDS rounds, each round's order rotated one further
+# (A B C, B C A, C A B, ...); each cell is the median ns per malloc/free
+# pair and the median of the per-round ratios to bare glibc (a ratio
+# compares runs made seconds apart, so machine drift cancels out).  Bare
+# glibc runs twice a round, for the noise line.
 #   sh bench/churn.sh BUILD PRIV [ROUNDS] [PAIRS_PER_THREAD]
 set -eu
 build=$1 priv=$(cd "$2" && pwd)
@@ -17,6 +19,10 @@ trap 'rm -rf "$tmp"' EXIT
 
 variants="glibc lossless sampling disabled held"
 command -v heaptrack >/dev/null 2>&1 && variants="$variants heaptrack"
+# Bare glibc twice in each round: the ratio of the second run to the first
+# is the machine's own noise, which the figures must exceed to mean
+# anything.
+control=glibc-again
 # Builds of mtrace.so that each leave one part out (c_src/build.mk), run with
 # 1 thread: what that part costs a lossless pair is the difference.
 leave_out=$(cd "$build" && pwd)/leave-out
@@ -27,7 +33,7 @@ done
 
 run() { # run VARIANT THREADS -> prints ns per pair
     case $1 in
-    glibc) "$churn" "$2" "$pairs" ;;
+    glibc | glibc-again) "$churn" "$2" "$pairs" ;;
     lossless) LD_PRELOAD=$priv/mtrace.so MTRACE_PROGRAMS=churn "$churn" "$2" "$pairs" ;;
     sampling) LD_PRELOAD=$priv/mtrace.so MTRACE_PROGRAMS=churn MTRACE_SAMPLE_BYTES=524288 \
         "$churn" "$2" "$pairs" ;;
@@ -38,12 +44,29 @@ run() { # run VARIANT THREADS -> prints ns per pair
     esac | awk '/^ns_per_pair/ { print $2 }'
 }
 
+# Its arguments from the (k mod count)-th on, then the ones before.
+rotate() {
+    k=$1
+    shift
+    k=$((k % $#))
+    while [ "$k" -gt 0 ]; do
+        set -- "$@" "$1"
+        shift
+        k=$((k - 1))
+    done
+    echo "$@"
+}
+
+# Each round starts its list one variant further on: a run's place in the
+# round changes its time (the first run of a round came out about a tenth
+# slower than bare glibc run again at its end), and rotating gives every
+# variant every place.
 r=1
 while [ "$r" -le "$rounds" ]; do
     for t in 1 2; do
-        vs=$variants
+        vs="$variants $control"
         [ "$t" = 1 ] && vs="$vs $parts"
-        for v in $vs; do
+        for v in $(rotate "$r" $vs); do
             ns=$(run "$v" "$t")
             [ -n "$ns" ] || { echo "bench/churn.sh: $v with $t threads printed nothing" >&2; exit 1; }
             echo "$r $t $v $ns" >>"$tmp/samples"
@@ -53,8 +76,12 @@ while [ "$r" -le "$rounds" ]; do
 done
 
 # Medians per (threads, variant) of ns and of per-round ratios, as markdown.
-awk -v variants="$variants" -v parts="$parts" -v rounds="$rounds" '
+awk -v variants="$variants" -v parts="$parts" -v rounds="$rounds" -v control="$control" '
 { ns[$1, $2, $3] = $4 }
+# Bare glibc in round r with t threads: the mean of its two runs, which
+# halves the noise every ratio of the round takes from its reference.
+function bare(r, t) { return (ns[r, t, "glibc"] + ns[r, t, control]) / 2 }
+function of(r, t, v) { return v == "glibc" ? bare(r, t) : ns[r, t, v] }
 function median(a, n,    i, j, t) {
     for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
     return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
@@ -65,7 +92,7 @@ function part_label(x) {
     if (x == "no-lock") return "without the shard lock'"'"'s atomic exchange (a plain store)"
     return x
 }
-function ns_of(v,    r, a) { for (r = 1; r <= rounds; r++) a[r] = ns[r, 1, v]; return median(a, rounds) }
+function ns_of(v,    r, a) { for (r = 1; r <= rounds; r++) a[r] = of(r, 1, v); return median(a, rounds) }
 function label(x) {
     if (x == "lossless") return "mtrace lossless"
     if (x == "sampling") return "mtrace sampling 512 KiB"
@@ -81,7 +108,7 @@ END {
     for (t = 1; t <= 2; t++) {
         row = "| " t " thread" (t > 1 ? "s" : "") " |"
         for (i = 1; i <= nv; i++) {
-            for (r = 1; r <= rounds; r++) { a[r] = ns[r, t, names[i]]; b[r] = ns[r, t, names[i]] / ns[r, t, "glibc"] }
+            for (r = 1; r <= rounds; r++) { a[r] = of(r, t, names[i]); b[r] = a[r] / bare(r, t) }
             row = row sprintf(" %.0f ns (%.2fx) |", median(a, rounds), median(b, rounds))
         }
         print row
@@ -89,13 +116,22 @@ END {
     row = "| 1 -> 2 threads: throughput gain (share of glibc'"'"'s) |"
     for (i = 1; i <= nv; i++) {
         for (r = 1; r <= rounds; r++) {
-            a[r] = 2 * ns[r, 1, names[i]] / ns[r, 2, names[i]]
-            b[r] = a[r] / (2 * ns[r, 1, "glibc"] / ns[r, 2, "glibc"])
+            a[r] = 2 * of(r, 1, names[i]) / of(r, 2, names[i])
+            b[r] = a[r] / (2 * bare(r, 1) / bare(r, 2))
         }
         row = row sprintf(" %.2fx (%.2f) |", median(a, rounds), median(b, rounds))
     }
     print row
-    printf "\nMedian of %d interleaved rounds; 16-1040 byte blocks, live window 4096, call depth 12.\n", rounds
+    printf "\nMedian of %d interleaved rounds, each in its own order; glibc is the mean of its two runs in " \
+        "the round; 16-1040 byte blocks, live window 4096, call depth 12.\n", rounds
+    printf "\nNoise: bare glibc'"'"'s second run in a round against its first: "
+    for (t = 1; t <= 2; t++) {
+        for (r = 1; r <= rounds; r++) b[r] = ns[r, t, control] / ns[r, t, "glibc"]
+        m = median(b, rounds) # sorts b
+        printf "%s %.2fx (middle half of the rounds %.2fx-%.2fx)", (t == 1 ? "1 thread" : "; 2 threads"),
+            m, b[int(rounds / 4) + 1], b[rounds - int(rounds / 4)]
+    }
+    print "."
     if (parts == "") exit
     print ""
     print "| A lossless pair taken apart, 1 thread: builds that leave one part out | ns per pair | that part costs |"

@@ -6,7 +6,9 @@
 # time to boot and halt a node and a release, bare and preloaded (a node's
 # boot also sampling, and with the builds of mtrace.so that leave the table
 # or the stacks out, as bench/churn.sh does).  Variants are interleaved
-# for ROUNDS rounds; prints markdown rows of medians with ratios to bare.
+# for ROUNDS rounds, each round's order rotated one further; bare boots run
+# twice each time, both the reference and, one against the other, the
+# noise.  Prints markdown rows of medians with ratios to bare.
 #   sh bench/vm.sh BUILD PRIV [ROUNDS] [PAIRS]
 set -eu
 build=$1 priv=$(cd "$2" && pwd)
@@ -105,34 +107,60 @@ sample() { # sample NAME COMMAND... -> appends "NAME value" to the samples
     echo "$name $v" >>"$tmp/samples"
 }
 
+# Its arguments from the (k mod count)-th on, then the ones before: each
+# round (and each boot of it) takes its variants in an order one further on,
+# so that a run's place in the round, which changes its time, is every
+# variant's in turn.
+rotate() {
+    k=$1
+    shift
+    k=$((k % $#))
+    while [ "$k" -gt 0 ]; do
+        set -- "$@" "$1"
+        shift
+        k=$((k - 1))
+    done
+    echo "$@"
+}
+work="churn_bare churn_pre churn_erl churn_sampling enif_bare enif_routed enif_routed_pre"
+[ "$has_jiffy" = true ] && work="$work mixed_bare mixed_pre mixed_sampling"
+# Bare boots twice each time: the second against the first is the noise.
+boot_kinds="boot_bare boot_bare_again boot_pre boot_sampling"
+for part in table stacks; do
+    [ -f "$leave_out/$part/mtrace.so" ] && boot_kinds="$boot_kinds boot_no_$part"
+done
+[ "$has_release" = true ] && boot_kinds="$boot_kinds release_bare release_bare_again release_pre"
+run_variant() { # run_variant NAME: one sample of it
+    case $1 in
+    churn_bare) sample "$1" churn ;;
+    churn_pre) sample "$1" churn_nif false "$pre" MTRACE_ERLANG=0 ;;
+    churn_erl) sample "$1" churn_nif true "$pre" ;;
+    churn_sampling) sample "$1" churn "$pre" MTRACE_SAMPLE_BYTES=524288 ;;
+    enif_bare) sample "$1" churn_enif "" ;;
+    enif_routed) sample "$1" churn_enif "+MRe false" ;;
+    enif_routed_pre) sample "$1" churn_enif "+MRe false" "$pre" ;;
+    mixed_bare) sample "$1" mixed ;;
+    mixed_pre) sample "$1" mixed_nif "$pre" ;;
+    mixed_sampling) sample "$1" mixed "$pre" MTRACE_SAMPLE_BYTES=524288 ;;
+    boot_bare | boot_bare_again) sample "$1" boot ;;
+    boot_pre) sample "$1" boot "$pre" ;;
+    boot_sampling) sample "$1" boot "$pre" MTRACE_SAMPLE_BYTES=524288 ;;
+    boot_no_*) sample "$1" boot "LD_PRELOAD=$leave_out/${1#boot_no_}/mtrace.so" ;;
+    release_bare | release_bare_again) sample "$1" release_boot ;;
+    release_pre) sample "$1" release_boot "$pre" ;;
+    esac
+}
+
 r=1
 while [ "$r" -le "$rounds" ]; do
-    sample churn_bare churn
-    sample churn_pre churn_nif false "$pre" MTRACE_ERLANG=0
-    sample churn_erl churn_nif true "$pre"
-    sample churn_sampling churn "$pre" MTRACE_SAMPLE_BYTES=524288
-    sample enif_bare churn_enif ""
-    sample enif_routed churn_enif "+MRe false"
-    sample enif_routed_pre churn_enif "+MRe false" "$pre"
-    if [ "$has_jiffy" = true ]; then
-        sample mixed_bare mixed
-        sample mixed_pre mixed_nif "$pre"
-        sample mixed_sampling mixed "$pre" MTRACE_SAMPLE_BYTES=524288
-    fi
+    for v in $(rotate "$r" $work); do
+        run_variant "$v"
+    done
     b=1
     while [ "$b" -le "$boots" ]; do
-        sample boot_bare boot
-        sample boot_pre boot "$pre"
-        sample boot_sampling boot "$pre" MTRACE_SAMPLE_BYTES=524288
-        for part in table stacks; do
-            if [ -f "$leave_out/$part/mtrace.so" ]; then
-                sample "boot_no_$part" boot "LD_PRELOAD=$leave_out/$part/mtrace.so"
-            fi
+        for v in $(rotate $((r * boots + b)) $boot_kinds); do
+            run_variant "$v"
         done
-        if [ "$has_release" = true ]; then
-            sample release_bare release_boot
-            sample release_pre release_boot "$pre"
-        fi
         b=$((b + 1))
     done
     r=$((r + 1))
@@ -141,27 +169,38 @@ done
 # Median per variant (every boot is a sample), then the markdown rows.
 sort -k1,1 -k2,2n "$tmp/samples" | awk -v rounds="$rounds" -v boots="$boots" -v pairs="$pairs" \
     -v mixed_rounds="$mixed_rounds" '
-{ n[$1]++; v[$1, n[$1]] = $2 }
+function add(k, x) { n[k]++; v[k, n[k]] = x }
+# Both bare boots of each time go into the reference ("boot_both").
+{ add($1, $2); if ($1 ~ /^(boot|release)_bare/) add(substr($1, 1, index($1, "_bare") - 1) "_both", $2) }
 END {
-    for (k in n) { c = n[k]; med[k] = (c % 2) ? v[k, (c + 1) / 2] : (v[k, c / 2] + v[k, c / 2 + 1]) / 2 }
+    for (k in n) {
+        c = n[k]
+        for (i = 2; i <= c; i++)
+            for (j = i; j > 1 && v[k, j - 1] > v[k, j]; j--) { t = v[k, j]; v[k, j] = v[k, j - 1]; v[k, j - 1] = t }
+        med[k] = (c % 2) ? v[k, (c + 1) / 2] : (v[k, c / 2] + v[k, c / 2 + 1]) / 2
+    }
     print "| VM (bench/vm.sh), wall ms | bare | preloaded (ratio) |"
     print "|---|---|---|"
     row("dirty NIF churn + Erlang work", "churn_bare", "churn_pre")
     row("same, with Erlang frames (MTRACE_ERLANG on)", "churn_bare", "churn_erl")
     row("same, sampling (MTRACE_SAMPLE_BYTES=524288)", "churn_bare", "churn_sampling")
-    row("node boot + halt", "boot_bare", "boot_pre")
-    row("same, sampling (MTRACE_SAMPLE_BYTES=524288)", "boot_bare", "boot_sampling")
+    row("node boot + halt", "boot_both", "boot_pre")
+    row("same, sampling (MTRACE_SAMPLE_BYTES=524288)", "boot_both", "boot_sampling")
     if ("boot_no_table" in med)
-        row("same, lossless without the table (a build that leaves it out)", "boot_bare", "boot_no_table")
+        row("same, lossless without the table (a build that leaves it out)", "boot_both", "boot_no_table")
     if ("boot_no_stacks" in med)
-        row("same, lossless without taking stacks (likewise)", "boot_bare", "boot_no_stacks")
-    if ("release_bare" in med)
-        row("release boot + halt (examples/leaky_app)", "release_bare", "release_pre")
+        row("same, lossless without taking stacks (likewise)", "boot_both", "boot_no_stacks")
+    row("noise: a bare node boot, its second run against its first", "boot_bare", "boot_bare_again")
+    if ("release_bare" in med) {
+        row("release boot + halt (examples/leaky_app)", "release_both", "release_pre")
+        row("noise: a bare release boot, its second run against its first", "release_bare", "release_bare_again")
+    }
     if ("mixed_bare" in med) {
         row("mixed node work, lossless", "mixed_bare", "mixed_pre")
         row("mixed node work, sampling (MTRACE_SAMPLE_BYTES=524288)", "mixed_bare", "mixed_sampling")
     }
-    printf "\nMedian of %d interleaved rounds (boot: of all %d boots). Churn: %d malloc/free pairs " \
+    printf "\nMedian of %d interleaved rounds, each in its own order (boot: of all %d boots, bare: of " \
+        "both bare boots each time). Churn: %d malloc/free pairs " \
         "(16-1040 bytes, live window 4096) in a dirty CPU NIF while 4 Erlang processes pass maps " \
         "and binaries until it ends; boot: erl -noshell -eval '"'"'halt().'"'"', exec to exit; " \
         "release boot: bin/leaky_app start with every application started, then halt.\n",
