@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 static int checks_passed, checks_failed;
@@ -73,6 +74,20 @@ static inline void check_restart(char *argv0, const char *mode, int keep_program
     char *args[] = {argv0, (char *)mode, NULL};
     check_exec_self(args);
     _exit(126);
+}
+
+/* A line of /proc/self/status (VmRSS, VmSize, ...), in KiB; -1 if absent. */
+static inline long check_status_kib(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    size_t len = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, len) && line[len] == ':')
+            v = strtol(line + len + 1, NULL, 10);
+    if (f)
+        fclose(f);
+    return v;
 }
 
 static inline int check_summary(void) {

@@ -10,9 +10,8 @@
  *     recorded + dropped = allocated, exactly;
  *   - with mappings back, the table grows to 10,000,000 live entries and
  *     holds exactly them (MTRACE_STRESS=1 also lists all of them with
- *     olds); time and memory are printed;
- *   - under an address-space limit (RLIMIT_AS, in a child), allocating until
- *     malloc fails gives NULL and ENOMEM like glibc, never a crash. */
+ *     olds); time and memory are printed.
+ * (Under an address-space limit: test_interpose_limit.c.) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -23,9 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -98,20 +95,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* A line of /proc/self/status, in KiB. */
-static long status_kib(const char *key) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    size_t len = strlen(key);
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, key, len) && line[len] == ':')
-            v = strtol(line + len + 1, NULL, 10);
-    if (f)
-        fclose(f);
-    return v;
 }
 
 /* --- the mmap symbol is the one the preload uses, and glibc's malloc is not */
@@ -288,7 +271,7 @@ static void test_growth(size_t n, int full) {
     if (!blocks || !table)
         return;
     struct mtrace_stats s0, s1, s2;
-    long rss0 = status_kib("VmRSS");
+    long rss0 = check_status_kib("VmRSS");
     api->stats(&s0, sizeof s0);
     uint64_t bytes = 0;
     double t0 = now_s();
@@ -299,7 +282,7 @@ static void test_growth(size_t n, int full) {
     }
     double t1 = now_s();
     api->stats(&s1, sizeof s1);
-    long rss1 = status_kib("VmRSS");
+    long rss1 = check_status_kib("VmRSS");
     printf("%zu live entries: allocated in %.2f s (%.0f ns each); table %.0f MiB (%.1f bytes an "
            "entry), RSS +%ld MiB\n",
            n, t1 - t0, (t1 - t0) * 1e9 / (double)n, (double)s1.table_bytes / 1048576.0,
@@ -359,88 +342,6 @@ static void test_growth(size_t n, int full) {
     api->reset();
 }
 
-/* --- an address-space limit ------------------------------------------------ */
-
-struct limited {
-    uint64_t allocated, recorded, dropped;
-};
-
-#define LIMITED_MAX (8u << 20)
-
-static int limited_child(struct limited *out) {
-    void **blocks = raw(LIMITED_MAX * sizeof *blocks);
-    if (!blocks)
-        return 29;
-    struct mtrace_stats s0, s1;
-    api->stats(&s0, sizeof s0);
-    struct rlimit lim, was;
-    long vm = status_kib("VmSize");
-    if (vm <= 0 || getrlimit(RLIMIT_AS, &was) != 0)
-        return 30;
-    lim = was;
-    lim.rlim_cur = (rlim_t)(vm + 32 * 1024) * 1024;
-    if (setrlimit(RLIMIT_AS, &lim) != 0)
-        return 31;
-    size_t n = 0, wrong_errno = 0;
-    while (n < LIMITED_MAX) {
-        errno = 0;
-        void *p = malloc(16 + n % 8);
-        if (!p) {
-            wrong_errno += errno != ENOMEM;
-            break;
-        }
-        blocks[n++] = p;
-    }
-    if (n == LIMITED_MAX)
-        return 32; /* the limit never bit */
-    errno = 0;
-    void *big = malloc(64 << 20);
-    if (big || errno != ENOMEM)
-        return 33;
-    api->stats(&s1, sizeof s1);
-    out->allocated = n;
-    out->recorded = s1.live_count - s0.live_count;
-    out->dropped = s1.dropped - s0.dropped;
-    if (out->recorded + out->dropped != n || wrong_errno)
-        return 34;
-    for (size_t i = 0; i < n; i++)
-        free(blocks[i]);
-    api->stats(&s1, sizeof s1);
-    if (s1.live_count != s0.live_count)
-        return 35;
-    /* The limit lifted, recording goes on. */
-    if (setrlimit(RLIMIT_AS, &was) != 0)
-        return 36;
-    void *p = malloc(100);
-    api->stats(&s1, sizeof s1);
-    free(p);
-    return p && s1.live_count == s0.live_count + 1 ? 0 : 37;
-}
-
-static void test_address_limit(void) {
-    struct limited *figures = (void *)syscall(
-        SYS_mmap, NULL, sizeof *figures, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    CHECK(figures != MAP_FAILED);
-    if (figures == MAP_FAILED)
-        return;
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0)
-        _exit(limited_child(figures));
-    int status = -1;
-    waitpid(pid, &status, 0);
-    if (WIFSIGNALED(status))
-        fprintf(stderr, "under RLIMIT_AS the child died of signal %d\n", WTERMSIG(status));
-    else if (WEXITSTATUS(status))
-        fprintf(stderr, "under RLIMIT_AS the child exited with %d\n", WEXITSTATUS(status));
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    printf("RLIMIT_AS 32 MiB above use: %llu blocks of 16-23 bytes before malloc gave NULL/ENOMEM; "
-           "%llu recorded, %llu dropped\n",
-           (unsigned long long)figures->allocated, (unsigned long long)figures->recorded,
-           (unsigned long long)figures->dropped);
-    munmap(figures, sizeof *figures);
-}
-
 int main(void) {
     api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
     CHECK(api != NULL);
@@ -454,13 +355,6 @@ int main(void) {
     fflush(stdout);
     test_interposition();
     test_no_memory();
-    /* qemu-user keeps RLIMIT_AS for itself (the limit would bind its own
-     * mappings): the emulated program never meets it. */
-    if (check_emulator())
-        printf("skipped: address-space limit (%s does not apply RLIMIT_AS to the program)\n",
-               check_emulator());
-    else
-        test_address_limit();
     /* A tenth as many under an emulator, where 10,000,000 take over 30 s. */
     test_growth(check_emulator() ? 1000000 : 10000000, full);
     return check_summary();
