@@ -44,18 +44,7 @@ run() { # run VARIANT THREADS -> prints ns per pair
     esac | awk '/^ns_per_pair/ { print $2 }'
 }
 
-# Its arguments from the (k mod count)-th on, then the ones before.
-rotate() {
-    k=$1
-    shift
-    k=$((k % $#))
-    while [ "$k" -gt 0 ]; do
-        set -- "$@" "$1"
-        shift
-        k=$((k - 1))
-    done
-    echo "$@"
-}
+. "$(dirname "$0")/rotate.sh"
 
 # Each round starts its list one variant further on: a run's place in the
 # round changes its time (the first run of a round came out about a tenth

@@ -107,21 +107,7 @@ sample() { # sample NAME COMMAND... -> appends "NAME value" to the samples
     echo "$name $v" >>"$tmp/samples"
 }
 
-# Its arguments from the (k mod count)-th on, then the ones before: each
-# round (and each boot of it) takes its variants in an order one further on,
-# so that a run's place in the round, which changes its time, is every
-# variant's in turn.
-rotate() {
-    k=$1
-    shift
-    k=$((k % $#))
-    while [ "$k" -gt 0 ]; do
-        set -- "$@" "$1"
-        shift
-        k=$((k - 1))
-    done
-    echo "$@"
-}
+. "$src/rotate.sh"
 work="churn_bare churn_pre churn_erl churn_sampling enif_bare enif_routed enif_routed_pre"
 [ "$has_jiffy" = true ] && work="$work mixed_bare mixed_pre mixed_sampling"
 # Bare boots twice each time: the second against the first is the noise.
