@@ -153,7 +153,7 @@ while [ "$r" -le "$rounds" ]; do
 done
 
 # Median per variant (every boot is a sample), then the markdown rows.
-sort -k1,1 -k2,2n "$tmp/samples" | awk -v rounds="$rounds" -v boots="$boots" -v pairs="$pairs" \
+awk -v rounds="$rounds" -v boots="$boots" -v pairs="$pairs" \
     -v mixed_rounds="$mixed_rounds" '
 function add(k, x) { n[k]++; v[k, n[k]] = x }
 # Both bare boots of each time go into the reference ("boot_both").
@@ -207,4 +207,4 @@ END {
         "over %d malloc calls made under vm_churn:main/1).\n",
         (med["churn_erl"] - med["churn_pre"]) * 1e6 / pairs, pairs
 }
-function row(label, b, p) { printf "| %s | %.0f ms (1.00x) | %.0f ms (%.2fx) |\n", label, med[b], med[p], med[p] / med[b] }'
+function row(label, b, p) { printf "| %s | %.0f ms (1.00x) | %.0f ms (%.2fx) |\n", label, med[b], med[p], med[p] / med[b] }' "$tmp/samples"
