@@ -32,8 +32,9 @@
 #include "table_slot.h"
 #include "table_spill.h"
 
-/* The rare steps (a bucket splits, a shard starts, a block spills) stay out
- * of line, so that the common insert keeps its values in registers. */
+/* The rare steps (an insert that must grow the shard, a first entry's
+ * epoch, a block that spills) stay out of line, so that the common insert
+ * keeps its values in registers. */
 #define RARE static __attribute__((noinline, cold))
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
 
@@ -106,7 +107,6 @@ ALWAYS_INLINE void counted_out(struct mt_shard *s, uint64_t addr, uint64_t size)
     account(s, size, -1);
 }
 
-/* Forgets addr wherever the shard keeps it; under its lock. */
 /* Where addr sits in the shard's slots (i == SLOTS: not there); under its lock. */
 struct spot {
     struct bucket *b;
@@ -120,6 +120,7 @@ ALWAYS_INLINE struct spot slot_of(const struct mt_shard *s, uint64_t addr) {
     return (struct spot){b, find(b, addr >> 4, tag_of(h))};
 }
 
+/* Forgets addr wherever the shard keeps it; under its lock. */
 ALWAYS_INLINE int remove_locked(struct mt_shard *s, uint64_t addr, struct mt_entry *old) {
     struct mt_entry e;
     int found = 0;

@@ -155,7 +155,7 @@ static void test_time_codes(void) {
 }
 
 /* Grows every shard many times over, then empties it in a scattered order:
- * backward-shift deletion must keep every remaining entry reachable. */
+ * every split and deletion must keep each remaining entry reachable. */
 static void test_growth(void) {
     const uint64_t n = 1000000;
     for (uint64_t i = 1; i <= n; i++)
