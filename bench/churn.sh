@@ -8,7 +8,8 @@
 # (A B C, B C A, C A B, ...); each cell is the median ns per malloc/free
 # pair and the median of the per-round ratios to bare glibc (a ratio
 # compares runs made seconds apart, so machine drift cancels out).  Bare
-# glibc runs twice a round, for the noise line.
+# glibc runs twice a round: the reference is the mean of the two, and the
+# second against the first is the noise line.
 #   sh bench/churn.sh BUILD PRIV [ROUNDS] [PAIRS_PER_THREAD]
 set -eu
 build=$1 priv=$(cd "$2" && pwd)
