@@ -13,11 +13,13 @@
 /* Fixed point of the counts: 1/p(s) in units of 2^-16. */
 #define MT_WEIGHT_ONE 65536u
 
-/* 1/p(size) in MT_WEIGHT_ONE units (MT_WEIGHT_ONE when lossless). */
-uint64_t mt_estimate_weight(uint64_t size);
-
-/* size/p(size): the bytes one recorded block of that size stands for. */
-uint64_t mt_estimate_bytes(uint64_t size);
+/* What one recorded block of size bytes stands for: 1/p(size) blocks, in
+ * MT_WEIGHT_ONE units, and size/p(size) bytes (itself when lossless).  One
+ * call gives both, from one p(size). */
+struct mt_estimate {
+    uint64_t weight, bytes;
+};
+struct mt_estimate mt_estimate_of(uint64_t size);
 
 /* A sum of weights as a count of blocks, rounded to nearest. */
 static inline uint64_t mt_estimate_count(uint64_t weights) {

@@ -43,8 +43,9 @@ static void sites_entries(void *ctx, const struct mt_entry *e, size_t n) {
         g->count++;
         g->bytes += s->size;
         if (mt_state.sample_mean) {
-            g->est_count += mt_estimate_weight(s->size);
-            g->est_bytes += mt_estimate_bytes(s->size);
+            struct mt_estimate e = mt_estimate_of(s->size);
+            g->est_count += e.weight;
+            g->est_bytes += e.bytes;
         }
     }
 }

@@ -91,9 +91,9 @@ ALWAYS_INLINE void account(struct mt_shard *s, uint64_t size, int sign) {
     relaxed_add(&s->bytes, sign * (int64_t)size);
     if (!mt_state.sample_mean)
         return;
-    int64_t w = (int64_t)mt_estimate_weight(size), b = (int64_t)mt_estimate_bytes(size);
-    relaxed_add(&estimates[s - mt_shards].count, sign * w);
-    relaxed_add(&estimates[s - mt_shards].bytes, sign * b);
+    struct mt_estimate e = mt_estimate_of(size);
+    relaxed_add(&estimates[s - mt_shards].count, sign * (int64_t)e.weight);
+    relaxed_add(&estimates[s - mt_shards].bytes, sign * (int64_t)e.bytes);
 }
 
 ALWAYS_INLINE void counted_in(struct mt_shard *s, uint64_t addr) {
