@@ -36,7 +36,7 @@ static inline double mt_ln(double x) {
 }
 
 /* 1 - e^-x is computed as (1 - 2^-j/16) + 2^-j/16 (1 - e^-r): x is split
- * into n ln 2 + j ln 2/16 + r with 0 <= r < ln 2/16, so that a series of 9
+ * into n ln 2 + j ln 2/16 + r with 0 <= r < ln 2/16, so that a series of 10
  * terms is exact for r, and the sum adds two positive terms (no
  * cancellation).  The earlier series over all of [0, ln 2) took 19 terms,
  * each with a division: a sampled block's record computes this twice and
@@ -66,7 +66,7 @@ static const double mt_exp2_sixteenths[16][2] = {
 };
 
 /* 1 - e^-r for |r| < ln 2/16 (0.0434), by its series r - r^2/2! + r^3/3!
- * ...  to the 9th power: the 10th is below 2e-19 of the sum.  Exact in
+ * ... to r^10/10!: the next term is below 1e-21 of the sum.  Exact in
  * relative terms for small r, where 1 - exp(-r) would cancel. */
 static inline double mt_one_minus_exp_small(double r) {
     double p = -2.755731922398589e-07; /* (-1)^k/(k+1)!, k = 9 down to 0 */
