@@ -16,9 +16,9 @@ PRELOAD_SRC = c_src/preload/hooks.c $(TRACKER_SRC)
 TRACKER_SRC = c_src/preload/tracker.c c_src/preload/libc.c c_src/preload/counters.c \
 	c_src/preload/sampling.c $(READ_SRC)
 READ_SRC = c_src/preload/api.c c_src/preload/query.c c_src/preload/sites.c $(TABLE_PART_SRC) \
-	c_src/preload/stacks.c c_src/preload/recent_stacks.c c_src/preload/state.c c_src/preload/config.c c_src/preload/estimate.c \
+	c_src/preload/stacks.c c_src/preload/recent_stacks.c c_src/preload/state.c c_src/preload/clock.c c_src/preload/config.c c_src/preload/estimate.c \
 	c_src/preload/unwind.c c_src/preload/unwind_rules.c c_src/preload/unwind_fallback.c c_src/preload/eh_frame.c c_src/preload/objects.c c_src/preload/erlang_frames.c
-PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/state.h c_src/preload/tracker.h c_src/preload/libc.h \
+PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/state.h c_src/preload/clock.h c_src/preload/tracker.h c_src/preload/libc.h \
 	c_src/preload/table.h c_src/preload/table_grow.h c_src/preload/table_mem.h c_src/preload/table_spill.h c_src/preload/table_slot.h c_src/preload/table_bucket.h c_src/preload/stacks.h c_src/preload/config.h c_src/preload/spinlock.h \
 	c_src/preload/sampling.h c_src/preload/estimate.h c_src/preload/math_lite.h c_src/preload/hash.h c_src/preload/unwind.h c_src/preload/unwind_rules.h c_src/preload/unwind_fallback.h \
 	c_src/preload/eh_frame.h c_src/preload/objects.h c_src/preload/counters.h c_src/preload/query.h \
@@ -47,7 +47,7 @@ DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so
 # The preload without its exported hooks, for test_query; parts for the
 # tests of single parts.
 QUERY_SRC = $(TRACKER_SRC)
-STATE_SRC = c_src/preload/state.c c_src/preload/config.c
+STATE_SRC = c_src/preload/state.c c_src/preload/clock.c c_src/preload/config.c
 TABLE_PART_SRC = c_src/preload/table.c c_src/preload/table_grow.c c_src/preload/table_filter.c c_src/preload/table_mem.c c_src/preload/table_spill.c
 TABLE_SRC = $(TABLE_PART_SRC) c_src/preload/estimate.c $(STATE_SRC)
 ERLANG_FRAMES_SRC = c_src/preload/erlang_frames.c $(STATE_SRC)

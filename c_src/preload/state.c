@@ -1,7 +1,7 @@
-/* The preload's one state (see state.h), and its clock. */
+/* The preload's one state (see state.h). */
 #include "state.h"
 
-#include <time.h>
+#include "clock.h"
 
 struct mt_state mt_state = {
     .gate = MT_GATE_SETUP,
@@ -20,13 +20,6 @@ void mt_state_configure(void) {
 #else
     mt_state.fast_unwind = c.fast_unwind;
 #endif
+    mt_clock_init();
     atomic_store(&mt_state.enabled, c.enabled);
-}
-
-/* The coarse clock is the monotonic clock at tick resolution (1-4 ms): a
- * few ns per read instead of ~20, and allocation ages are what matter. */
-uint64_t mt_now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "clock.h" /* mt_now_ms, the table's clock */
 #include "config.h"
 
 /* How far this process got in setting itself up. */
@@ -50,8 +51,5 @@ void mt_state_configure(void);
 static inline int mt_state_tracking_on(void) {
     return atomic_load(&mt_state.mode) == MT_MODE_ACTIVE && atomic_load(&mt_state.enabled);
 }
-
-/* The table's clock: CLOCK_MONOTONIC_COARSE in ms. */
-uint64_t mt_now_ms(void);
 
 #endif

@@ -4,9 +4,12 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "check.h"
+#include "clock.h"
 #include "math_lite.h"
 #include "table.h"
 #include "table_slot.h"
@@ -132,6 +135,31 @@ static void test_times(void) {
         CHECK(ts[i] - old.t_ms < (ts[i] - t0 < (1ull << 31) ? 1 : 1024));
     }
     mt_table_reset();
+}
+
+static uint64_t libc_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The table's clock is the C library's coarse monotonic clock, read
+ * through the vDSO wherever the kernel maps one (not under valgrind, which
+ * hides it: then through the C library). */
+static void test_clock(void) {
+    uint64_t before = libc_now_ms(), t = mt_now_ms();
+    CHECK(before <= t && t <= libc_now_ms());
+    mt_clock_init();
+#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+    CHECK_EQ(mt_clock_from_vdso(), getauxval(AT_SYSINFO_EHDR) != 0);
+#endif
+    for (int i = 0; i < 3; i++) {
+        before = libc_now_ms();
+        t = mt_now_ms();
+        CHECK(before <= t && t <= libc_now_ms());
+        struct timespec pause = {0, 3000000};
+        nanosleep(&pause, NULL);
+    }
 }
 
 /* A slot's time code: exact for 2^31 ms after the epoch, then 1024 ms
@@ -364,6 +392,7 @@ int main(void) {
     test_basics();
     test_spill();
     test_times();
+    test_clock();
     test_time_codes();
     test_growth();
     test_threads();
