@@ -30,7 +30,7 @@ static _Atomic(clock_fn) vdso_clock;
 #endif
 
 #ifdef VDSO_CLOCK
-/* The vDSO's symbol name, or NULL. */
+/* The vDSO's function of that name, or NULL. */
 static clock_fn vdso_lookup(const char *name) {
     uintptr_t base = (uintptr_t)getauxval(AT_SYSINFO_EHDR);
     if (!base)

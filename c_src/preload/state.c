@@ -1,8 +1,6 @@
 /* The preload's one state (see state.h). */
 #include "state.h"
 
-#include "clock.h"
-
 struct mt_state mt_state = {
     .gate = MT_GATE_SETUP,
     .mode = MT_MODE_UNCONFIGURED,
