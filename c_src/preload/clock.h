@@ -8,7 +8,7 @@
 #include <stdint.h>
 
 /* Finds the kernel's own clock_gettime in its vDSO; until then, and where
- * there is none, the C library's is used.  Called once, while the preload
+ * there is none, the C library's is used.  Called as a traced process
  * configures. */
 void mt_clock_init(void);
 

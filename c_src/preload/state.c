@@ -18,6 +18,5 @@ void mt_state_configure(void) {
 #else
     mt_state.fast_unwind = c.fast_unwind;
 #endif
-    mt_clock_init();
     atomic_store(&mt_state.enabled, c.enabled);
 }

@@ -75,8 +75,10 @@ static void update_gate(void) {
 
 static void configure(void) {
     mt_state_configure();
-    if (mt_state.cfg.active)
+    if (mt_state.cfg.active) { /* what only a traced process needs */
         mt_stacks_init();
+        mt_clock_init();
+    }
     atomic_store(&mt_state.mode, mt_state.cfg.active ? MT_MODE_ACTIVE : MT_MODE_INERT);
     update_gate();
 }
