@@ -82,8 +82,8 @@ static inline int intact(const struct recent *r, const struct kept *k) {
  * folded before the sum, and the index key mixes the sum again: a sum of
  * plain products is a product of the sum, in which stacks that differ
  * only in which of two callers some frames have (the churn benchmark's 64
- * call chains) cancel out, and half of its searches found the index entry
- * taken by another stack. */
+ * call chains) cancel out: half of its searches were named a stack whose
+ * words hashed alike and differed. */
 static inline uint64_t term(uintptr_t x, int k) {
     uint64_t v = (x ^ (uint64_t)k * MT_HASH_GOLDEN) * MT_HASH_MIX;
     return v ^ v >> 32;
