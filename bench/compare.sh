@@ -1,0 +1,108 @@
+#!/bin/sh
+# Compares builds or settings of the preload side by side, the way the
+# figures of docs/performance.md are taken: the variants run interleaved,
+# each round in an order rotated one further (bench/rotate.sh); every
+# variant's time in a round is divided by the first variant's in that
+# round, and the median of those ratios is printed with a 95% interval
+# (2,000 resamples of the rounds).  A difference inside the interval of
+# the noise (a variant run twice under two labels) is not a difference.
+#   sh bench/compare.sh [-r ROUNDS] [-w churn|boot] [-t THREADS] [-p PAIRS] \
+#       LABEL=SETTINGS LABEL=SETTINGS ...
+# SETTINGS are environment assignments for that variant, separated by
+# spaces (so no path in them may hold one); the empty string runs bare.
+# churn (the default): ns a malloc/free pair of BUILD/churn (BUILD defaults
+# to _build/c: make bench-c builds it), 4,000,000 pairs a thread, with
+# MTRACE_PROGRAMS=churn.  boot: ms to boot and halt a node
+# (erl -noshell -eval 'halt().').  For example:
+#   sh bench/compare.sh -r 41 glibc= lossless="LD_PRELOAD=$PWD/priv/mtrace.so" \
+#       other="LD_PRELOAD=/tmp/other/priv/mtrace.so"
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+rounds=21 work=churn threads=1 pairs=4000000
+usage() {
+    echo "usage: sh bench/compare.sh [-r ROUNDS] [-w churn|boot] [-t THREADS] [-p PAIRS] LABEL=SETTINGS..." >&2
+    exit 2
+}
+while getopts r:w:t:p: opt; do
+    case $opt in
+    r) rounds=$OPTARG ;;
+    w) work=$OPTARG ;;
+    t) threads=$OPTARG ;;
+    p) pairs=$OPTARG ;;
+    *) usage ;;
+    esac
+done
+shift $((OPTIND - 1))
+case $rounds in '' | *[!0-9]*) usage ;; esac
+[ "$rounds" -ge 2 ] || { echo "bench/compare.sh: at least 2 rounds" >&2; exit 2; }
+case $work in churn | boot) ;; *) usage ;; esac
+[ $# -ge 2 ] || { echo "bench/compare.sh: at least 2 variants, the first the reference" >&2; exit 2; }
+churn=${BUILD:-_build/c}/churn
+if [ "$work" = churn ] && [ ! -x "$churn" ]; then
+    echo "bench/compare.sh: $churn not built (make bench-c)" >&2
+    exit 1
+fi
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/mtrace-compare.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+labels=""
+for v in "$@"; do
+    label=${v%%=*}
+    case $label in '' | *[!A-Za-z0-9_-]*) echo "bench/compare.sh: a label is letters, digits, - and _: $v" >&2; exit 2 ;; esac
+    case $v in *=*) ;; *) echo "bench/compare.sh: LABEL=SETTINGS expected: $v" >&2; exit 2 ;; esac
+    [ ! -e "$tmp/v.$label" ] || { echo "bench/compare.sh: label $label given twice" >&2; exit 2; }
+    printf '%s\n' "${v#*=}" >"$tmp/v.$label"
+    labels="$labels $label"
+done
+
+run() { # run LABEL -> prints the variant's time
+    settings=$(cat "$tmp/v.$1")
+    case $work in
+    churn)
+        # shellcheck disable=SC2086 # the settings are words on purpose
+        env MTRACE_PROGRAMS=churn $settings "$churn" "$threads" "$pairs" | awk '/^ns_per_pair/ { print $2 }' ;;
+    boot)
+        t0=$(date +%s%N)
+        # shellcheck disable=SC2086
+        env $settings erl -noshell -eval 'halt().' >/dev/null 2>&1 </dev/null
+        echo $((($(date +%s%N) - t0) / 1000000)) ;;
+    esac
+}
+
+. "$here/rotate.sh"
+r=1
+while [ "$r" -le "$rounds" ]; do
+    # shellcheck disable=SC2086
+    for label in $(rotate "$r" $labels); do
+        t=$(run "$label")
+        [ -n "$t" ] || { echo "bench/compare.sh: $label printed no time" >&2; exit 1; }
+        echo "$r $label $t" >>"$tmp/samples"
+    done
+    r=$((r + 1))
+done
+
+unit=$([ "$work" = churn ] && echo "ns a pair" || echo "ms a boot")
+awk -v labels="$labels" -v rounds="$rounds" -v unit="$unit" '
+{ t[$1, $2] = $3 }
+function sort(a, n,    i, j, x) {
+    for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { x = a[j]; a[j] = a[j - 1]; a[j - 1] = x }
+}
+function median(a, n,    b, i) {
+    for (i = 1; i <= n; i++) b[i] = a[i]
+    sort(b, n)
+    return (n % 2) ? b[(n + 1) / 2] : (b[n / 2] + b[n / 2 + 1]) / 2
+}
+END {
+    srand(1)
+    nl = split(labels, name, " ")
+    printf "%d interleaved rounds; ratios to %s, with the 95%% interval of their median\n", rounds, name[1]
+    for (l = 1; l <= nl; l++) {
+        for (r = 1; r <= rounds; r++) { x[r] = t[r, name[l]]; q[r] = x[r] / t[r, name[1]] }
+        for (k = 1; k <= 2000; k++) {
+            for (r = 1; r <= rounds; r++) s[r] = q[1 + int(rand() * rounds)]
+            m[k] = median(s, rounds)
+        }
+        sort(m, 2000)
+        printf "%-16s %9.1f %s  %.3fx (%.3f-%.3f)\n", name[l], median(x, rounds), unit, median(q, rounds), m[51], m[1950]
+    }
+}' "$tmp/samples"
