@@ -17,7 +17,9 @@
 
 /* ln(x) for a finite normal x > 0.  x = m 2^e with m in [sqrt(2)/2, sqrt(2)),
  * and ln(m) = 2 atanh(s) with s = (m-1)/(m+1), |s| < 0.172: eleven terms
- * of atanh's series leave an error below 1e-18. */
+ * of atanh's series leave an error below 1e-18.  Its coefficients 1/k are
+ * constants: computed in the loop, they were eleven divisions a sampled
+ * block (GCC does not unroll it), a tenth of its record's instructions. */
 static inline double mt_ln(double x) {
     uint64_t b;
     memcpy(&b, &x, sizeof b);
@@ -29,9 +31,18 @@ static inline double mt_ln(double x) {
         m *= 0.5;
         e++;
     }
-    double s = (m - 1) / (m + 1), s2 = s * s, t = 0;
-    for (int k = 21; k >= 1; k -= 2)
-        t = t * s2 + 1.0 / k;
+    double s = (m - 1) / (m + 1), s2 = s * s;
+    double t = 1.0 / 21; /* 1/k, k = 21 down to 1, each rounded to the nearest */
+    t = t * s2 + 1.0 / 19;
+    t = t * s2 + 1.0 / 17;
+    t = t * s2 + 1.0 / 15;
+    t = t * s2 + 1.0 / 13;
+    t = t * s2 + 1.0 / 11;
+    t = t * s2 + 1.0 / 9;
+    t = t * s2 + 1.0 / 7;
+    t = t * s2 + 1.0 / 5;
+    t = t * s2 + 1.0 / 3;
+    t = t * s2 + 1.0;
     return 2 * s * t + e * MT_LN2;
 }
 
