@@ -18,8 +18,8 @@
 /* ln(x) for a finite normal x > 0.  x = m 2^e with m in [sqrt(2)/2, sqrt(2)),
  * and ln(m) = 2 atanh(s) with s = (m-1)/(m+1), |s| < 0.172: eleven terms
  * of atanh's series leave an error below 1e-18.  Its coefficients 1/k are
- * constants: computed in the loop, they were eleven divisions a sampled
- * block (GCC does not unroll it), a tenth of its record's instructions. */
+ * constants: computed in a loop (which GCC does not unroll), they were
+ * eleven divisions a sampled block, 76 of its 1,284 instructions. */
 static inline double mt_ln(double x) {
     uint64_t b;
     memcpy(&b, &x, sizeof b);
