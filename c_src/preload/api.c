@@ -17,6 +17,28 @@
 #include "tracker.h"
 #include "unwind.h"
 
+/* The calls that take the tracker's locks run with the calling thread
+ * marked busy (as reset and the switch do): a signal handler's malloc or
+ * free on this thread meanwhile goes straight to libc instead of waiting
+ * for a lock that its own thread holds.  (A recorded block such a handler
+ * frees then stays in the table, as one freed by a handler that
+ * interrupts a record.) */
+static enum mtrace_result api_olds(const struct mtrace_query *q, struct mtrace_alloc *out,
+                                   size_t *written) {
+    unsigned char was = mt_tracker_enter();
+    enum mtrace_result r = mt_olds(q, out, written);
+    mt_tracker_leave(was);
+    return r;
+}
+
+static enum mtrace_result api_sites(const struct mtrace_query *q, struct mtrace_site *out,
+                                    size_t *written, struct mtrace_site *total) {
+    unsigned char was = mt_tracker_enter();
+    enum mtrace_result r = mt_sites(q, out, written, total);
+    mt_tracker_leave(was);
+    return r;
+}
+
 static enum mtrace_result api_stats(struct mtrace_stats *out, size_t size) {
     if (!out)
         return MTRACE_ERR_ARGUMENT;
@@ -24,7 +46,9 @@ static enum mtrace_result api_stats(struct mtrace_stats *out, size_t size) {
     struct mt_table_figures t;
     struct mt_stack_figures k;
     memset(&s, 0, sizeof s);
+    unsigned char was = mt_tracker_enter(); /* the counters' lock, as above */
     mt_counts_sum(s.calls);
+    mt_tracker_leave(was);
     mt_table_figures(&t);
     mt_stack_figures(&k);
     s.live_count = t.live_count;
@@ -58,8 +82,8 @@ __attribute__((visibility("default"))) const struct mtrace_api mtrace_api_v2 = {
     .version = MTRACE_API_VERSION,
     .size = sizeof(struct mtrace_api),
     .stats = api_stats,
-    .olds = mt_olds,
-    .sites = mt_sites,
+    .olds = api_olds,
+    .sites = api_sites,
     .reset = mt_tracker_reset,
     .stack = mt_stack_get,
     .erlang_stack = mt_stack_erl,

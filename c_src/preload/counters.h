@@ -1,12 +1,17 @@
 /*
  * Per-call counters (malloc_cnt, free_cnt, ...) at the cost of one plain
- * increment of thread-local memory per call.
+ * increment per call.
  *
- * Each thread counts into its own struct mt_counts (in the interposer's TLS)
- * and registers it once; stats sums the registered ones.  When a thread
- * exits its counts are folded into a total, and anything it still counts
- * (later TLS destructors that free) goes to shared atomic counters, as do
- * the calls of threads beyond the registry's size.  No allocation anywhere.
+ * Each thread counts into a struct mt_counts of its own, taken once from a
+ * registry in this library's memory (never from the thread's TLS or stack,
+ * which go away with the thread); stats sums the registered ones.  When a
+ * thread exits its counts are folded into a total and its struct goes back
+ * to the registry; anything it still counts (later TLS destructors that
+ * free) goes to shared atomic counters, as do the calls of threads beyond
+ * the registry's size.  A thread that registers too late for its exit to
+ * be seen (in the C library's last clean-up, after the TLS destructors)
+ * keeps its struct: its counts stay readable and right, only the struct is
+ * not reused.  No allocation anywhere.
  */
 #ifndef MT_COUNTERS_H
 #define MT_COUNTERS_H
@@ -18,15 +23,17 @@
 
 enum { MT_COUNTS_NEW, MT_COUNTS_REGISTERED, MT_COUNTS_SHARED };
 
+/* 128-byte aligned: no two threads' counts share a pair of lines. */
 struct mt_counts {
     _Atomic uint64_t calls[MT_FN_COUNT]; /* written by the owner only, read by stats */
-    unsigned char state;                 /* MT_COUNTS_* */
-};
+} __attribute__((aligned(128)));
 
-/* Makes c visible to stats; c->state says whether a slot was found. */
-void mt_counts_register(struct mt_counts *c);
+/* A struct of the registry's for the calling thread, zeroed, or NULL when
+ * all are taken. */
+struct mt_counts *mt_counts_register(void);
 
-/* The owner of c is exiting: folds its counts into the total. */
+/* The owner of c is exiting: folds its counts into the total and gives c
+ * back. */
 void mt_counts_retire(struct mt_counts *c);
 
 /* For threads without a registered struct. */
@@ -38,7 +45,7 @@ void mt_counts_sum(uint64_t *out);
 /* Around fork: the child keeps only the forking thread's registration. */
 void mt_counts_lock(void);
 void mt_counts_unlock(void);
-void mt_counts_child(struct mt_counts *mine);
+void mt_counts_child(const struct mt_counts *mine);
 
 /* The owner's increment: a plain load, add and store, which on x86-64 is
  * one add to memory (not a locked one: the owner is the only writer, and

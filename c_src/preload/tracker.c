@@ -126,32 +126,42 @@ static inline int tracking(void) {
  * back its stacks' memory. */
 static void thread_exit(void *unused) {
     (void)unused;
-    mt_counts_retire(&mt_me.counts); /* now SHARED: later calls count atomically */
+    struct mt_counts *mine = mt_me.f.b.registered ? mt_me.counts : NULL;
+    mt_me.counts_state = MT_COUNTS_SHARED; /* later calls count atomically */
     mt_me.f.b.registered = 0;
+    atomic_signal_fence(memory_order_seq_cst); /* before the struct may go to another thread */
+    if (mine)
+        mt_counts_retire(mine);
     mt_stacks_thread_exit();
 }
 
 static __attribute__((noinline)) void register_thread(void) {
     unsigned char was =
         mt_tracker_enter(); /* a high key number makes pthread_setspecific allocate */
-    mt_counts_register(&mt_me.counts);
-    mt_me.f.b.registered = mt_me.counts.state == MT_COUNTS_REGISTERED;
+    mt_me.counts = mt_counts_register();
+    mt_me.counts_state = mt_me.counts ? MT_COUNTS_REGISTERED : MT_COUNTS_SHARED;
+    mt_me.f.b.registered = mt_me.counts != NULL;
     if (exit_key_made) /* registered or not: its stacks' memory goes back too */
         pthread_setspecific(exit_key, (void *)1);
     mt_tracker_leave(was);
 }
 
-static inline void count(enum mtrace_fn fn) {
+/* A thread registers on its first counted call, but not for a free(NULL):
+ * glibc's last clean-up of an exiting thread makes those after the TLS
+ * destructors, too late for thread_exit to give its struct back. */
+static inline void count_as(enum mtrace_fn fn, int may_register) {
     if (mt_unlikely(!mt_me.f.b.registered)) {
-        if (mt_me.counts.state == MT_COUNTS_NEW)
+        if (mt_me.counts_state == MT_COUNTS_NEW && may_register)
             register_thread();
         if (!mt_me.f.b.registered) {
             mt_counts_shared_add(fn);
             return;
         }
     }
-    mt_counts_bump(&mt_me.counts, fn);
+    mt_counts_bump(mt_me.counts, fn);
 }
+
+static inline void count(enum mtrace_fn fn) { count_as(fn, 1); }
 
 void mt_seen(enum mtrace_fn fn) {
     if (tracking())
@@ -218,7 +228,7 @@ __attribute__((noinline)) void mt_free_slow(void *p) {
     if (mt_unlikely(g == MT_GATE_SETUP) && !ready())
         return;
     if (g > MT_GATE_LIBC && tracking())
-        count(MT_FN_FREE);
+        count_as(MT_FN_FREE, p != NULL);
     forget(p, NULL);
 }
 
@@ -275,8 +285,8 @@ static void fork_parent(void) {
 }
 
 static void fork_child(void) {
-    mt_unlock(&gate_turn);          /* perhaps held by a thread that did not come along */
-    mt_counts_child(&mt_me.counts); /* the other threads did not come along */
+    mt_unlock(&gate_turn);         /* perhaps held by a thread that did not come along */
+    mt_counts_child(mt_me.counts); /* the other threads did not come along */
     mt_erl_forked();
     mt_table_fork_child();
     unlock_rest();
@@ -311,7 +321,9 @@ void mt_tracker_set_enabled(int on) {
 }
 
 uint64_t mt_tracker_reset(void) {
+    unsigned char was = mt_tracker_enter(); /* every lock is held meanwhile */
     uint64_t forgotten = mt_table_reset();
+    mt_tracker_leave(was);
     if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE && !mt_state_tracking_on())
         gate_off(); /* now empty: frees need not ask */
     return forgotten;

@@ -57,7 +57,8 @@ union mt_thread_flags {
 struct mt_thread {
     union mt_thread_flags f;
     unsigned char fork_saved_busy;
-    struct mt_counts counts;
+    unsigned char counts_state; /* MT_COUNTS_* */
+    struct mt_counts *counts;   /* the registry's, while f.b.registered */
     struct mt_sampler sampler;
 };
 extern MT_TLS struct mt_thread mt_me;
@@ -93,8 +94,8 @@ static inline enum mt_verdict mt_verdict(enum mtrace_fn fn, size_t n) {
     if (mt_unlikely(mt_me.f.any != MT_THREAD_FAST))
         return MT_ASK;
     if (mt_unlikely(g <= MT_GATE_TRACK))
-        return g == MT_GATE_TRACK ? (mt_counts_bump(&mt_me.counts, fn), MT_RECORD) : MT_ASK;
-    mt_counts_bump(&mt_me.counts, fn);
+        return g == MT_GATE_TRACK ? (mt_counts_bump(mt_me.counts, fn), MT_RECORD) : MT_ASK;
+    mt_counts_bump(mt_me.counts, fn);
     return mt_likely(mt_sample_skip(&mt_me.sampler, n)) ? MT_PASS : MT_CROSSED;
 }
 
@@ -139,7 +140,7 @@ static inline int mt_free_verdict(void *p) {
         return mt_unlikely(mt_table_may_hold((uintptr_t)p)) ? 1 : 0;
     if (mt_unlikely(mt_me.f.any != MT_THREAD_FAST || g == MT_GATE_SETUP))
         return 1;
-    mt_counts_bump(&mt_me.counts, MT_FN_FREE);
+    mt_counts_bump(mt_me.counts, MT_FN_FREE);
     if (g == MT_GATE_TRACK) /* lossless: the filter is not kept (table.h) */
         return p ? 2 : 0;
     return mt_unlikely(mt_table_may_hold((uintptr_t)p)) ? 2 : 0;

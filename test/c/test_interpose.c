@@ -8,9 +8,13 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -239,6 +243,43 @@ static void test_threads_exact(void) {
     CHECK_EQ(query_olds(api, &f, buf, 16), 0);
 }
 
+/* Threads that exit: what they counted is counted once, and stats reads
+ * nothing that went away with them.  Their stacks (which hold their TLS)
+ * are unmapped after each join; half of the threads never allocate, so
+ * that their first counted calls are glibc's frees as they exit. */
+static void *vallocs(void *n) {
+    for (uintptr_t i = 0; i < (uintptr_t)n; i++)
+        free(valloc(64));
+    return NULL;
+}
+
+static void test_thread_exit(void) {
+    enum { ROUNDS = 8, AT_ONCE = 8, EACH = 10, STACK = 1 << 20 };
+    struct mtrace_stats before, after;
+    api->stats(&before, sizeof before);
+    for (int r = 0; r < ROUNDS; r++) {
+        void *stack[AT_ONCE];
+        pthread_t t[AT_ONCE];
+        for (int i = 0; i < AT_ONCE; i++) {
+            stack[i] =
+                mmap(NULL, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            CHECK(stack[i] != MAP_FAILED);
+            pthread_attr_t at;
+            pthread_attr_init(&at);
+            pthread_attr_setstack(&at, stack[i], STACK);
+            pthread_create(&t[i], &at, vallocs, (void *)(uintptr_t)(i % 2 ? EACH : 0));
+            pthread_attr_destroy(&at);
+        }
+        for (int i = 0; i < AT_ONCE; i++) {
+            pthread_join(t[i], NULL);
+            munmap(stack[i], STACK);
+        }
+        api->stats(&after, sizeof after); /* reads every registered thread's counts */
+    }
+    CHECK_EQ(after.calls[MT_FN_VALLOC] - before.calls[MT_FN_VALLOC],
+             (uint64_t)ROUNDS * (AT_ONCE / 2) * EACH);
+}
+
 /* Forks while other threads allocate: each child allocates and frees at once. */
 static void *background(void *stop) {
     while (!__atomic_load_n((int *)stop, __ATOMIC_RELAXED))
@@ -312,6 +353,71 @@ static void test_switches(void) {
     CHECK_EQ(s.enabled, 1);
 }
 
+/* A signal handler that allocates, run on a thread while it is inside
+ * olds, sites, stats and reset: every call returns, as none of the
+ * tracer's locks waits for the thread that holds it.  A watchdog ends the
+ * test as failed if one does not. */
+static volatile sig_atomic_t handled;
+static _Atomic int queries_done;
+
+static void allocating_handler(int sig) {
+    (void)sig;
+    for (int i = 0; i < 8; i++)
+        free(malloc(24 + (size_t)i));
+    handled++;
+}
+
+static void *watchdog(void *unused) {
+    (void)unused;
+    for (int s = 0; s < 60 && !atomic_load(&queries_done); s++)
+        sleep(1);
+    if (!atomic_load(&queries_done)) {
+        fprintf(stderr, "test_signals_in_queries: a query did not return in 60 s\n");
+        _exit(1);
+    }
+    return NULL;
+}
+
+static void test_signals_in_queries(void) {
+    sigset_t alrm, was;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    pthread_sigmask(SIG_BLOCK, &alrm, &was); /* the watchdog must not take them */
+    pthread_t dog;
+    pthread_create(&dog, NULL, watchdog, NULL);
+    pthread_sigmask(SIG_SETMASK, &was, NULL);
+    void *keep[256];
+    for (int i = 0; i < 256; i++)
+        keep[i] = malloc(100 + (size_t)i);
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = allocating_handler;
+    sigaction(SIGALRM, &sa, &old);
+    struct itimerval every = {{0, 250}, {0, 250}}, stop = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &every, NULL);
+    struct mtrace_alloc a[16];
+    struct mtrace_site site[16], total;
+    struct mtrace_stats s;
+    for (int i = 0; i < 3000; i++) {
+        query_olds(api, NULL, a, 16);
+        query_sites(api, NULL, site, 16, MTRACE_BY_BYTES, &total);
+        api->stats(&s, sizeof s);
+        if (i % 100 == 0)
+            api->reset();
+    }
+    setitimer(ITIMER_REAL, &stop, NULL);
+    sigaction(SIGALRM, &old, NULL);
+    atomic_store(&queries_done, 1);
+    pthread_join(dog, NULL);
+    CHECK(handled > 0);
+    for (int i = 0; i < 256; i++)
+        free(keep[i]);
+    void *after = malloc(3008); /* and recording goes on as before */
+    CHECK(lookup(after, 3008, NULL));
+    free(after);
+    CHECK(!lookup(after, 3008, NULL));
+}
+
 int main(void) {
     api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
     CHECK(api != NULL);
@@ -327,7 +433,9 @@ int main(void) {
     test_signal_stack();
     test_libc_semantics();
     test_threads_exact();
+    test_thread_exit();
     test_fork();
     test_switches();
+    test_signals_in_queries();
     return check_summary();
 }
