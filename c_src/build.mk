@@ -34,7 +34,7 @@ NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h $(SYM_HDR)
 INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_libc $(BUILD)/test_interpose_stress $(BUILD)/test_interpose_concurrent \
 	$(BUILD)/test_interpose_fork $(BUILD)/test_interpose_cost $(BUILD)/test_interpose_dlopen \
-	$(BUILD)/test_interpose_growth $(BUILD)/test_interpose_limit
+	$(BUILD)/test_interpose_growth $(BUILD)/test_interpose_limit $(BUILD)/test_interpose_foreign
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
 	$(BUILD)/test_elf_symtab \
 	$(BUILD)/test_unwind $(BUILD)/test_recent_stacks $(BUILD)/test_erlang_frames $(INTERPOSE_TESTS)
@@ -190,6 +190,17 @@ $(BUILD)/test_interpose_growth: test/c/test_interpose_growth.c test/c/check.h c_
 $(BUILD)/test_interpose_limit: test/c/test_interpose_limit.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_limit.c $(DL_LIBS)
+
+# Linked with an allocator of its own, found next to it at run time.
+$(BUILD)/test_interpose_foreign: test/c/test_interpose_foreign.c test/c/check.h test/c/queries.h \
+		c_src/mtrace_api.h $(BUILD)/foreign_alloc.so $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_foreign.c \
+		$(BUILD)/foreign_alloc.so -Wl,-rpath,'$$ORIGIN' $(DL_LIBS)
+
+$(BUILD)/foreign_alloc.so: test/c/foreign_alloc.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -Wl,-soname,foreign_alloc.so -o $@ test/c/foreign_alloc.c
 
 # One source, two frame sizes, the same code layout (see dl_fixture.c).
 $(BUILD)/dl_fixture_a.so: test/c/dl_fixture.c $(MAKEVARS)

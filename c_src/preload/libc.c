@@ -9,20 +9,46 @@ struct mt_libc mt_libc;
 
 #if defined(__GLIBC__)
 
-void mt_libc_resolve(void) {
-    mt_libc.posix_memalign = dlsym(RTLD_NEXT, "posix_memalign");
-    mt_libc.aligned_alloc = dlsym(RTLD_NEXT, "aligned_alloc");
-    mt_libc.dlclose = dlsym(RTLD_NEXT, "dlclose");
-}
-
-int mt_libc_posix_memalign_early(void **memptr, size_t al, size_t n) {
+static int posix_memalign_early(void **memptr, size_t al, size_t n) {
     if (al % sizeof(void *) != 0 || al == 0 || (al & (al - 1)) != 0)
         return EINVAL;
-    void *p = libc_memalign(al, n);
+    void *p = __libc_memalign(al, n);
     if (!p)
         return ENOMEM;
     *memptr = p;
     return 0;
+}
+
+struct mt_libc_real mt_libc_real = {
+    __libc_malloc, __libc_calloc,  __libc_realloc,       __libc_free,     __libc_memalign,
+    __libc_valloc, __libc_pvalloc, posix_memalign_early, __libc_memalign,
+};
+
+/* dlsym(RTLD_NEXT, name) into *slot, where it finds one (glibc defines
+ * them all, so it always does, and allocates nothing to answer). */
+#define NEXT(slot, name)                                                                           \
+    do {                                                                                           \
+        void *f = dlsym(RTLD_NEXT, name);                                                          \
+        if (f)                                                                                     \
+            __builtin_memcpy(&(slot), &f, sizeof f);                                               \
+    } while (0)
+
+void mt_libc_resolve(void) {
+    static int done;
+    if (!done) {
+        done = 1;
+        NEXT(mt_libc_real.malloc, "malloc");
+        NEXT(mt_libc_real.calloc, "calloc");
+        NEXT(mt_libc_real.realloc, "realloc");
+        NEXT(mt_libc_real.free, "free");
+        NEXT(mt_libc_real.memalign, "memalign");
+        NEXT(mt_libc_real.valloc, "valloc");
+        NEXT(mt_libc_real.pvalloc, "pvalloc");
+        NEXT(mt_libc_real.posix_memalign, "posix_memalign");
+        NEXT(mt_libc_real.aligned_alloc, "aligned_alloc");
+    }
+    if (!mt_libc.dlclose)
+        mt_libc.dlclose = dlsym(RTLD_NEXT, "dlclose");
 }
 
 #else /* musl */

@@ -6,10 +6,12 @@
  * mt_libc.dlclose once mt_libc_resolve has run.
  *
  * glibc exports its implementations as __libc_malloc & co., callable before
- * any constructor runs (no dlsym bootstrap, no allocation to find them).
- * posix_memalign, aligned_alloc and dlclose have no such aliases; they are
- * looked up with dlsym once the library is loaded (mt_libc_resolve), with
- * fallbacks for earlier calls.
+ * any constructor runs (no dlsym bootstrap, no allocation to find them);
+ * they serve until the process's first hook call has looked up, with
+ * dlsym(RTLD_NEXT), what each name would reach without the preload
+ * (mt_libc_resolve; see struct mt_libc_real below).  posix_memalign and
+ * aligned_alloc have no such aliases: until then they are built on
+ * __libc_memalign with glibc's checks.
  *
  * musl (1.2) exports no such aliases: its __libc_malloc & co. are hidden.
  * It lets a preloaded library replace malloc, calloc, realloc, free,
@@ -33,14 +35,13 @@
 
 /* The functions found with dlsym (NULL until mt_libc_resolve). */
 struct mt_libc {
-    int (*posix_memalign)(void **, size_t, size_t);
-    void *(*aligned_alloc)(size_t, size_t);
     int (*dlclose)(void *);
 };
 extern struct mt_libc mt_libc;
 
-/* Fills mt_libc.  dlsym may allocate: the caller keeps its thread out of the
- * table meanwhile. */
+/* Looks up the functions the hooks forward to and fills mt_libc; the
+ * process's first hook call makes it, before its own libc call.  dlsym may
+ * allocate: the caller keeps its thread out of the table meanwhile. */
 void mt_libc_resolve(void);
 
 #if defined(__GLIBC__)
@@ -55,29 +56,38 @@ extern void *__libc_memalign(size_t, size_t);
 extern void *__libc_valloc(size_t);
 extern void *__libc_pvalloc(size_t);
 
-#define libc_malloc __libc_malloc
-#define libc_calloc __libc_calloc
-#define libc_realloc __libc_realloc
-#define libc_free __libc_free
-#define libc_memalign __libc_memalign
-#define libc_valloc __libc_valloc
-#define libc_pvalloc __libc_pvalloc
+/* What each hook forwards to: the next definition of its name after this
+ * library, as the program would call it without the preload.  That is
+ * glibc's own, unless the program links another allocator (libjemalloc,
+ * libtcmalloc) whose definitions come before glibc's: then it is that
+ * allocator's, for every function it defines, so that no block goes back
+ * to an allocator it did not come from.  Until the process's first hook
+ * call looks them up (mt_libc_resolve, before that call's own libc call),
+ * glibc's __libc_ functions, callable before any constructor.  Written
+ * only there, while every other thread's first call waits (tracker.c);
+ * read with plain loads, as the hooks' calls through the GOT were. */
+struct mt_libc_real {
+    void *(*malloc)(size_t);
+    void *(*calloc)(size_t, size_t);
+    void *(*realloc)(void *, size_t);
+    void (*free)(void *);
+    void *(*memalign)(size_t, size_t);
+    void *(*valloc)(size_t);
+    void *(*pvalloc)(size_t);
+    int (*posix_memalign)(void **, size_t, size_t);
+    void *(*aligned_alloc)(size_t, size_t);
+};
+extern struct mt_libc_real mt_libc_real;
 
-/* posix_memalign for calls made before mt_libc_resolve: glibc's checks,
- * then its memalign. */
-int mt_libc_posix_memalign_early(void **memptr, size_t alignment, size_t size);
-
-/* glibc's own posix_memalign/aligned_alloc validate alignment differently
- * across versions; calling them keeps errno and EINVAL behaviour exact. */
-static inline int libc_posix_memalign(void **memptr, size_t al, size_t n) {
-    if (mt_libc.posix_memalign)
-        return mt_libc.posix_memalign(memptr, al, n);
-    return mt_libc_posix_memalign_early(memptr, al, n);
-}
-
-static inline void *libc_aligned_alloc(size_t al, size_t n) {
-    return mt_libc.aligned_alloc ? mt_libc.aligned_alloc(al, n) : __libc_memalign(al, n);
-}
+#define libc_malloc mt_libc_real.malloc
+#define libc_calloc mt_libc_real.calloc
+#define libc_realloc mt_libc_real.realloc
+#define libc_free mt_libc_real.free
+#define libc_memalign mt_libc_real.memalign
+#define libc_valloc mt_libc_real.valloc
+#define libc_pvalloc mt_libc_real.pvalloc
+#define libc_posix_memalign mt_libc_real.posix_memalign
+#define libc_aligned_alloc mt_libc_real.aligned_alloc
 
 #elif defined(__linux__) && !defined(__BIONIC__)
 

@@ -92,6 +92,7 @@ static void setup(void) {
         return;
     }
     mt_me.f.b.busy = MT_BUSY_LOCKED;
+    mt_libc_resolve(); /* before this first call reaches libc */
     mt_state.provisional = (__environ == NULL);
     configure();
     mt_me.f.b.busy = MT_BUSY_NO;
@@ -299,7 +300,6 @@ __attribute__((constructor)) static void on_load(void) {
     else if (mt_state.provisional)
         configure(); /* the environment is readable now */
     unsigned char was = mt_tracker_enter();
-    mt_libc_resolve();
     if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE)
         mt_fallback_load(); /* allocates: inside enter/leave */
     mt_tracker_leave(was);
