@@ -7,6 +7,25 @@
 
 struct mt_libc mt_libc;
 
+/* What name reaches without this library: the first definition in the
+ * global scope, unless that is this library's own (most programs), then
+ * the next after it.  A program that defines the malloc family itself
+ * comes before this library (chromium's does, with __libc_malloc & co.
+ * too); one that links another allocator's library puts it after. */
+static void *reached(const char *name, const void *self) {
+    void *f = dlsym(RTLD_DEFAULT, name);
+    Dl_info at;
+    if (!f || (dladdr(f, &at) && at.dli_fbase == self))
+        f = dlsym(RTLD_NEXT, name);
+    return f;
+}
+
+/* This library's load address, for reached(); NULL if dladdr fails. */
+static const void *self_base(void) {
+    Dl_info self;
+    return dladdr((const void *)self_base, &self) ? self.dli_fbase : NULL;
+}
+
 #if defined(__GLIBC__)
 
 static int posix_memalign_early(void **memptr, size_t al, size_t n) {
@@ -24,28 +43,29 @@ struct mt_libc_real mt_libc_real = {
     __libc_valloc, __libc_pvalloc, posix_memalign_early, __libc_memalign,
 };
 
-/* dlsym(RTLD_NEXT, name) into *slot, where it finds one (glibc defines
- * them all, so it always does, and allocates nothing to answer). */
-#define NEXT(slot, name)                                                                           \
+/* Into slot where found (glibc defines them all, so it always is, and
+ * dlsym allocates nothing to answer). */
+#define REACHED(slot, name, self)                                                                  \
     do {                                                                                           \
-        void *f = dlsym(RTLD_NEXT, name);                                                          \
+        void *f = reached(name, self);                                                             \
         if (f)                                                                                     \
             __builtin_memcpy(&(slot), &f, sizeof f);                                               \
     } while (0)
 
 void mt_libc_resolve(void) {
     static int done;
-    if (!done) {
+    const void *self = self_base();
+    if (!done && self) {
         done = 1;
-        NEXT(mt_libc_real.malloc, "malloc");
-        NEXT(mt_libc_real.calloc, "calloc");
-        NEXT(mt_libc_real.realloc, "realloc");
-        NEXT(mt_libc_real.free, "free");
-        NEXT(mt_libc_real.memalign, "memalign");
-        NEXT(mt_libc_real.valloc, "valloc");
-        NEXT(mt_libc_real.pvalloc, "pvalloc");
-        NEXT(mt_libc_real.posix_memalign, "posix_memalign");
-        NEXT(mt_libc_real.aligned_alloc, "aligned_alloc");
+        REACHED(mt_libc_real.malloc, "malloc", self);
+        REACHED(mt_libc_real.calloc, "calloc", self);
+        REACHED(mt_libc_real.realloc, "realloc", self);
+        REACHED(mt_libc_real.free, "free", self);
+        REACHED(mt_libc_real.memalign, "memalign", self);
+        REACHED(mt_libc_real.valloc, "valloc", self);
+        REACHED(mt_libc_real.pvalloc, "pvalloc", self);
+        REACHED(mt_libc_real.posix_memalign, "posix_memalign", self);
+        REACHED(mt_libc_real.aligned_alloc, "aligned_alloc", self);
     }
     if (!mt_libc.dlclose)
         mt_libc.dlclose = dlsym(RTLD_NEXT, "dlclose");
@@ -106,17 +126,18 @@ struct mt_libc_real mt_libc_real = {first_malloc, first_realloc, first_free, fir
  * from the arena (musl's dlsym allocates nothing, but another libc might). */
 static __thread int resolving __attribute__((tls_model("initial-exec")));
 
-/* dlsym(RTLD_NEXT) from here finds the next definition after this library:
- * musl's, or another preloaded allocator's.  All or none are taken: a block
- * must go back to the allocator it came from. */
+/* reached() finds what each name reaches without this library: musl's,
+ * the program's own or another allocator's.  All or none are taken: a
+ * block must go back to the allocator it came from. */
 static void find_real(void) {
     if (resolving || MT_LIBC_REAL(malloc) != first_malloc)
         return;
     resolving = 1;
-    void *m = dlsym(RTLD_NEXT, "malloc"), *r = dlsym(RTLD_NEXT, "realloc");
-    void *f = dlsym(RTLD_NEXT, "free"), *a = dlsym(RTLD_NEXT, "aligned_alloc");
-    void *u = dlsym(RTLD_NEXT, "malloc_usable_size");
-    if (m && r && f && a && u) {
+    const void *self = self_base();
+    void *m = reached("malloc", self), *r = reached("realloc", self);
+    void *f = reached("free", self), *a = reached("aligned_alloc", self);
+    void *u = reached("malloc_usable_size", self);
+    if (self && m && r && f && a && u) {
         __atomic_store_n(&mt_libc_real.usable_size, (size_t(*)(void *))u, __ATOMIC_RELEASE);
         __atomic_store_n(&mt_libc_real.free, (void (*)(void *))f, __ATOMIC_RELEASE);
         __atomic_store_n(&mt_libc_real.realloc, (void *(*)(void *, size_t))r, __ATOMIC_RELEASE);

@@ -8,7 +8,7 @@
  * glibc exports its implementations as __libc_malloc & co., callable before
  * any constructor runs (no dlsym bootstrap, no allocation to find them);
  * they serve until the process's first hook call has looked up, with
- * dlsym(RTLD_NEXT), what each name would reach without the preload
+ * dlsym, what each name would reach without the preload
  * (mt_libc_resolve; see struct mt_libc_real below).  posix_memalign and
  * aligned_alloc have no such aliases: until then they are built on
  * __libc_memalign with glibc's checks.
@@ -20,7 +20,7 @@
  * replacements: calloc, memalign, posix_memalign and valloc are built on
  * the public malloc or aligned_alloc.  So only malloc, realloc, free,
  * aligned_alloc and malloc_usable_size are taken from musl, found with
- * dlsym(RTLD_NEXT) (which allocates nothing there); the rest are built here
+ * dlsym (which allocates nothing there); the rest are built here
  * on them exactly as musl builds them.  Until the lookup is done (the first
  * call, the constructor at the latest), and on the thread doing it, blocks
  * come from a small static arena that free, realloc and malloc_usable_size
@@ -56,12 +56,13 @@ extern void *__libc_memalign(size_t, size_t);
 extern void *__libc_valloc(size_t);
 extern void *__libc_pvalloc(size_t);
 
-/* What each hook forwards to: the next definition of its name after this
- * library, as the program would call it without the preload.  That is
- * glibc's own, unless the program links another allocator (libjemalloc,
- * libtcmalloc) whose definitions come before glibc's: then it is that
- * allocator's, for every function it defines, so that no block goes back
- * to an allocator it did not come from.  Until the process's first hook
+/* What each hook forwards to: the definition of its name that the program
+ * would reach without the preload.  That is glibc's own, unless the
+ * program defines the function itself (chromium's allocator shim) or
+ * links another allocator (libjemalloc, libtcmalloc) whose definitions
+ * come before glibc's: then it is that one, for every function defined
+ * there, so that no block goes back to an allocator it did not come from
+ * (this library's own calls too: strdup's malloc).  Until the process's first hook
  * call looks them up (mt_libc_resolve, before that call's own libc call),
  * glibc's __libc_ functions, callable before any constructor.  Written
  * only there, while every other thread's first call waits (tracker.c);
