@@ -152,10 +152,13 @@ defmodule Mtrace.VM do
 
   **Garbage-collects every process on the node.** Counts the refc binaries
   each process references, forces a garbage collection everywhere, and counts
-  again. Returns the `n` processes whose count dropped most (negative
-  deltas, like `recon:bin_leak/1`; processes that freed none are left out),
-  the total number of references dropped, and the node's binary memory before
-  and after (`nil` when `erlang:memory/1` is unsupported). A large drop in
+  again. Returns, as `top`, the `n` processes whose count dropped most
+  (negative deltas, like `recon:bin_leak/1`; processes that freed none are
+  left out); as `top_bytes`, the `n` processes that let go of the most bytes
+  of binaries, which names a process hoarding a few large binaries rather
+  than one passing many small ones; the total number of references dropped;
+  and the node's binary memory before and after (`nil` when
+  `erlang:memory/1` is unsupported). A large drop in
   binary memory means binaries were kept alive only by processes that had
   not collected; run `top(:binary_memory, n)` first if you only want to know
   who holds them.
@@ -168,10 +171,13 @@ defmodule Mtrace.VM do
       Mtrace.VM.bin_leak(2)
       #=> %{top: [{#PID<0.4612.0>, -5580, [current_function: {:gen_server, :loop, 7}, initial_call: {:proc_lib, :init_p, 5}]},
       #=>         {#PID<0.1747.0>, -3724, [registered_name: :router]}],
+      #=>   top_bytes: [{#PID<0.1747.0>, 380_000_000, [registered_name: :router]},
+      #=>               {#PID<0.4612.0>, 2_000_000, [current_function: {:gen_server, :loop, 7}, initial_call: {:proc_lib, :init_p, 5}]}],
       #=>   freed: 9400, binary_before: 412_000_000, binary_after: 21_000_000}
   """
   @spec bin_leak(pos_integer) :: %{
           top: [{pid, neg_integer, proc_info}],
+          top_bytes: [{pid, pos_integer, proc_info}],
           freed: non_neg_integer,
           binary_before: non_neg_integer | nil,
           binary_after: non_neg_integer | nil

@@ -273,6 +273,8 @@ defmodule Mtrace.VMTest do
       assert result.verdict == :binary_leak
       assert [%{kind: :binary_leak, evidence: evidence} | _] = result.findings
       assert [{^hoarder, -2_000, _} | _] = evidence.top
+      assert [{^hoarder, bytes, _} | _] = evidence.top_bytes
+      assert bytes >= 2_000 * 65_536
       assert evidence.freed_bytes >= 2_000 * 65_536
 
       # bin_leak/1 on its own reports the same for a second hoarder.
@@ -280,6 +282,28 @@ defmodule Mtrace.VMTest do
       leak = :erpc.call(node, VM, :bin_leak, [3], 60_000)
       assert [{^second, -500, _} | _] = leak.top
       assert leak.binary_before - leak.binary_after >= 500 * 65_536
+    end
+
+    test "the binary leak names the process that let go of the most bytes" do
+      node = start_peer()
+      # A few large binaries, and many small ones in another process: the
+      # second drops more references, the first frees the memory.
+      hoarder = :erpc.call(node, @scenarios, :binary_hoarder, [40, 1_048_576], 60_000)
+      chatter = :erpc.call(node, @scenarios, :binary_hoarder, [2_000, 100], 60_000)
+
+      result = diagnose(node, gc: true)
+      assert [%{kind: :binary_leak, evidence: evidence} = finding | _] = result.findings
+      assert [{^chatter, -2_000, _} | _] = evidence.top
+      assert [{^hoarder, bytes, _} | _] = evidence.top_bytes
+      assert bytes >= 40 * 1_048_576
+
+      # As the peer writes a pid of its own.
+      name = &:erpc.call(node, Kernel, :inspect, [&1])
+      summary = String.replace(finding.summary, ~r/\s+/, " ")
+      assert summary =~ "#{name.(hoarder)} (in "
+      assert summary =~ "let go of the most, #{VM.Format.bytes(bytes)}"
+      refute summary =~ name.(chatter)
+      assert finding.next =~ :erpc.call(node, VM.Format, :pid_expr, [hoarder])
     end
 
     test "50_000 idle workers of a leaking pool are a process leak" do

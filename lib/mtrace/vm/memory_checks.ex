@@ -142,18 +142,20 @@ defmodule Mtrace.VM.MemoryChecks do
     end
   end
 
+  # Names the process that let go of the most bytes: one hoarding a few
+  # large binaries, not one that passed many small ones.
   defp binary(snap, bin_leak, th) do
     before = bin_leak.binary_before
     freed = if before && bin_leak.binary_after, do: max(before - bin_leak.binary_after, 0)
     threshold = max(th.binary_freed, th.binary_freed_share * (snap.memory.total || 0))
-    top = bin_leak.top
+    top = Map.get(bin_leak, :top_bytes, [])
 
     next =
       case top do
         [{pid, _, _} | _] ->
-          "Mtrace.VM.top(:binary_memory, 5) later to see it build up again; " <>
-            "#{Format.pid_expr(pid)} passes large binaries without collecting: " <>
-            "hibernate it when idle or lower its fullsweep_after"
+          "#{Format.pid_expr(pid)} keeps large binaries without collecting: hibernate " <>
+            "it when idle or lower its fullsweep_after; Mtrace.VM.top(:binary_memory, 5) " <>
+            "later shows them build up again"
 
         [] ->
           "Mtrace.VM.top(:binary_memory, 5)"
@@ -163,12 +165,15 @@ defmodule Mtrace.VM.MemoryChecks do
       :binary_leak,
       ratio(freed, threshold),
       "a forced GC freed #{Format.bytes(freed)} of refc binaries " <>
-        "(#{Format.bytes(before)} → #{Format.bytes(bin_leak.binary_after)}), " <>
-        "#{Format.int(bin_leak.freed)} references dropped" <>
+        "(binary memory #{Format.bytes(before)} → #{Format.bytes(bin_leak.binary_after)})" <>
         case top do
-          [{pid, delta, info} | _] -> "; most by #{Format.process(pid, info)}: #{delta}"
-          [] -> ""
-        end,
+          [{pid, bytes, info} | _] ->
+            "; #{Format.process(pid, info)} let go of the most, #{Format.bytes(bytes)}"
+
+          [] ->
+            ""
+        end <>
+        "; #{Format.count(bin_leak.freed, "binary reference")} dropped in all",
       Map.put(bin_leak, :freed_bytes, freed),
       next
     )

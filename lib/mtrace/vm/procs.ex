@@ -178,19 +178,30 @@ defmodule Mtrace.VM.Procs do
   end
 
   @doc """
-  Garbage-collects every process and reports which freed the most refc binaries.
+  Garbage-collects every process and reports which let go of the most refc
+  binaries, by references and by bytes.
 
-  Returns the `n` processes with the largest drop in the number of refc
-  binaries they reference (as negative deltas; processes that freed none are
-  left out), the total drop, and the node's binary memory before and after
-  (`nil` when `erlang:memory/1` is unsupported).
+  Returns:
+
+    * `top` — the `n` processes with the largest drop in the number of refc
+      binary references they hold, as negative deltas (as recon's
+      `bin_leak/1` does); processes that dropped none are left out;
+    * `top_bytes` — the `n` processes that let go of the most bytes of refc
+      binaries, as `{pid, bytes, info}`, each binary counted once per
+      process. This is the one that names a process hoarding a few large
+      binaries rather than one passing many small ones;
+    * `freed` — the references dropped by all processes;
+    * `binary_before`, `binary_after` — the node's binary memory around the
+      collections (`nil` when `erlang:memory/1` is unsupported).
 
   ## Example
 
-      %{top: _, freed: _, binary_before: _, binary_after: _} = Mtrace.VM.Procs.bin_leak(5)
+      %{top: _, top_bytes: _, freed: _, binary_before: _, binary_after: _} =
+        Mtrace.VM.Procs.bin_leak(5)
   """
   @spec bin_leak(pos_integer) :: %{
           top: [{pid, neg_integer, info}],
+          top_bytes: [{pid, pos_integer, info}],
           freed: non_neg_integer,
           binary_before: non_neg_integer | nil,
           binary_after: non_neg_integer | nil
@@ -201,20 +212,29 @@ defmodule Mtrace.VM.Procs do
     gc_all(Map.keys(before))
     binary_after = settled_binary_memory(binary_memory(), 25)
 
-    {top, freed} =
-      Enum.reduce(before, {ranking(n), 0}, fn {pid, count}, {top, freed} ->
+    {top, top_bytes, freed} =
+      Enum.reduce(before, {ranking(n), ranking(n), 0}, fn {pid, {count, bytes}}, acc ->
         case :erlang.process_info(pid, :binary) do
-          {:binary, bins} when length(bins) < count ->
-            drop = count - length(bins)
-            {rank(top, pid, drop), freed + drop}
-
-          _ ->
-            {top, freed}
+          {:binary, bins} -> dropped(acc, pid, count - length(bins), bytes - binary_bytes(bins))
+          _ -> acc
         end
       end)
 
-    top = for {pid, drop, info} <- with_info(top), do: {pid, -drop, info}
-    %{top: top, freed: freed, binary_before: binary_before, binary_after: binary_after}
+    %{
+      top: for({pid, drop, info} <- with_info(top), do: {pid, -drop, info}),
+      top_bytes: with_info(top_bytes),
+      freed: freed,
+      binary_before: binary_before,
+      binary_after: binary_after
+    }
+  end
+
+  defp dropped({top, top_bytes, freed}, pid, drop, bytes) do
+    {
+      if(drop > 0, do: rank(top, pid, drop), else: top),
+      if(bytes > 0, do: rank(top_bytes, pid, bytes), else: top_bytes),
+      freed + max(drop, 0)
+    }
   end
 
   @doc """
@@ -251,7 +271,7 @@ defmodule Mtrace.VM.Procs do
   defp count_binaries(pid, acc) do
     case :erlang.process_info(pid, :binary) do
       {:binary, []} -> acc
-      {:binary, bins} -> Map.put(acc, pid, length(bins))
+      {:binary, bins} -> Map.put(acc, pid, {length(bins), binary_bytes(bins)})
       _ -> acc
     end
   end
