@@ -105,6 +105,16 @@ defmodule Mtrace.VMTest do
       refute output =~ "LD_PRELOAD"
     end
 
+    test "with a window, site lines give growth within the window, not holdings" do
+      use_native(Mtrace.VMTest.MarkingTracer)
+
+      {_result, output} = with_io(fn -> VM.diagnose(gc: false, window: 300) end)
+      text = String.replace(output, ~r/\s+/, " ")
+      assert text =~ "+400.0 MiB in 9_000 blocks over the 300 ms window: leaky_nif_alloc"
+      refute text =~ "oldest 1h 00m"
+      assert output |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), output
+    end
+
     test "a tracer that raises reads as one without figures" do
       use_native(Mtrace.VMTest.BrokenTracer)
 
@@ -469,6 +479,18 @@ defmodule Mtrace.VMTest.FakeTracer do
 
     %{count: count, bytes: mib * @mib, oldest: 3600, newest: 1, frames: [frame]}
   end
+end
+
+defmodule Mtrace.VMTest.MarkingTracer do
+  # The same heap, from a tracer that takes marks and lists what was
+  # allocated since one.
+  alias Mtrace.VMTest.FakeTracer
+
+  defdelegate preloaded?, to: FakeTracer
+  defdelegate stats, to: FakeTracer
+
+  def mark, do: :mark
+  def sites(opts), do: if(opts[:since] == :mark, do: FakeTracer.sites([]), else: [])
 end
 
 defmodule Mtrace.VMTest.BrokenTracer do

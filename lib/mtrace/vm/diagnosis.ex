@@ -62,7 +62,7 @@ defmodule Mtrace.VM.Diagnosis do
       "mtrace diagnose #{result.node}: verdict #{result.verdict}",
       memory_lines(result.memory),
       counts_line(result.counts),
-      native_lines(result.native),
+      native_lines(result.native, result.window),
       nif_lines(Map.get(result, :nif)),
       window_line(result.window),
       growth_lines(Map.get(result, :growth)),
@@ -99,37 +99,46 @@ defmodule Mtrace.VM.Diagnosis do
       end)
   end
 
-  defp native_lines(%{preloaded: true, stats: nil}) do
+  defp native_lines(%{preloaded: true, stats: nil}, _window) do
     "native  the tracer is preloaded but its figures could not be read (Mtrace.stats/0 failed)"
   end
 
-  defp native_lines(%{preloaded: true, stats: stats, sites: sites}) do
+  defp native_lines(%{preloaded: true, stats: stats, sites: sites}, window) do
     [
       "native  #{Format.bytes(stats[:live_bytes])} live in " <>
         "#{Format.count(stats[:live_count] || 0, "block")}; heap " <>
         "#{Format.bytes(stats[:used_bytes])} used, #{Format.bytes(stats[:free_bytes])} free, " <>
         "#{Format.bytes(stats[:mmap_bytes])} mmapped"
-      | Enum.map(sites, &site_line/1)
+      | Enum.map(sites, &site_line(&1, window))
     ]
   end
 
-  defp native_lines(_) do
+  defp native_lines(_native, _window) do
     [
       "native  not traced; to see which native code holds memory, add to rel/env.sh.eex:",
       "          #{Native.enable_hint()}"
     ]
   end
 
-  defp site_line(site) do
+  # Without a window a site's figure is what it holds; with one (and a mark
+  # the tracer could take), only what it allocated during the window and
+  # still holds, which is growth.
+  defp site_line(site, window) do
     frames =
       site
       |> Map.get(:frames, [])
       |> Enum.take(4)
       |> Enum.map_join(" <- ", &Mtrace.Frame.label/1)
 
-    "          #{Format.bytes(site[:bytes])} in #{Format.count(site[:count] || 0, "block")}, " <>
-      "oldest #{Format.age(site[:oldest] || 0)}: #{frames}"
+    held = "#{Format.bytes(site[:bytes])} in #{Format.count(site[:count] || 0, "block")}"
+
+    if window && Map.has_key?(site, :growth_per_s),
+      do: "          +#{held} over the #{window_text(window)} window: #{frames}",
+      else: "          #{held}, oldest #{Format.age(site[:oldest] || 0)}: #{frames}"
   end
+
+  defp window_text(ms) when ms < 1000, do: "#{ms} ms"
+  defp window_text(ms), do: Format.age(div(ms, 1000))
 
   defp nif_lines({:ok, []}), do: ["nif     no NIF or driver holds memory in the VM's allocators"]
 
