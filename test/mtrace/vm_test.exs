@@ -115,6 +115,22 @@ defmodule Mtrace.VMTest do
       assert output |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), output
     end
 
+    test "a sampling tracer's estimates are said to be about" do
+      use_native(Mtrace.VMTest.SamplingTracer)
+
+      {result, output} = with_io(fn -> VM.diagnose(gc: false) end)
+      assert result.native.stats.live_bytes == 629_145_600
+      text = String.replace(output, ~r/\s+/, " ")
+      assert text =~ "native about 600.0 MiB live in about 12_000 blocks (estimated from samples)"
+      assert text =~ "about 400.0 MiB in about 9_000 blocks, oldest 1h 00m: leaky_nif_alloc"
+
+      assert text =~
+               "native_leak: the native heap (live malloc allocations) holds about 600.0 MiB"
+
+      # the estimates rank the sites, not the samples behind them
+      assert [%{est_bytes: 419_430_400} | _] = result.native.sites
+    end
+
     test "a tracer that raises reads as one without figures" do
       use_native(Mtrace.VMTest.BrokenTracer)
 
@@ -478,6 +494,36 @@ defmodule Mtrace.VMTest.FakeTracer do
     }
 
     %{count: count, bytes: mib * @mib, oldest: 3600, newest: 1, frames: [frame]}
+  end
+end
+
+defmodule Mtrace.VMTest.SamplingTracer do
+  # The same heap seen through sampling: the table holds a sample, and
+  # stats and sites carry the estimates. The largest site by estimate
+  # recorded the fewest bytes.
+  alias Mtrace.VMTest.FakeTracer
+
+  defdelegate preloaded?, to: FakeTracer
+
+  def stats do
+    Map.merge(FakeTracer.stats(), %{
+      sampled: true,
+      live_count: 700,
+      live_bytes: 50 * 1_048_576,
+      est_live_count: 12_000,
+      est_live_bytes: 600 * 1_048_576
+    })
+  end
+
+  def sites(_opts) do
+    for %{bytes: bytes, count: count} = site <- FakeTracer.sites([]) do
+      Map.merge(site, %{
+        bytes: div(1_048_576 * 1024, bytes),
+        count: 1,
+        est_bytes: bytes,
+        est_count: count
+      })
+    end
   end
 end
 

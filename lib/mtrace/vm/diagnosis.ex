@@ -104,9 +104,16 @@ defmodule Mtrace.VM.Diagnosis do
   end
 
   defp native_lines(%{preloaded: true, stats: stats, sites: sites}, window) do
+    # When sampling, live figures are estimates, as Mtrace.report/1 says.
+    about = if stats[:sampled], do: "about ", else: ""
+
+    live =
+      "#{about}#{Format.bytes(stats[:live_bytes])} live in " <>
+        "#{about}#{Format.count(stats[:live_count] || 0, "block")}" <>
+        if(stats[:sampled], do: " (estimated from samples)", else: "")
+
     [
-      "native  #{Format.bytes(stats[:live_bytes])} live in " <>
-        "#{Format.count(stats[:live_count] || 0, "block")}; heap " <>
+      "native  #{live}; heap " <>
         "#{Format.bytes(stats[:used_bytes])} used, #{Format.bytes(stats[:free_bytes])} free, " <>
         "#{Format.bytes(stats[:mmap_bytes])} mmapped"
       | Enum.map(sites, &site_line(&1, window))
@@ -130,12 +137,19 @@ defmodule Mtrace.VM.Diagnosis do
       |> Enum.take(4)
       |> Enum.map_join(" <- ", &Mtrace.Frame.label/1)
 
-    held = "#{Format.bytes(site[:bytes])} in #{Format.count(site[:count] || 0, "block")}"
-
     if window && Map.has_key?(site, :growth_per_s),
-      do: "          +#{held} over the #{window_text(window)} window: #{frames}",
-      else: "          #{held}, oldest #{Format.age(site[:oldest] || 0)}: #{frames}"
+      do: "          #{site_held(site, "+")} over the #{window_text(window)} window: #{frames}",
+      else:
+        "          #{site_held(site, "")}, oldest #{Format.age(site[:oldest] || 0)}: #{frames}"
   end
+
+  # When sampling, a site's estimates, not the samples it recorded.
+  defp site_held(%{est_bytes: bytes, est_count: count} = site, sign)
+       when count != site.count or bytes != site.bytes,
+       do: "about #{sign}#{Format.bytes(bytes)} in about #{Format.count(count, "block")}"
+
+  defp site_held(site, sign),
+    do: "#{sign}#{Format.bytes(site[:bytes])} in #{Format.count(site[:count] || 0, "block")}"
 
   defp window_text(ms) when ms < 1000, do: "#{ms} ms"
   defp window_text(ms), do: Format.age(div(ms, 1000))

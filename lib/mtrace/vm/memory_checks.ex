@@ -219,7 +219,7 @@ defmodule Mtrace.VM.MemoryChecks do
     finding(
       kind,
       if(kind == :native_leak, do: max(size, steady), else: size),
-      "#{what} holds #{Format.bytes(bytes)}#{times_vm}#{over_window}",
+      "#{what} holds #{about(snap)}#{Format.bytes(bytes)}#{times_vm}#{over_window}",
       native_evidence(extra, %{
         bytes: bytes,
         live_bytes: bytes,
@@ -232,6 +232,10 @@ defmodule Mtrace.VM.MemoryChecks do
       native_next(extra, growth)
     )
   end
+
+  # The tracer's live figures are estimates when it samples.
+  defp about(%{memory: %{native: %{sampled: true}}}), do: "about "
+  defp about(_snap), do: ""
 
   # The tracer's sites are evidence only where it was read.
   defp native_evidence(%{preloaded: true, sites: sites}, evidence),

@@ -127,7 +127,7 @@ defmodule Mtrace.VM.Native do
          {:ok, list} when is_list(list) <- sites_call(opts) do
       list
       |> Enum.filter(&is_map/1)
-      |> Enum.sort_by(&(-Map.get(&1, :bytes, 0)))
+      |> Enum.sort_by(&(-site_bytes(&1)))
       |> Enum.take(n)
       |> Enum.map(fn site ->
         if mark && secs, do: Map.put(site, :growth_per_s, site_bytes(site) / secs), else: site
