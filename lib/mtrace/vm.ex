@@ -331,7 +331,9 @@ defmodule Mtrace.VM do
   `:memory`, `:counts` and `:native` state it judged), which IEx shows as
   one line. Each finding is `%{kind:, score:, summary:, evidence:, next:}`:
   `next` is the call to make to dig further. The verdict is the kind of the
-  highest-scoring finding scoring 50 or more, else `:healthy`. Kinds:
+  highest-scoring finding scoring 50 or more, else `:healthy`; the report
+  lists findings scoring under 50 apart, as leads, by what they measured.
+  Kinds:
 
     * `:mailbox_buildup` — a process with more than 10_000 messages waiting
       (or a mailbox growing by 500/s);

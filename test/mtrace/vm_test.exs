@@ -131,6 +131,42 @@ defmodule Mtrace.VMTest do
       assert [%{est_bytes: 419_430_400} | _] = result.native.sites
     end
 
+    test "findings under the problem score are listed apart, without their kind" do
+      d = VM.diagnose(print: false, gc: false)
+      problem = %{kind: :binary_leak, score: 95.5, summary: "freed a lot", next: "look"}
+      lead = %{kind: :native_leak, score: 24.7, summary: "memory outside", next: "trace"}
+
+      lines = VM.Diagnosis.render(%{d | findings: [problem, lead]}) |> String.split("\n")
+      tail = Enum.drop_while(lines, &(not String.starts_with?(&1, "findings")))
+
+      assert tail == [
+               "findings (a score of 50 or more is a problem):",
+               "    95.5  binary_leak: freed a lot",
+               "          next: look",
+               "below 50, not a problem on its own:",
+               "    24.7  memory outside",
+               "          next: trace"
+             ]
+
+      healthy = %{d | verdict: :healthy, findings: [lead]}
+      text = VM.Diagnosis.render(healthy)
+      assert text =~ "findings: none scores 50 or more (a problem); the node looks healthy\n"
+      refute text =~ "native_leak"
+      assert inspect(healthy) =~ "healthy, 1 finding below 50>"
+      # the lead's data stays in the result
+      assert [%{kind: :native_leak, score: 24.7}] = healthy.findings
+    end
+
+    test "without the tracer, native memory is named as untraced memory outside the allocators" do
+      snap = VM.Diagnose.snapshot()
+      extra = %{bin_leak: nil, preloaded: false, sites: []}
+      [_, _, native, _, _] = VM.MemoryChecks.run(nil, snap, nil, extra)
+
+      assert native.kind == :native_leak
+      assert native.summary =~ ~r/^memory outside the VM's allocators, untraced \(/
+      assert native.evidence.outside_vm == snap.memory.outside_vm
+    end
+
     test "a tracer that raises reads as one without figures" do
       use_native(Mtrace.VMTest.BrokenTracer)
 

@@ -7,7 +7,9 @@ defmodule Mtrace.VM.Diagnosis do
 
     * `verdict` — the kind of the highest-scoring finding scoring 50 or
       more, else `:healthy`;
-    * `findings` — `[Mtrace.VM.Findings.finding()]`, highest score first;
+    * `findings` — `[Mtrace.VM.Findings.finding()]`, highest score first,
+      with those scoring under 50 (leads, not problems), which the report
+      lists apart, below the problems;
     * `node`, `window` (ms or nil), `memory`, `counts`, `native`
       (`%{preloaded, stats, sites}`) — what was measured;
     * `growth` — with a window, bytes per second for each category of
@@ -35,6 +37,9 @@ defmodule Mtrace.VM.Diagnosis do
             nif: nil
 
   alias Mtrace.VM.{Findings, Format, Native}
+
+  # The score from which a finding is a problem (see Mtrace.VM.Findings).
+  @problem 50
 
   @type t :: %__MODULE__{
           verdict: atom,
@@ -193,19 +198,35 @@ defmodule Mtrace.VM.Diagnosis do
   defp window_line(nil), do: "window  none: sizes only; pass window: 10_000 to judge growth too"
   defp window_line(ms), do: "window  #{Format.int(ms)} ms: growth judged as well as size"
 
+  # Findings that reach the problem score are listed first, under their
+  # kind; those below it follow under their own heading, as what they
+  # measured, since the kind would claim what they do not show.
   defp finding_lines([]), do: ["findings: none, the node looks healthy"]
 
   defp finding_lines(findings) do
-    [
-      "findings (a score of 50 or more is a problem):"
-      | Enum.flat_map(findings, fn f ->
-          score = :erlang.float_to_binary(f.score * 1.0, decimals: 1)
+    {problems, leads} = Enum.split_with(findings, &(&1.score >= @problem))
 
-          [
-            "  #{String.pad_leading(score, 6)}  #{f.kind}: #{f.summary}",
-            "          next: #{f.next}"
-          ]
-        end)
+    head =
+      if problems == [],
+        do: ["findings: none scores #{@problem} or more (a problem); the node looks healthy"],
+        else: ["findings (a score of #{@problem} or more is a problem):"]
+
+    below =
+      if leads == [],
+        do: [],
+        else: ["below #{@problem}, not a problem on its own:"]
+
+    head ++
+      Enum.flat_map(problems, &finding_line(&1, "#{&1.kind}: ")) ++
+      below ++ Enum.flat_map(leads, &finding_line(&1, ""))
+  end
+
+  defp finding_line(f, label) do
+    score = :erlang.float_to_binary(f.score * 1.0, decimals: 1)
+
+    [
+      "  #{String.pad_leading(score, 6)}  #{label}#{f.summary}",
+      "          next: #{f.next}"
     ]
   end
 
@@ -217,14 +238,21 @@ defmodule Mtrace.VM.Diagnosis do
           _ -> ""
         end
 
+      {problems, leads} = Enum.split_with(findings, &(&1.score >= 50))
+
       listed =
-        case findings do
-          [] -> "no findings"
-          [_] -> "1 finding"
-          many -> "#{length(many)} findings"
+        case {problems, leads} do
+          {[], []} -> "no findings"
+          {[], _} -> "#{count(leads)} below 50"
+          {_, []} -> count(problems)
+          _ -> "#{count(problems)}, #{length(leads)} below 50"
         end
 
       "#Mtrace.VM.Diagnosis<#{node}: #{verdict}#{top}, #{listed}>"
+    end
+
+    defp count(findings) do
+      if length(findings) == 1, do: "1 finding", else: "#{length(findings)} findings"
     end
   end
 end

@@ -219,7 +219,7 @@ defmodule Mtrace.VM.MemoryChecks do
     finding(
       kind,
       if(kind == :native_leak, do: max(size, steady), else: size),
-      "#{what} holds #{about(snap)}#{Format.bytes(bytes)}#{times_vm}#{over_window}",
+      "#{what} #{about(snap)}#{Format.bytes(bytes)}#{times_vm}#{over_window}",
       native_evidence(extra, %{
         bytes: bytes,
         live_bytes: bytes,
@@ -244,11 +244,16 @@ defmodule Mtrace.VM.MemoryChecks do
   defp native_evidence(_extra, evidence), do: evidence
 
   # (Estimated from the samples when sampling: see Mtrace.VM.Memory.)
+  # Without the tracer the figure is not native heap but all memory the ERTS
+  # allocators do not explain, the emulator's own included: said as such.
   defp native_bytes(snap, %{preloaded: true}),
-    do: {snap.memory.native[:live_bytes], "the native heap (live malloc allocations)"}
+    do: {snap.memory.native[:live_bytes], "the native heap (live malloc allocations) holds"}
 
   defp native_bytes(snap, _extra),
-    do: {snap.memory.outside_vm, "RSS outside the ERTS allocators (NIFs, drivers, libraries)"}
+    do:
+      {snap.memory.outside_vm,
+       "memory outside the VM's allocators, untraced (the emulator itself, NIFs, " <>
+         "drivers, libraries), is"}
 
   # What the VM accounts for: erlang:memory(total) with the tracer (native
   # memory is outside it), else what the ERTS allocators hold.
