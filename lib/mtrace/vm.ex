@@ -212,7 +212,17 @@ defmodule Mtrace.VM do
 
   def ets_top(by, @unset) when by in [:memory, :size], do: ets_top_by(by, 10)
   def ets_top(by, n) when by in [:memory, :size], do: ets_top_by(by, n)
+
+  # A lone atom can only have been meant as `by`; a lone anything else as `n`.
+  def ets_top(by, @unset) when is_atom(by) do
+    raise ArgumentError,
+          "Mtrace.VM.ets_top/2: by must be :memory or :size, or n a positive integer; " <>
+            "got: #{inspect(by)}"
+  end
+
   def ets_top(n, @unset), do: ets_top_by(:memory, n)
+  # `(by, n)`, top/2's order, with a `by` that is not one
+  def ets_top(by, n) when is_atom(by) and is_integer(n), do: ets_top_by(by, n)
   def ets_top(n, by), do: ets_top_by(by, n)
 
   defp ets_top_by(by, n) do

@@ -186,6 +186,8 @@ defmodule Mtrace.VMTest do
         {fn -> VM.bin_leak(-1) end, "n must be"},
         {fn -> VM.ets_top(0) end, "n must be"},
         {fn -> VM.ets_top(3, :rows) end, "by must be"},
+        {fn -> VM.ets_top(:bytes) end, "by must be :memory or :size, or n a positive integer"},
+        {fn -> VM.ets_top(:bytes, 3) end, "by must be one of :memory, :size, got: :bytes"},
         {fn -> VM.diagnose(bogus: 1) end, "unknown option :bogus"},
         {fn -> VM.diagnose(:now) end, "keyword list"},
         {fn -> VM.diagnose(window: 0) end, "option :window"},
