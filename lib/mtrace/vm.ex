@@ -383,7 +383,9 @@ defmodule Mtrace.VM do
       hold a quarter of the VM's memory (16 MiB at least), `true` always,
       `false` never. It garbage-collects every process;
     * `:node` — diagnose another connected node through `:erpc` (mtrace must
-      be loaded there) and print the report here;
+      be loaded there) and print the report here, with each finding's `next`
+      written to work here (`node:` given to the calls that take it,
+      `:erpc.call/4` around the others, pids as this node writes them);
     * `:timeout` — how long to wait for `:node`, in ms (default 300_000,
       plus the window), or `:infinity`;
     * `:print` — print the report (default `true`);

@@ -320,7 +320,16 @@ defmodule Mtrace.VMTest do
       assert [%{kind: :mailbox_buildup, evidence: evidence, next: next} | _] = result.findings
       assert evidence.pid == sink
       assert evidence.message_queue_len == 100_000
-      assert next =~ "Process.info(pid(\""
+
+      # Diagnosed from here, the next call is written to run here, on the peer.
+      call = ":erpc.call(#{inspect(node)}, Process, :info, [#{VM.Format.pid_expr(sink)}, "
+      assert String.starts_with?(next, call), next
+      [call, _] = String.split(next, " shows", parts: 2)
+      {info, _} = Code.eval_string("import IEx.Helpers, only: [pid: 1]; " <> call)
+      assert info[:status] == :waiting
+      assert next =~ ":erpc.call(#{inspect(node)}, Mtrace.VM, :top, [:message_queue_len, 5])"
+      # and the summary names the process as it reads here
+      assert result.findings |> hd() |> Map.get(:summary) =~ inspect(sink)
     end
 
     test "refc binaries kept only by an uncollected process are a binary leak" do
@@ -331,7 +340,7 @@ defmodule Mtrace.VMTest do
       untested = diagnose(node, gc: false)
       assert untested.verdict == :healthy
       assert [%{kind: :binary_leak, score: 45.0, next: next}] = untested.findings
-      assert next =~ "Mtrace.VM.bin_leak(5)"
+      assert next =~ ":erpc.call(#{inspect(node)}, Mtrace.VM, :bin_leak, [5])"
 
       result = diagnose(node)
       assert result.verdict == :binary_leak
@@ -361,13 +370,11 @@ defmodule Mtrace.VMTest do
       assert [{^hoarder, bytes, _} | _] = evidence.top_bytes
       assert bytes >= 40 * 1_048_576
 
-      # As the peer writes a pid of its own.
-      name = &:erpc.call(node, Kernel, :inspect, [&1])
       summary = String.replace(finding.summary, ~r/\s+/, " ")
-      assert summary =~ "#{name.(hoarder)} (in "
+      assert summary =~ "#{inspect(hoarder)} (in "
       assert summary =~ "let go of the most, #{VM.Format.bytes(bytes)}"
-      refute summary =~ name.(chatter)
-      assert finding.next =~ :erpc.call(node, VM.Format, :pid_expr, [hoarder])
+      refute summary =~ inspect(chatter)
+      assert finding.next =~ VM.Format.pid_expr(hoarder)
     end
 
     test "50_000 idle workers of a leaking pool are a process leak" do

@@ -14,7 +14,18 @@ defmodule Mtrace.VM.Diagnose do
   (most processes have neither messages waiting nor monitors).
   """
 
-  alias Mtrace.VM.{Diagnosis, ETS, Findings, Memory, MemoryChecks, Native, Procs, Thresholds}
+  alias Mtrace.VM.{
+    Diagnosis,
+    ETS,
+    Findings,
+    Format,
+    Memory,
+    MemoryChecks,
+    Native,
+    Procs,
+    Thresholds
+  }
+
   import Mtrace.VM.Procs, only: [ranking: 1, rank: 3, ranked: 1]
 
   @defaults [print: true, window: nil, node: nil, gc: :auto, timeout: 300_000, thresholds: []]
@@ -273,7 +284,37 @@ defmodule Mtrace.VM.Diagnose do
 
     timeout = if o.timeout == :infinity, do: :infinity, else: o.timeout + (o.window || 0)
     opts = [print: false, window: o.window, gc: o.gc, thresholds: o.thresholds]
-    erpc(target, Mtrace.VM, :diagnose, [opts], timeout)
+    result = erpc(target, Mtrace.VM, :diagnose, [opts], timeout)
+    %{result | findings: Enum.map(result.findings, &here(&1, target))}
+  end
+
+  # The target wrote each finding for itself; rewritten, its next call
+  # works here, where it is printed and returned, and its pids read as
+  # this node shows them (as in the evidence).
+  defp here(%{next: next, summary: summary} = finding, target)
+       when is_binary(next) and is_binary(summary) do
+    expr = fn local ->
+      if pid = pid_here(local, target), do: Format.pid_expr(pid), else: ~s|pid("#{local}")|
+    end
+
+    shown = fn whole, local ->
+      if pid = pid_here(local, target), do: inspect(pid), else: whole
+    end
+
+    pids = &Regex.replace(~r/#PID<(0\.\d+\.\d+)>/, &1, shown)
+    %{finding | next: pids.(Format.remote_hint(next, target, expr)), summary: pids.(summary)}
+  end
+
+  defp here(finding, _target), do: finding
+
+  # pid("0.x.y") of the target as this node writes it: pid("n.x.y").
+  defp pid_here(local, target) do
+    case :erpc.call(target, :erlang, :list_to_pid, [~c"<#{local}>"], 5_000) do
+      pid when is_pid(pid) -> pid
+      _ -> nil
+    end
+  catch
+    _, _ -> nil
   end
 
   # Remote.call's errors, as errors of option :node.

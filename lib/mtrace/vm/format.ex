@@ -37,6 +37,91 @@ defmodule Mtrace.VM.Format do
     ~s|pid("#{String.trim_trailing(rest, ">")}")|
   end
 
+  # A call a hint names: of the modules whose functions hints name.
+  @call ~r/(?<![\w.:])(Process|Mtrace\.VM|Mtrace)\.([a-z_]+[?!]?)\(/
+  # Calls that take `node:` themselves.
+  @with_node [{"Mtrace", "report"}, {"Mtrace.VM", "diagnose"}]
+
+  @doc """
+  `hint` (the `next` of a finding, written on `node`) rewritten to work
+  when typed on another node: calls that take a `node:` option get it,
+  other calls go through `:erpc.call/4`, and each `pid("0.x.y")` (local
+  to `node`) is passed to `pid_expr`, which gives the expression for that
+  pid where the hint is printed.
+
+  ## Example
+
+      iex> Mtrace.VM.Format.remote_hint(
+      ...>   ~s|Process.info(pid("0.42.0"), :monitors); Mtrace.report(sort: :growth)|,
+      ...>   :"a@host",
+      ...>   fn "0.42.0" -> ~s|pid("7.42.0")| end
+      ...> )
+      ~s|:erpc.call(:a@host, Process, :info, [pid("7.42.0"), :monitors]); | <>
+        "Mtrace.report(node: :a@host, sort: :growth)"
+  """
+  @spec remote_hint(String.t(), node, (String.t() -> String.t())) :: String.t()
+  def remote_hint(hint, node, pid_expr) do
+    case Regex.run(@call, hint, return: :index, capture: :all) do
+      [{start, len}, {ms, ml}, {fs, fl}] ->
+        {args, rest} = call_args(binary_part(hint, start + len, byte_size(hint) - start - len))
+        call = remote_call(binary_part(hint, ms, ml), binary_part(hint, fs, fl), args, node)
+
+        remote_pids(binary_part(hint, 0, start), pid_expr) <>
+          remote_pids(call, pid_expr) <> remote_hint(rest, node, pid_expr)
+
+      nil ->
+        remote_pids(hint, pid_expr)
+    end
+  end
+
+  defp remote_call(m, f, args, node) do
+    cond do
+      {m, f} in @with_node and args == [] ->
+        "#{m}.#{f}(node: #{inspect(node)})"
+
+      {m, f} in @with_node ->
+        "#{m}.#{f}(node: #{inspect(node)}, #{Enum.join(args, ", ")})"
+
+      true ->
+        # Keyword arguments at the end are one argument: a list.
+        {plain, keywords} = Enum.split_while(args, &(not Regex.match?(~r/^[a-z_]+: /, &1)))
+        args = if keywords == [], do: plain, else: plain ++ ["[#{Enum.join(keywords, ", ")}]"]
+        ":erpc.call(#{inspect(node)}, #{m}, :#{f}, [#{Enum.join(args, ", ")}])"
+    end
+  end
+
+  defp remote_pids(text, pid_expr),
+    do: Regex.replace(~r/pid\("(0\.\d+\.\d+)"\)/, text, fn _, pid -> pid_expr.(pid) end)
+
+  # The arguments of a call whose "(" was just read, split at the commas
+  # between them, and the text after its ")".
+  defp call_args(text), do: call_args(text, 0, "", [])
+
+  defp call_args(<<")", rest::binary>>, 0, arg, args), do: {finish_args(arg, args), rest}
+  defp call_args(<<",", rest::binary>>, 0, arg, args), do: call_args(rest, 0, "", [arg | args])
+
+  defp call_args(<<"\"", rest::binary>>, depth, arg, args) do
+    case String.split(rest, "\"", parts: 2) do
+      [string, rest] -> call_args(rest, depth, arg <> "\"" <> string <> "\"", args)
+      [string] -> {finish_args(arg <> "\"" <> string, args), ""}
+    end
+  end
+
+  defp call_args(<<c, rest::binary>>, depth, arg, args) when c in ~c"([{",
+    do: call_args(rest, depth + 1, arg <> <<c>>, args)
+
+  defp call_args(<<c, rest::binary>>, depth, arg, args) when c in ~c")]}",
+    do: call_args(rest, depth - 1, arg <> <<c>>, args)
+
+  defp call_args(<<c, rest::binary>>, depth, arg, args),
+    do: call_args(rest, depth, arg <> <<c>>, args)
+
+  defp call_args("", _depth, arg, args), do: {finish_args(arg, args), ""}
+
+  defp finish_args(arg, args) do
+    [arg | args] |> Enum.reverse() |> Enum.map(&String.trim/1) |> Enum.reject(&(&1 == ""))
+  end
+
   @doc """
   A process and what it is: its registered name, else where it waits and how
   it started.
