@@ -4,6 +4,15 @@ defmodule Mtrace.Error do
   preloaded into this VM, the NIF could not be loaded, or (with the `node:`
   option) the other node cannot be reached or has no mtrace. The message says
   what to do about it; `reason` says which case it is.
+
+  Inspected (in a map, as `Mtrace.cluster/3` returns errors), it shows the
+  reason and the message's first line; `Exception.message/1` gives it all.
+
+      iex> e = Mtrace.Error.not_preloaded()
+      iex> inspect(e)
+      "#Mtrace.Error<:not_preloaded: mtrace: the tracer library is not preloaded ...>"
+      iex> Exception.message(e) =~ "LD_PRELOAD="
+      true
   """
   defexception [:message, :reason]
 
@@ -63,5 +72,32 @@ defmodule Mtrace.Error do
           "preload the mtrace.so of this one: " <>
           "LD_PRELOAD=#{Path.join(to_string(:code.priv_dir(:mtrace)), "mtrace.so")}"
     }
+  end
+
+  defimpl Inspect do
+    # One line: a map of errors stays readable; the message has the rest.
+    def inspect(%{reason: reason, message: message}, _opts) do
+      {first, more?} =
+        case String.split(to_string(message), "\n", parts: 2) do
+          [first] -> {first, false}
+          [first, _rest] -> {first, true}
+        end
+
+      # the whole inspection within 78 columns
+      prefix = "#Mtrace.Error<#{Kernel.inspect(reason)}: "
+      {first, cut?} = shorten(String.trim(first), max(78 - String.length(prefix) - 5, 20))
+      tail = if more? or cut?, do: " ...", else: ""
+      prefix <> first <> tail <> ">"
+    end
+
+    # At most about `max` characters, cut at a space.
+    defp shorten(text, max) do
+      if String.length(text) <= max do
+        {text, false}
+      else
+        cut = text |> String.slice(0, max + 1) |> String.replace(~r/\s+\S*$/, "")
+        {String.trim_trailing(cut, ","), true}
+      end
+    end
   end
 end

@@ -4,6 +4,7 @@ defmodule Mtrace.ReadableTest do
   # Not async: the tests read the one allocation table of this VM.
   use ExUnit.Case, async: false
   doctest Mtrace.Stats
+  doctest Mtrace.Error
   doctest Mtrace.VM.Memory
 
   alias Mtrace.Test.{ErlangCallers, LeakyNif}
@@ -43,6 +44,18 @@ defmodule Mtrace.ReadableTest do
                is_nil(value),
              "#{key}: #{inspect(value)}"
     end
+  end
+
+  test "an error inspects as one short line: reason and first words; the message stays whole" do
+    message = "on node :\"worker@host\": " <> Mtrace.Error.not_preloaded().message
+    e = %Mtrace.Error{reason: :not_preloaded, message: message}
+    [line] = Regex.run(~r/#Mtrace.Error<.*?>(?=})/, inspect(%{worker@host: {:error, e}}))
+    assert line =~ ~r/^#Mtrace.Error<:not_preloaded: on node :"worker@host": mtrace: .* \.\.\.>$/
+    assert String.length(line) <= 78 and not String.contains?(line, "\\n")
+    assert Exception.message(e) == message
+
+    short = %Mtrace.Error{reason: :nodedown, message: "mtrace: cannot connect to node :a@b"}
+    assert inspect(short) == "#Mtrace.Error<:nodedown: mtrace: cannot connect to node :a@b>"
   end
 
   test "sort: :growth ranks what grew over a window, with each site's rate" do
