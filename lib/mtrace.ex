@@ -8,8 +8,11 @@ defmodule Mtrace do
   `LD_PRELOAD`: it records every live allocation in a lossless table of its
   own. These functions read that table through a NIF. Without the preload they
   raise `Mtrace.Error`, whose message gives the `LD_PRELOAD` line to use;
-  `preloaded?/0` tells beforehand. For memory the VM itself accounts for
-  (processes, binaries, ETS), see `Mtrace.VM`.
+  `preloaded?/0` tells beforehand. Preloaded into a program that
+  `MTRACE_PROGRAMS` does not name, the tracer records nothing: the queries
+  then raise `Mtrace.Error` (reason `:not_traced`) rather than answer with
+  an empty table, and `stats/1` says `active: false`. For memory the VM
+  itself accounts for (processes, binaries, ETS), see `Mtrace.VM`.
   """
 
   import Bitwise
@@ -137,7 +140,13 @@ defmodule Mtrace do
   @site_defaults [sort: :bytes, limit: 10, window: nil]
 
   @doc """
-  Whether the tracer library is preloaded into this VM (and its NIF loaded).
+  Whether the tracer library is preloaded into this VM (and its NIF loaded):
+  whether the other functions can answer rather than raise `:not_preloaded`.
+
+  It is true also when the preload does not trace this program (the
+  executable is not one `MTRACE_PROGRAMS` names): `Mtrace.stats().active`
+  tells that, and the queries (`olds/2`, `sites/1`, `report/1`, ...) then
+  raise `Mtrace.Error` with reason `:not_traced` and the setting to use.
 
       iex> is_boolean(Mtrace.preloaded?())
       true

@@ -74,6 +74,36 @@ defmodule Mtrace.Error do
     }
   end
 
+  @doc false
+  @spec not_traced() :: t()
+  def not_traced do
+    exe =
+      case File.read_link("/proc/self/exe") do
+        {:ok, path} -> Path.basename(path)
+        {:error, _} -> "beam.smp"
+      end
+
+    programs =
+      case System.get_env("MTRACE_PROGRAMS") do
+        nil -> ""
+        value -> " (MTRACE_PROGRAMS=#{value})"
+      end
+
+    %__MODULE__{
+      reason: :not_traced,
+      message: """
+      mtrace: the tracer library is preloaded, but this program (#{exe}) is \
+      not traced: it is not a program MTRACE_PROGRAMS names#{programs}, so no \
+      native allocation has been recorded. Start the node with MTRACE_PROGRAMS \
+      unset (it defaults to beam.smp) or naming it:
+
+          MTRACE_PROGRAMS=#{exe}
+
+      Mtrace.stats().active tells whether this program is traced.\
+      """
+    }
+  end
+
   defimpl Inspect do
     # One line: a map of errors stays readable; the message has the rest.
     def inspect(%{reason: reason, message: message}, _opts) do

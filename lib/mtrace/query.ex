@@ -45,6 +45,7 @@ defmodule Mtrace.Query do
     filter = Options.filter(o, node())
 
     native!(fn -> Native.olds(n, Map.get(o, :demangle, true), filter, o[:lib], :maps) end)
+    |> traced!()
     |> Enum.map(&%{&1 | frames: Mtrace.Frame.named(&1.frames)})
   end
 
@@ -61,7 +62,7 @@ defmodule Mtrace.Query do
     all = {nil, nil, nil, nil, nil}
 
     for {age, size, addr, ns, stack} <-
-          native!(fn -> Native.olds(n, demangle, all, nil, :seed) end),
+          traced!(native!(fn -> Native.olds(n, demangle, all, nil, :seed) end)),
         do: {age, size, addr, ns, Mtrace.Frame.named_pairs(stack)}
   end
 
@@ -85,9 +86,21 @@ defmodule Mtrace.Query do
         Native.sites(limit, order, Map.get(o, :demangle, true), filter, o[:lib])
       end)
 
-    sites = Enum.map(sites, &%{&1 | frames: Mtrace.Frame.named(&1.frames)})
+    sites = sites |> traced!() |> Enum.map(&%{&1 | frames: Mtrace.Frame.named(&1.frames)})
     {total, if(o.sort == :growth, do: with_growth(sites, o.since), else: sites)}
   end
+
+  # An empty answer from a program the tracer does not trace (MTRACE_PROGRAMS
+  # names another) would read as "nothing leaks": it raises instead. Only an
+  # empty answer asks, so a query that finds something pays nothing more.
+  defp traced!([]) do
+    case native!(&Native.stats/0) do
+      %{active: false} -> raise Mtrace.Error.not_traced()
+      _ -> []
+    end
+  end
+
+  defp traced!(answer), do: answer
 
   # Each site's bytes per second since the mark.
   defp with_growth(sites, %Mtrace.Mark{t_ms: t_ms}) do
