@@ -148,7 +148,12 @@ defmodule Mtrace.Top do
   @spec render(Sample.t(), map, {pos_integer, pos_integer}) :: iodata
   def render(s, o, {cols, rows}) do
     head = [title(s.node, o, cols) | memory_lines(s)]
-    sites = section("native sites growing fastest", site_lines(s))
+    # Untraced, no site can show: the native line says why.
+    sites =
+      if Map.get(s, :traced, true),
+        do: section("native sites growing fastest", site_lines(s)),
+        else: []
+
     procs = section("processes growing fastest", proc_lines(s))
     room = max(rows - 1 - length(head), 0)
     {sites, procs} = fit(sites, procs, room)
@@ -171,6 +176,8 @@ defmodule Mtrace.Top do
   end
 
   defp memory_lines(%{memory: m} = s) do
+    traced = Map.get(s, :traced, true)
+
     vm =
       if m.total,
         do:
@@ -180,6 +187,9 @@ defmodule Mtrace.Top do
 
     native =
       case m.native do
+        _ when m.native != nil and not traced ->
+          "native: not traced (MTRACE_PROGRAMS does not name beam.smp: unset it)"
+
         %{live_bytes: bytes, live_count: count} ->
           "native #{Format.bytes(bytes)} in #{Format.count(count, "block")}" <>
             if(s.native_per_s, do: "  #{Format.rate(s.native_per_s)}", else: "")

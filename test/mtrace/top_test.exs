@@ -70,6 +70,70 @@ defmodule Mtrace.TopTest do
     assert out =~ "the node is not answering"
   end
 
+  test "without the tracer, the native line says not traced and no site section shows" do
+    first = Mtrace.Top.Sample.take(nil, 5)
+    s = Mtrace.Top.Sample.take(first.state, 5)
+    o = %{interval: 2000, ansi: false}
+    untraced = fn s -> Mtrace.Top.render(s, o, {80, 24}) |> IO.iodata_to_binary() end
+
+    assert s.traced
+    assert untraced.(s) =~ "native sites growing fastest"
+
+    not_preloaded = untraced.(%{s | memory: %{s.memory | native: nil}, traced: false})
+    assert not_preloaded =~ "native: not traced (start the node with mtrace.so in LD_PRELOAD)"
+    refute not_preloaded =~ "native sites"
+    refute not_preloaded =~ "none: no native memory"
+
+    not_named = untraced.(%{s | traced: false})
+    assert not_named =~ ~r/^native: not traced \(MTRACE_PROGRAMS does not name beam.smp/m
+    refute not_named =~ "native sites"
+  end
+
+  @tag :peer
+  test "a node whose MTRACE_PROGRAMS leaves beam.smp out: queries and top say not traced" do
+    Remote.distribute!()
+    env = [{~c"MTRACE_PROGRAMS", ~c"beam"}]
+    {:ok, peer, node} = :peer.start(%{name: :peer.random_name(), env: env})
+
+    try do
+      :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+      {:ok, _} = :erpc.call(node, Application, :ensure_all_started, [:mtrace])
+      # loaded, but recording nothing
+      assert :erpc.call(node, Mtrace, :preloaded?, [])
+      assert %{active: false} = Mtrace.stats(node: node)
+
+      for query <- [
+            fn -> Mtrace.sites(node: node) end,
+            fn -> Mtrace.olds(3, node: node) end,
+            fn -> :erpc.call(node, Mtrace, :olds, [3]) end,
+            fn -> capture_io(fn -> Mtrace.report(node: node) end) end
+          ] do
+        error =
+          try do
+            query.()
+            flunk("answered as if traced")
+          rescue
+            e in Mtrace.Error -> e
+            e in ErlangError -> e.original |> elem(1)
+          end
+
+        assert %Mtrace.Error{reason: :not_traced} = error
+        assert Exception.message(error) =~ "MTRACE_PROGRAMS=beam)"
+        assert Exception.message(error) =~ "MTRACE_PROGRAMS=beam.smp"
+      end
+
+      out =
+        capture_io(fn ->
+          Mtrace.top(node: node, interval: 200, refreshes: 2, ansi: false)
+        end)
+
+      assert out =~ "native: not traced (MTRACE_PROGRAMS does not name beam.smp"
+      refute out =~ "native sites"
+    after
+      Remote.stop_peer(peer)
+    end
+  end
+
   # ---- in a terminal ---------------------------------------------------------------------
 
   defp tmux(args), do: System.cmd("tmux", args, stderr_to_stdout: true)

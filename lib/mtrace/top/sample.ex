@@ -3,7 +3,8 @@ defmodule Mtrace.Top.Sample do
   What one refresh of `Mtrace.top/1` shows, taken on the node watched (the
   view itself may run elsewhere): memory at a glance, the native sites that
   grew since the previous refresh, and the processes whose memory grew
-  most. `take/2` is given the previous sample's `:state` to measure growth
+  most. `traced` says whether the native tracer records this program's
+  allocations (preloaded, and the program one `MTRACE_PROGRAMS` names). `take/2` is given the previous sample's `:state` to measure growth
   against; the first refresh has nothing to compare with.
   """
 
@@ -15,6 +16,7 @@ defmodule Mtrace.Top.Sample do
           at_ms: integer,
           secs: float | nil,
           memory: map,
+          traced: boolean,
           nif: [map] | {:error, atom},
           sites: [map],
           procs: [{pid, integer, integer, term}],
@@ -45,6 +47,7 @@ defmodule Mtrace.Top.Sample do
       at_ms: at,
       secs: secs,
       memory: memory,
+      traced: traced?(memory),
       native_per_s: native_rate(state, memory, secs),
       nif: nif_rows(n),
       sites: if(state && state.mark, do: Native.sites(n, state.mark, secs), else: []),
@@ -52,6 +55,11 @@ defmodule Mtrace.Top.Sample do
       state: %{at_ms: at, mark: mark, procs: procs, native: native_bytes(memory)}
     }
   end
+
+  # Whether the tracer records this program's allocations: preloaded, and
+  # the program one MTRACE_PROGRAMS names.
+  defp traced?(%{native: nil}), do: false
+  defp traced?(_memory), do: not match?(%{active: false}, Native.stats())
 
   defp native_bytes(%{native: %{live_bytes: bytes}}), do: bytes
   defp native_bytes(_memory), do: nil
