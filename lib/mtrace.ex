@@ -315,6 +315,7 @@ defmodule Mtrace do
 
     * `interval:` — ms between refreshes (default 2000, at least 100);
     * `node:` — the node to watch (mtrace loaded there), default this one;
+      one that cannot be reached raises `Mtrace.Error` (reason `:nodedown`);
     * `rows:` — sites and processes listed (default 5, fewer if the
       terminal is short);
     * `ansi:` — `true`/`false` to force redrawing in place or not;

@@ -39,6 +39,35 @@ defmodule Mtrace.Remote do
   end
 
   @doc """
+  Checks that `node` can be reached and has `mod` loadable (mtrace in its
+  code path), before a view or a diagnosis starts working with it. Returns
+  `:ok`, or raises `Mtrace.Error` as `call/5` does: `:not_distributed`,
+  `:nodedown`, `:timeout`, or `:not_loaded`.
+
+      iex> Mtrace.Remote.reachable!(node(), Mtrace.VM)
+      :ok
+  """
+  @spec reachable!(node(), module(), timeout()) :: :ok
+  def reachable!(node, mod, timeout \\ @default_timeout)
+
+  def reachable!(node, _mod, _timeout) when node == node(), do: :ok
+
+  def reachable!(node, mod, timeout) do
+    case call(node, :code, :ensure_loaded, [mod], timeout) do
+      {:module, ^mod} ->
+        :ok
+
+      _ ->
+        raise error(
+                :not_loaded,
+                "mtrace is not loaded on node #{inspect(node)} (#{inspect(mod)} is not " <>
+                  "in its code path): include mtrace in that node's release, or add its " <>
+                  "ebin directory there with :code.add_paths/1"
+              )
+    end
+  end
+
+  @doc """
   `apply(mod, fun, args)` on each node at once; one `{:ok, result}` or
   `{:error, %Mtrace.Error{}}` per node.
 

@@ -51,25 +51,9 @@ defmodule Mtrace.Top do
 
   defp check!(o) do
     node = o.node || node()
-    reachable!(node, o.timeout)
+    Mtrace.Remote.reachable!(node, Sample, o.timeout)
     ansi = if o.ansi == nil, do: IO.ANSI.enabled?(), else: o.ansi
     %{o | node: node, ansi: ansi}
-  end
-
-  defp reachable!(node, _timeout) when node == node(), do: :ok
-
-  defp reachable!(node, timeout) do
-    case Mtrace.Remote.call(node, :code, :ensure_loaded, [Sample], timeout) do
-      {:module, Sample} ->
-        :ok
-
-      _ ->
-        raise ArgumentError,
-              "option :node: mtrace is not loaded on #{inspect(node)} (include it in that " <>
-                "node's release)"
-    end
-  rescue
-    e in Mtrace.Error -> reraise ArgumentError, "option :node: " <> e.message, __STACKTRACE__
   end
 
   defp wait(renderer, reader) do

@@ -43,12 +43,31 @@ defmodule Mtrace.TopTest do
           {[rows: -1], "option :rows"},
           {[ansi: :maybe], "option :ansi"},
           {[node: "app@host"], "option :node"},
-          {[node: :absent@nowhere], "option :node"},
           {[refreshes: 0], "option :refreshes"},
           {[bogus: 1], "unknown option :bogus"}
         ] do
       error = assert_raise ArgumentError, fn -> Mtrace.top(opts) end
       assert error.message =~ message, inspect(opts)
+    end
+  end
+
+  test "a node that cannot be reached raises Mtrace.Error :nodedown, as every node: option does" do
+    Remote.distribute!()
+
+    for call <- [
+          fn -> Mtrace.top(node: :absent@nowhere, refreshes: 1) end,
+          fn -> Mtrace.VM.diagnose(node: :absent@nowhere, print: false) end,
+          fn -> Mtrace.sites(node: :absent@nowhere) end,
+          fn -> Mtrace.stats(node: :absent@nowhere) end
+        ] do
+      error = assert_raise Mtrace.Error, call
+      assert error.reason == :nodedown
+      assert error.message =~ "cannot connect to node :absent@nowhere"
+    end
+
+    # a value of the wrong kind is still an ArgumentError
+    for call <- [fn -> Mtrace.top(node: "x@y") end, fn -> Mtrace.VM.diagnose(node: "x@y") end] do
+      assert_raise ArgumentError, ~r/option :node/, call
     end
   end
 

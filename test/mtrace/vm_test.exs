@@ -203,11 +203,12 @@ defmodule Mtrace.VMTest do
       end
     end
 
-    test "diagnose/1 names an unreachable node" do
+    test "diagnose/1 names an unreachable node in an Mtrace.Error :nodedown" do
       [_, host] = node() |> Atom.to_string() |> String.split("@")
       absent = :"mtrace_absent_#{System.unique_integer([:positive])}@#{host}"
 
-      error = assert_raise ArgumentError, fn -> VM.diagnose(node: absent, print: false) end
+      error = assert_raise Mtrace.Error, fn -> VM.diagnose(node: absent, print: false) end
+      assert error.reason == :nodedown
       assert error.message =~ "cannot connect"
       assert error.message =~ Atom.to_string(absent)
     end
@@ -468,8 +469,9 @@ defmodule Mtrace.VMTest do
       {:ok, peer, node} = :peer.start_link(%{name: :peer.random_name()})
       on_exit(fn -> Mtrace.Test.Remote.stop_peer(peer) end)
 
-      error = assert_raise ArgumentError, fn -> VM.diagnose(node: node, print: false) end
-      assert error.message =~ "Mtrace.VM is not loaded on node #{inspect(node)}"
+      error = assert_raise Mtrace.Error, fn -> VM.diagnose(node: node, print: false) end
+      assert error.reason == :not_loaded
+      assert error.message =~ "mtrace is not loaded on node #{inspect(node)}"
     end
   end
 
