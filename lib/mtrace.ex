@@ -167,7 +167,8 @@ defmodule Mtrace do
       `{age_seconds, size, addr, ns, stack}`; `stack` is a list of
       `{lib, symbol}` from the function that called malloc outwards, then,
       for memory a NIF allocated, its Erlang callers as
-      `{"erlang", "Module.function/arity"}`.
+      `{"erlang", "Module.function/arity"}`. C++ names are demangled, as in
+      every output; `olds(n, false)` leaves them mangled.
     * `olds(n, opts)` with keyword options (see `t:query_opt/0`): each
       allocation is a map `%{age, size, addr, ns, frames}` whose frames are
       maps with source file and line (`t:frame_map/0`).
@@ -190,7 +191,7 @@ defmodule Mtrace do
   """
   @spec olds(non_neg_integer(), boolean()) :: [old()]
   @spec olds(non_neg_integer(), [query_opt()]) :: [old_map()]
-  def olds(n \\ 10, demangle_or_opts \\ false)
+  def olds(n \\ 10, demangle_or_opts \\ true)
 
   def olds(n, demangle) when is_integer(n) and n >= 0 and is_boolean(demangle) do
     Query.olds_tuples(count!(n, "olds/2"), demangle)

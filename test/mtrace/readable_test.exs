@@ -104,6 +104,16 @@ defmodule Mtrace.ReadableTest do
 
     mangled = for s <- Mtrace.sites(limit: :all, demangle: false), f <- s.frames, do: f.symbol
     assert Enum.any?(mangled, &(is_binary(&1) and String.starts_with?(&1, "_Z")))
+
+    # the original tuple form too, unless asked otherwise
+    n = Mtrace.stats().live_count
+
+    tuples = fn olds ->
+      for {_, _, _, _, stack} <- olds, {_, sym} <- stack, is_binary(sym), do: sym
+    end
+
+    refute Enum.any?(tuples.(Mtrace.olds(n)), &String.starts_with?(&1, "_Z"))
+    assert Enum.any?(tuples.(Mtrace.olds(n, false)), &String.starts_with?(&1, "_Z"))
   end
 
   test "VM queries leave out the process that asks" do
