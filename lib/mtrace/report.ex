@@ -32,6 +32,12 @@ defmodule Mtrace.Report do
     * `:node` - the node named in the header (default `node()`).
     * `:boot` - what was left out as allocated before mtrace started
       (`%{count, bytes, est_count, est_bytes}`), summarized in one line.
+    * `:filter` - what the query kept, in words (`"with a frame in
+      \"leaky\""`), and `:total`, the sum over what it kept (as
+      `Mtrace.Query.sites/1` gives it): the header then gives that total
+      and the filter, and the node's whole after them.
+
+  Lines longer than 80 columns are wrapped, continuations indented.
 
   The header uses `est_live_bytes`/`est_live_count` when `stats` says
   `sampled: true`, and reports `dropped`, `stacks_dropped` and `replaced`
@@ -61,23 +67,55 @@ defmodule Mtrace.Report do
     end
 
     node = Keyword.get(opts, :node, node())
-    [header(stats, node), incomplete(stats), boot(opts[:boot]), body(sites, max_frames)]
+
+    [
+      header(stats, node, opts[:filter], opts[:total]),
+      incomplete(stats),
+      boot(opts[:boot]),
+      body(sites, max_frames)
+    ]
+  end
+
+  # A line as it is when it fits 80 columns, else wrapped (VM.Format.wrap/2).
+  defp fit(line), do: fit_lines(line) |> Enum.map(&[&1, "\n"])
+
+  defp fit_lines(line) do
+    if String.length(line) <= 80, do: [line], else: Format.wrap(line, 80)
   end
 
   # Boot-time memory is real but rarely the leak: one line, not ranked.
   defp boot(%{count: count} = boot) when count > 0 do
-    "Boot (before mtrace started): #{size(boot)}, not ranked (boot: true)\n"
+    fit("Boot (before mtrace started): #{size(boot)}, not ranked (boot: true)")
   end
 
   defp boot(_), do: []
 
-  defp header(stats, node) do
+  # Filtered, what matches comes first, the node's whole after it.
+  defp header(stats, node, filter, %{count: _} = total) when is_binary(filter) do
+    head = "Native memory live on #{node}: #{size(total)} #{filter}"
+    tail = "(of #{live(stats, :short)} in all)"
+
+    if String.length(head) + 1 + String.length(tail) <= 80,
+      do: fit(head <> " " <> tail),
+      else: [fit(head), fit("  " <> tail)]
+  end
+
+  defp header(stats, node, _filter, _total),
+    do: fit("Native memory live on #{node}: #{live(stats)}")
+
+  defp live(%{sampled: true} = stats, :short) do
+    "about #{Format.bytes(stats[:est_live_bytes])} in about #{blocks(stats[:est_live_count])}"
+  end
+
+  defp live(stats, _), do: live(stats)
+
+  defp live(stats) do
     if stats[:sampled] do
-      "Native memory live on #{node}: about #{Format.bytes(stats[:est_live_bytes])} in " <>
-        "about #{blocks(stats[:est_live_count])} (estimated from a sample of " <>
-        "#{blocks(stats[:live_count])}, #{Format.bytes(stats[:live_bytes])})\n"
+      "about #{Format.bytes(stats[:est_live_bytes])} in about " <>
+        "#{blocks(stats[:est_live_count])} (estimated from a sample of " <>
+        "#{blocks(stats[:live_count])}, #{Format.bytes(stats[:live_bytes])})"
     else
-      "Native memory live on #{node}: #{Format.bytes(stats[:live_bytes])} in #{blocks(stats[:live_count])}\n"
+      "#{Format.bytes(stats[:live_bytes])} in #{blocks(stats[:live_count])}"
     end
   end
 
@@ -92,7 +130,7 @@ defmodule Mtrace.Report do
       |> Enum.filter(fn {n, _what} -> is_integer(n) and n > 0 end)
       |> Enum.map(fn {n, what} -> "#{Format.int(n)} #{what}" end)
 
-    if losses == [], do: [], else: ["Incomplete: ", Enum.join(losses, ", "), "\n"]
+    if losses == [], do: [], else: fit("Incomplete: " <> Enum.join(losses, ", "))
   end
 
   defp body([], _max_frames), do: "No live allocations match.\n"
@@ -107,7 +145,10 @@ defmodule Mtrace.Report do
 
   defp site_line(site, rank) do
     growth = if site[:growth_per_s], do: "  #{Format.rate(site.growth_per_s)}", else: ""
-    "##{rank}  #{size(site)}#{growth}  oldest #{age(site.oldest)}  newest #{age(site.newest)}\n"
+
+    fit(
+      "##{rank}  #{size(site)}#{growth}  oldest #{age(site.oldest)}  newest #{age(site.newest)}"
+    )
   end
 
   # With sampling a site's estimates differ from its recorded samples.

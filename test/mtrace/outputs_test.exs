@@ -35,7 +35,13 @@ defmodule Mtrace.OutputsTest do
   test "report/1 prints the top sites with sizes, ages and file:line frames" do
     out = capture_io(fn -> assert :ok = Mtrace.report(lib: @lib, limit: 2, frames: 2) end)
     lines = String.split(out, "\n", trim: true)
-    assert hd(lines) =~ "Native memory live on #{node()}"
+    # filtered: what matches first, the node's whole after it, within 80 columns
+    {head, rest} = Enum.split_while(lines, &(not String.starts_with?(&1, "#1 ")))
+    head = head |> Enum.map_join(" ", &String.trim/1)
+    assert head =~ ~r/^Native memory live on #{node()}: [\d.]+ KiB in \d+ blocks with a frame in/
+    assert head =~ ~r/with a frame in "leaky_nif" \(of [\d.]+ \w+ in [\d_]+ blocks in all\)$/
+    assert Enum.all?(lines, &(String.length(&1) <= 80)), out
+    lines = ["header" | rest]
     assert Enum.at(lines, 1) =~ ~r/^#1  20\.5 KiB in 7 blocks  oldest \d+s  newest \d+s$/
 
     assert Enum.at(lines, 2) =~

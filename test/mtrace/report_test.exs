@@ -87,16 +87,68 @@ defmodule Mtrace.ReportTest do
       %{@exact | sampled: true}
       |> Map.merge(%{est_live_count: 1_500_000, est_live_bytes: 3 * 1024 ** 3})
 
-    assert hd(lines([], stats)) ==
-             "Native memory live on app@host: about 3.0 GiB in about 1_500_000 blocks " <>
-               "(estimated from a sample of 3_072 blocks, 12.0 MiB)"
+    assert Enum.take(lines([], stats), 2) == [
+             "Native memory live on app@host: about 3.0 GiB in about 1_500_000 blocks",
+             "  (estimated from a sample of 3_072 blocks, 12.0 MiB)"
+           ]
+
+    boot = %{count: 12, bytes: 4 * 1024 ** 2, est_count: 136, est_bytes: 8 * 1024 ** 2}
+
+    assert Enum.slice(lines([], stats, boot: boot), 2, 2) == [
+             "Boot (before mtrace started): about 8.0 MiB in about 136 blocks (12 sampled),",
+             "  not ranked (boot: true)"
+           ]
+  end
+
+  test "every line fits 80 columns, continuations indented" do
+    stats = %{@exact | sampled: true, dropped: 1234, stacks_dropped: 5, replaced: 7}
+    stats = Map.merge(stats, %{est_live_count: 1_500_000, est_live_bytes: 3 * 1024 ** 3})
+    site = %{site(4096, 3, 7380, 5, [frame("f")]) | count: 3} |> Map.put(:growth_per_s, 87_040)
+    site = Map.merge(site, %{est_count: 1_500_000, est_bytes: 3 * 1024 ** 3})
+    boot = %{count: 12, bytes: 4 * 1024 ** 2, est_count: 136, est_bytes: 8 * 1024 ** 2}
+    total = %{count: 3, bytes: 4096, est_count: 1_500_000, est_bytes: 3 * 1024 ** 3}
+
+    text =
+      [site]
+      |> Report.format(stats,
+        node: :"a-long-node-name@a-long-host-name",
+        boot: boot,
+        filter: ~s|allocated since the mark, with a frame in "leaky"|,
+        total: total
+      )
+      |> IO.iodata_to_binary()
+
+    lines = String.split(text, "\n", trim: true)
+    assert Enum.all?(lines, &(String.length(&1) <= 80)), text
+    assert length(lines) > 6
+    # a wrapped line goes on indented, never at the margin
+    for line <- lines,
+        not String.starts_with?(line, ["Native", "Incomplete", "Boot", "#", " "]) do
+      flunk("continuation at the margin: #{inspect(line)}\n" <> text)
+    end
+  end
+
+  test "filtered: the header gives the matching total and the filter, then the node's" do
+    total = %{count: 3, bytes: 12_288, est_count: 3, est_bytes: 12_288}
+
+    assert hd(lines([], @exact, filter: ~s|with a frame in "leaky"|, total: total)) ==
+             ~s|Native memory live on app@host: 12.0 KiB in 3 blocks with a frame in "leaky"|
+
+    assert Enum.at(lines([], @exact, filter: ~s|with a frame in "leaky"|, total: total), 1) ==
+             "  (of 12.0 MiB in 3_072 blocks in all)"
+
+    # no filter, no matching total
+    assert hd(lines([], @exact, total: total)) ==
+             "Native memory live on app@host: 12.0 MiB in 3_072 blocks"
   end
 
   test "losses are never hidden" do
     stats = %{@exact | dropped: 1234, stacks_dropped: 5, replaced: 0}
 
-    assert Enum.at(lines([], stats), 1) ==
-             "Incomplete: 1_234 allocations not recorded (no memory for the table), 5 recorded without a stack"
+    assert Enum.slice(lines([], stats), 1, 2) == [
+             "Incomplete: 1_234 allocations not recorded (no memory for the table), 5 recorded",
+             "  without a stack"
+           ]
 
     refute Enum.any?(lines([], @exact), &String.starts_with?(&1, "Incomplete"))
     assert Enum.at(lines([], %{@exact | replaced: 2}), 1) =~ "2 entries replaced"
