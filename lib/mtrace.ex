@@ -183,10 +183,8 @@ defmodule Mtrace do
       ...> |> Enum.all?()
       true
 
-      iex> for %{age: age, frames: frames} <- Mtrace.olds(3, min_age: 0, min_size: 1) do
-      ...>   is_integer(age) and is_list(frames)
-      ...> end
-      ...> |> Enum.all?()
+      iex> olds = Mtrace.olds(3, min_age: 0, min_size: 1)
+      iex> Enum.all?(olds, &(is_integer(&1.age) and is_list(&1.frames)))
       true
   """
   @spec olds(non_neg_integer(), boolean()) :: [old()]
@@ -276,18 +274,28 @@ defmodule Mtrace do
   (frames shown per site, default 8). What was allocated before the mtrace
   application started (VM boot, code loading) is summed in one line rather
   than ranked, unless `boot: true`. With `sort: :growth` each site shows its
-  rate. Returns `:ok`.
+  rate. With a filter (`lib:`, `since:`, `min_size:`, ...) the header
+  gives what matches, the filter, and the node's whole after it. Lines are
+  wrapped to 80 columns. Returns `:ok`.
 
-      Mtrace.report(limit: 3)
+      Mtrace.report(limit: 3, boot: true)
       # prints:
-      # mtrace on app@host: 14.2 MiB live in 25,610 blocks (lossless), 0 dropped
-      # #1  12.0 MiB in 3,072 blocks  oldest 2h 03m  newest 5s
+      # Native memory live on a@vm: 14.2 MiB in 25_610 blocks
+      # #1  12.0 MiB in 3_072 blocks  oldest 2h 03m  newest 5s
       #     leak_buffer (c_src/leaky.c:42) leaky.so
+      #     ...
+
+      Mtrace.report(lib: "nif", limit: 1)
+      # prints:
+      # Native memory live on a@vm: 12.0 MiB in 3_072 blocks with a frame in "nif"
+      #   (of 14.2 MiB in 25_610 blocks in all)
+      # #1  12.0 MiB in 3_072 blocks  oldest 2h 03m  newest 5s
       #     ...
   """
   @spec report(keyword()) :: :ok
   def report(opts \\ []) do
     o = Options.parse!(opts, @site_defaults ++ [frames: 8, boot: false], "report/1")
+    filter = filter_words(o)
     {o, opts} = after_window(o, opts, "report/1")
     snap = snapshot(o, Keyword.put_new(opts, :boot, false), [:frames])
 
@@ -296,9 +304,32 @@ defmodule Mtrace do
         frames: o.frames,
         node: snap.node,
         boot: snap[:boot],
-        sort: o.sort
+        sort: o.sort,
+        filter: filter,
+        total: snap.total
       )
     )
+  end
+
+  # The filters of a query in words, for the report's header; nil for none.
+  defp filter_words(o) do
+    size = &Mtrace.VM.Format.bytes/1
+    age = &Mtrace.VM.Format.age/1
+
+    [
+      o[:window] && "allocated in the last #{age.(o.window / 1000)}",
+      o[:since] && "allocated since the mark",
+      o[:min_age] && "at least #{age.(o.min_age)} old",
+      o[:max_age] && "at most #{age.(o.max_age)} old",
+      o[:min_size] && "of at least #{size.(o.min_size)} each",
+      o[:max_size] && "of at most #{size.(o.max_size)} each",
+      o[:lib] && "with a frame in #{inspect(o.lib)}"
+    ]
+    |> Enum.filter(&is_binary/1)
+    |> case do
+      [] -> nil
+      words -> Enum.join(words, ", ")
+    end
   end
 
   @doc """
