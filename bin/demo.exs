@@ -37,16 +37,27 @@ end
 
 stats = Mtrace.stats()
 
+alias Mtrace.VM.Format
+
+line =
+  "Mtrace.stats(): #{Format.int(stats.malloc_cnt)} mallocs and " <>
+    "#{Format.int(stats.free_cnt)} frees seen, " <>
+    "#{Format.count(stats.live_count, "allocation")} (#{Format.bytes(stats.live_bytes)}) " <>
+    "still live, #{Format.int(stats.dropped)} dropped."
+
+# 80 columns, as every output of mtrace
+line |> Format.wrap() |> Enum.each(&IO.puts/1)
+
 IO.puts("""
-Mtrace.stats(): #{stats.malloc_cnt} mallocs and #{stats.free_cnt} frees seen, \
-#{stats.live_count} allocations (#{stats.live_bytes} bytes) still live, \
-#{stats.dropped} dropped.
 
 The 3 oldest live allocations (Mtrace.olds(3, true)):
 """)
 
 for {age, size, addr, ns, stack} <- Mtrace.olds(3, true) do
-  IO.puts("  #{size} bytes at 0x#{Integer.to_string(addr, 16)}, #{age} s old (named in #{ns} ns)")
+  IO.puts(
+    "  #{Format.bytes(size)} at 0x#{Integer.to_string(addr, 16)}, #{Format.age(age)} old " <>
+      "(named in #{Format.int(ns)} ns)"
+  )
 
   for {lib, symbol} <- Enum.take(stack, 4) do
     name = Mtrace.Frame.name(%{symbol: symbol, lib: lib, offset: 0})
@@ -75,7 +86,8 @@ for site <- Mtrace.sites(since: mark) do
   frame = hd(site.frames)
 
   IO.puts(
-    "  #{site.count} blocks, #{site.bytes} bytes from #{frame.symbol} (#{Path.basename(frame.file || "?")}:#{frame.line})"
+    "  #{Format.count(site.count, "block")}, #{Format.bytes(site.bytes)} from #{frame.symbol} " <>
+      "(#{Path.basename(frame.file || "?")}:#{frame.line})"
   )
 end
 

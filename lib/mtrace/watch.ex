@@ -74,7 +74,7 @@ defmodule Mtrace.Watch do
     else
       Logger.warning(
         "Mtrace.Watch not started: the tracer library is not preloaded. " <>
-          "In a release, add to rel/env.sh.eex: #{Mtrace.VM.Native.enable_hint()}"
+          "In a release, add to rel/env.sh.eex:\n    #{Mtrace.VM.Native.enable_hint()}"
       )
 
       :ignore
@@ -113,12 +113,17 @@ defmodule Mtrace.Watch do
   defp warn(o, mark, from, to) do
     sites = Mtrace.sites(since: mark, limit: o.limit, demangle: true)
 
-    Logger.warning([
-      "mtrace: native live memory grew in #{o.intervals} consecutive intervals of ",
-      "#{o.interval} ms: #{Format.bytes(from)} -> #{Format.bytes(to)} ",
-      "(+#{Format.bytes(to - from)}). Sites that grew most since then:",
-      Enum.map(Enum.with_index(sites, 1), &site_line/1)
-    ])
+    # A short first line, for the logger's prefix (time, level) before it.
+    head = [
+      "mtrace: native live memory keeps growing",
+      "  +#{Format.bytes(to - from)} (#{Format.bytes(from)} -> #{Format.bytes(to)}) in " <>
+        "#{o.intervals} consecutive intervals of #{duration(o.interval)}; sites that grew " <>
+        "most since then:"
+    ]
+
+    lines = head ++ Enum.map(Enum.with_index(sites, 1), &site_line/1)
+    # 80 columns: wrapped at spaces, continuations indented (VM.Format.wrap/2)
+    Logger.warning(lines |> Enum.flat_map(&Format.wrap/1) |> Enum.join("\n"))
   end
 
   defp site_line({site, i}) do
@@ -127,8 +132,11 @@ defmodule Mtrace.Watch do
       |> Enum.take(4)
       |> Enum.map_join(" <- ", &Mtrace.Frame.label/1)
 
-    "\n  ##{i} +#{Format.bytes(site.bytes)} in #{Format.count(site.count, "block")}: #{stack}"
+    "  ##{i}  +#{Format.bytes(site.bytes)} in #{Format.count(site.count, "block")}: #{stack}"
   end
+
+  defp duration(ms) when ms < 1000, do: "#{ms} ms"
+  defp duration(ms), do: Format.age(ms / 1000)
 
   defp live_bytes do
     stats = Mtrace.stats()
