@@ -35,7 +35,7 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_libc $(BUILD)/test_interpose_stress $(BUILD)/test_interpose_concurrent \
 	$(BUILD)/test_interpose_fork $(BUILD)/test_interpose_cost $(BUILD)/test_interpose_dlopen \
 	$(BUILD)/test_interpose_growth $(BUILD)/test_interpose_limit $(BUILD)/test_interpose_foreign \
-	$(BUILD)/test_interpose_own_alloc
+	$(BUILD)/test_interpose_own_alloc $(BUILD)/test_interpose_nopie
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
 	$(BUILD)/test_elf_symtab \
 	$(BUILD)/test_unwind $(BUILD)/test_recent_stacks $(BUILD)/test_erlang_frames $(INTERPOSE_TESTS)
@@ -205,6 +205,13 @@ $(BUILD)/test_interpose_own_alloc: test/c/test_interpose_foreign.c test/c/foreig
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-builtin -DOWN_ALLOC -Ic_src -o $@ test/c/test_interpose_foreign.c \
 		test/c/foreign_alloc.c -rdynamic $(DL_LIBS)
+
+# Built without -fPIE, as some programs still are.
+$(BUILD)/test_interpose_nopie: test/c/test_interpose_nopie.c test/c/check.h test/c/queries.h \
+		c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-pic -fno-pie -no-pie -fno-builtin -Ic_src -o $@ test/c/test_interpose_nopie.c \
+		$(DL_LIBS)
 
 $(BUILD)/foreign_alloc.so: test/c/foreign_alloc.c $(MAKEVARS)
 	@mkdir -p $(BUILD)

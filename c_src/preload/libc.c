@@ -7,17 +7,33 @@
 
 struct mt_libc mt_libc;
 
+#include <elf.h>
+#include <link.h>
+
 /* What name reaches without this library: the first definition in the
  * global scope, unless that is this library's own (most programs), then
  * the next after it.  A program that defines the malloc family itself
  * comes before this library (chromium's does, with __libc_malloc & co.
- * too); one that links another allocator's library puts it after. */
+ * too); one that links another allocator's library puts it after.
+ *
+ * What the global scope gives is a definition only where a symbol is
+ * defined: a program built without -fPIE that takes the address of a
+ * function it only calls (Debian's node) gives the address of its PLT
+ * stub, which leads back here.  glibc's dladdr1 gives the symbol to tell;
+ * musl has no such call, and there only the next definition is taken (a
+ * program's own allocator is not seen: README, Limitations). */
 static void *reached(const char *name, const void *self) {
+#if defined(__GLIBC__)
     void *f = dlsym(RTLD_DEFAULT, name);
     Dl_info at;
-    if (!f || (dladdr(f, &at) && at.dli_fbase == self))
-        f = dlsym(RTLD_NEXT, name);
-    return f;
+    const ElfW(Sym) *sym = NULL;
+    if (f && dladdr1(f, &at, (void **)&sym, RTLD_DL_SYMENT) && sym && sym->st_shndx != SHN_UNDEF &&
+        at.dli_fbase != self && at.dli_saddr == f)
+        return f;
+#else
+    (void)self;
+#endif
+    return dlsym(RTLD_NEXT, name);
 }
 
 /* This library's load address, for reached(); NULL if dladdr fails. */
