@@ -410,28 +410,7 @@ defmodule Mtrace.VM do
       #=>   node: :"app@host", window: 10_000, memory: %{...}, counts: %{...}, native: %{preloaded: false, ...}}
   """
   @spec diagnose(keyword) :: Mtrace.VM.Diagnosis.t()
-  def diagnose(opts \\ []) do
-    reachable!(opts)
-    Diagnose.run(opts)
-  end
-
-  # A :node that cannot be reached, or has no mtrace, raises Mtrace.Error
-  # (reason :nodedown, :timeout, :not_loaded, ...) as Mtrace's queries do;
-  # option values of the wrong kind are Diagnose.run/1's to reject.
-  defp reachable!(opts) do
-    with true <- Keyword.keyword?(opts),
-         node when is_atom(node) and node not in [nil, node()] <- Keyword.get(opts, :node) do
-      timeout =
-        case Keyword.get(opts, :timeout) do
-          ms when is_integer(ms) and ms > 0 -> min(ms, 15_000)
-          _ -> 15_000
-        end
-
-      Mtrace.Remote.reachable!(node, Mtrace.VM, timeout)
-    end
-
-    :ok
-  end
+  def diagnose(opts \\ []), do: Diagnose.run(opts)
 
   defp attr!(attr, where), do: Options.arg!(attr, {:one_of, Procs.attrs()}, "attr", where)
 end

@@ -172,9 +172,21 @@ defmodule Mtrace.VMTest do
 
       assert VM.memory().native == nil
       {result, output} = with_io(fn -> VM.diagnose(gc: false) end)
-      assert result.native == %{preloaded: true, stats: nil, sites: []}
+      assert result.native == %{preloaded: true, program_traced: true, stats: nil, sites: []}
       refute Enum.any?(result.findings, &match?(%{kind: :native_leak, evidence: %{sites: _}}, &1))
       assert output =~ "preloaded but its figures could not be read"
+    end
+
+    test "a tracer that does not trace this program says so, not an empty table" do
+      use_native(Mtrace.VMTest.InactiveTracer)
+
+      assert VM.memory().native == nil
+      {result, output} = with_io(fn -> VM.diagnose(gc: false) end)
+      assert %{preloaded: true, program_traced: false, stats: nil} = result.native
+      assert output =~ "native  not traced: the tracer is preloaded, but this program"
+      assert output =~ "MTRACE_PROGRAMS names"
+      refute output =~ "0 B live"
+      assert output =~ "MTRACE_PROGRAMS leaves this program out"
     end
 
     test "bad arguments raise ArgumentError naming the argument" do
@@ -584,6 +596,17 @@ defmodule Mtrace.VMTest.MarkingTracer do
 
   def mark, do: :mark
   def sites(opts), do: if(opts[:since] == :mark, do: FakeTracer.sites([]), else: [])
+end
+
+defmodule Mtrace.VMTest.InactiveTracer do
+  # Preloaded, but MTRACE_PROGRAMS leaves this program out: an empty table.
+  def preloaded?, do: true
+
+  def stats do
+    %{active: false, live_count: 0, live_bytes: 0, dropped: 0, enabled: true, sampled: false}
+  end
+
+  def sites(_opts), do: []
 end
 
 defmodule Mtrace.VMTest.BrokenTracer do

@@ -65,6 +65,9 @@ defmodule Mtrace.VM.Diagnose do
   defp local(o) do
     th = o.th
     preloaded = Native.preloaded?()
+    # false only when the tracer says so (MTRACE_PROGRAMS leaves this
+    # program out); figures that cannot be read are another matter
+    program_traced = preloaded and not match?(%{active: false}, Native.stats())
     first = snapshot()
     # Native figures come from the tracer only when they can be read;
     # otherwise RSS outside the allocators stands in for them.
@@ -100,6 +103,7 @@ defmodule Mtrace.VM.Diagnose do
       Findings.judge(prev, snap, %{
         bin_leak: bin_leak,
         preloaded: traced,
+        program_left_out: preloaded and not program_traced,
         sites: sites,
         thresholds: th,
         native_series: series,
@@ -115,7 +119,12 @@ defmodule Mtrace.VM.Diagnose do
       memory: snap.memory,
       counts: snap.counts,
       growth: prev && growth(prev, snap, secs, series),
-      native: %{preloaded: preloaded, stats: snap.memory.native, sites: sites},
+      native: %{
+        preloaded: preloaded,
+        program_traced: program_traced,
+        stats: snap.memory.native,
+        sites: sites
+      },
       nif: nif.now
     }
   end
@@ -271,17 +280,10 @@ defmodule Mtrace.VM.Diagnose do
     Enum.reduce(keys, acc, fn key, acc -> Map.update!(acc, key, &ranked/1) end)
   end
 
+  # A node that cannot be reached, or has no mtrace, raises Mtrace.Error
+  # (reason :nodedown, :timeout, :not_loaded, ...) as Mtrace's queries do.
   defp remote(%{node: target} = o) do
-    case erpc(target, :code, :ensure_loaded, [Mtrace.VM], 15_000) do
-      {:module, _} ->
-        :ok
-
-      _ ->
-        raise ArgumentError,
-              "Mtrace.VM is not loaded on node #{inspect(target)}: include mtrace in that " <>
-                "node's release (or add its ebin directory there with :code.add_paths/1)"
-    end
-
+    Mtrace.Remote.reachable!(target, Mtrace.VM, 15_000)
     timeout = if o.timeout == :infinity, do: :infinity, else: o.timeout + (o.window || 0)
     opts = [print: false, window: o.window, gc: o.gc, thresholds: o.thresholds]
     result = erpc(target, Mtrace.VM, :diagnose, [opts], timeout)
@@ -317,12 +319,13 @@ defmodule Mtrace.VM.Diagnose do
     _, _ -> nil
   end
 
-  # Remote.call's errors, as errors of option :node.
+  # Remote.call, with the option to raise when the diagnosis took too long.
   defp erpc(target, m, f, a, timeout) do
     Mtrace.Remote.call(target, m, f, a, timeout)
   rescue
     e in Mtrace.Error ->
-      hint = if e.reason == :timeout, do: " (raise option :timeout)", else: ""
-      raise ArgumentError, "option :node: " <> e.message <> hint
+      if e.reason == :timeout,
+        do: reraise(%{e | message: e.message <> " (raise option :timeout)"}, __STACKTRACE__),
+        else: reraise(e, __STACKTRACE__)
   end
 end

@@ -104,6 +104,13 @@ defmodule Mtrace.VM.Diagnosis do
       end)
   end
 
+  defp native_lines(%{preloaded: true, program_traced: false}, _window) do
+    [
+      "native  not traced: the tracer is preloaded, but this program is not one",
+      "        MTRACE_PROGRAMS names; start the node with it unset (beam.smp)"
+    ]
+  end
+
   defp native_lines(%{preloaded: true, stats: nil}, _window) do
     "native  the tracer is preloaded but its figures could not be read (Mtrace.stats/0 failed)"
   end

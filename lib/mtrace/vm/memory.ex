@@ -116,6 +116,11 @@ defmodule Mtrace.VM.Memory do
       nil ->
         nil
 
+      # Preloaded, but not tracing this program (MTRACE_PROGRAMS): an empty
+      # table says nothing of its native memory.
+      %{active: false} ->
+        nil
+
       stats ->
         stats
         |> Map.take([

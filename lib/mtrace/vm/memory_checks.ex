@@ -282,6 +282,11 @@ defmodule Mtrace.VM.MemoryChecks do
   defp native_next(%{preloaded: true}, _growth),
     do: "Mtrace.olds(20, true) lists the oldest live allocations with their stacks"
 
+  defp native_next(%{program_left_out: true}, _growth),
+    do:
+      "trace native allocations: the tracer is preloaded but MTRACE_PROGRAMS leaves " <>
+        "this program out; restart the node with it unset (it defaults to beam.smp)"
+
   defp native_next(_extra, _growth),
     do:
       "trace native allocations: add `#{Native.enable_hint()}` to rel/env.sh.eex, " <>
