@@ -3,12 +3,11 @@
 #include "libc.h"
 
 #include <dlfcn.h>
+#include <elf.h>
 #include <errno.h>
+#include <link.h>
 
 struct mt_libc mt_libc;
-
-#include <elf.h>
-#include <link.h>
 
 /* What name reaches without this library: the first definition in the
  * global scope, unless that is this library's own (most programs), then
@@ -22,24 +21,19 @@ struct mt_libc mt_libc;
  * stub, which leads back here.  glibc's dladdr1 gives the symbol to tell;
  * musl has no such call, and there only the next definition is taken (a
  * program's own allocator is not seen: README, Limitations). */
-static void *reached(const char *name, const void *self) {
+static void *reached(const char *name) {
 #if defined(__GLIBC__)
-    void *f = dlsym(RTLD_DEFAULT, name);
     Dl_info at;
     const ElfW(Sym) *sym = NULL;
+    if (!dladdr((const void *)reached, &at))
+        return dlsym(RTLD_NEXT, name); /* this library unknown: never itself */
+    const void *self = at.dli_fbase;
+    void *f = dlsym(RTLD_DEFAULT, name);
     if (f && dladdr1(f, &at, (void **)&sym, RTLD_DL_SYMENT) && sym && sym->st_shndx != SHN_UNDEF &&
         at.dli_fbase != self && at.dli_saddr == f)
         return f;
-#else
-    (void)self;
 #endif
     return dlsym(RTLD_NEXT, name);
-}
-
-/* This library's load address, for reached(); NULL if dladdr fails. */
-static const void *self_base(void) {
-    Dl_info self;
-    return dladdr((const void *)self_base, &self) ? self.dli_fbase : NULL;
 }
 
 #if defined(__GLIBC__)
@@ -61,27 +55,26 @@ struct mt_libc_real mt_libc_real = {
 
 /* Into slot where found (glibc defines them all, so it always is, and
  * dlsym allocates nothing to answer). */
-#define REACHED(slot, name, self)                                                                  \
+#define REACHED(slot, name)                                                                        \
     do {                                                                                           \
-        void *f = reached(name, self);                                                             \
+        void *f = reached(name);                                                                   \
         if (f)                                                                                     \
             __builtin_memcpy(&(slot), &f, sizeof f);                                               \
     } while (0)
 
 void mt_libc_resolve(void) {
     static int done;
-    const void *self = self_base();
-    if (!done && self) {
+    if (!done) {
         done = 1;
-        REACHED(mt_libc_real.malloc, "malloc", self);
-        REACHED(mt_libc_real.calloc, "calloc", self);
-        REACHED(mt_libc_real.realloc, "realloc", self);
-        REACHED(mt_libc_real.free, "free", self);
-        REACHED(mt_libc_real.memalign, "memalign", self);
-        REACHED(mt_libc_real.valloc, "valloc", self);
-        REACHED(mt_libc_real.pvalloc, "pvalloc", self);
-        REACHED(mt_libc_real.posix_memalign, "posix_memalign", self);
-        REACHED(mt_libc_real.aligned_alloc, "aligned_alloc", self);
+        REACHED(mt_libc_real.malloc, "malloc");
+        REACHED(mt_libc_real.calloc, "calloc");
+        REACHED(mt_libc_real.realloc, "realloc");
+        REACHED(mt_libc_real.free, "free");
+        REACHED(mt_libc_real.memalign, "memalign");
+        REACHED(mt_libc_real.valloc, "valloc");
+        REACHED(mt_libc_real.pvalloc, "pvalloc");
+        REACHED(mt_libc_real.posix_memalign, "posix_memalign");
+        REACHED(mt_libc_real.aligned_alloc, "aligned_alloc");
     }
     if (!mt_libc.dlclose)
         mt_libc.dlclose = dlsym(RTLD_NEXT, "dlclose");
@@ -142,18 +135,17 @@ struct mt_libc_real mt_libc_real = {first_malloc, first_realloc, first_free, fir
  * from the arena (musl's dlsym allocates nothing, but another libc might). */
 static __thread int resolving __attribute__((tls_model("initial-exec")));
 
-/* reached() finds what each name reaches without this library: musl's,
- * the program's own or another allocator's.  All or none are taken: a
- * block must go back to the allocator it came from. */
+/* reached() finds the next definition of each name after this library:
+ * musl's, or another allocator's.  All or none are taken: a block must go
+ * back to the allocator it came from. */
 static void find_real(void) {
     if (resolving || MT_LIBC_REAL(malloc) != first_malloc)
         return;
     resolving = 1;
-    const void *self = self_base();
-    void *m = reached("malloc", self), *r = reached("realloc", self);
-    void *f = reached("free", self), *a = reached("aligned_alloc", self);
-    void *u = reached("malloc_usable_size", self);
-    if (self && m && r && f && a && u) {
+    void *m = reached("malloc"), *r = reached("realloc");
+    void *f = reached("free"), *a = reached("aligned_alloc");
+    void *u = reached("malloc_usable_size");
+    if (m && r && f && a && u) {
         __atomic_store_n(&mt_libc_real.usable_size, (size_t(*)(void *))u, __ATOMIC_RELEASE);
         __atomic_store_n(&mt_libc_real.free, (void (*)(void *))f, __ATOMIC_RELEASE);
         __atomic_store_n(&mt_libc_real.realloc, (void *(*)(void *, size_t))r, __ATOMIC_RELEASE);
