@@ -160,7 +160,7 @@ defmodule Mtrace.Top do
   end
 
   defp memory_lines(%{memory: m} = s) do
-    traced = Map.get(s, :traced, true)
+    left_out = Map.get(s, :left_out, false)
 
     vm =
       if m.total,
@@ -171,7 +171,7 @@ defmodule Mtrace.Top do
 
     native =
       case m.native do
-        _ when m.native != nil and not traced ->
+        _ when left_out ->
           "native: not traced (MTRACE_PROGRAMS does not name beam.smp: unset it)"
 
         %{live_bytes: bytes, live_count: count} ->

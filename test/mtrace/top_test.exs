@@ -103,7 +103,7 @@ defmodule Mtrace.TopTest do
     refute not_preloaded =~ "native sites"
     refute not_preloaded =~ "none: no native memory"
 
-    not_named = untraced.(%{s | traced: false})
+    not_named = untraced.(%{s | memory: %{s.memory | native: nil}, traced: false, left_out: true})
     assert not_named =~ ~r/^native: not traced \(MTRACE_PROGRAMS does not name beam.smp/m
     refute not_named =~ "native sites"
   end

@@ -4,7 +4,9 @@ defmodule Mtrace.Top.Sample do
   view itself may run elsewhere): memory at a glance, the native sites that
   grew since the previous refresh, and the processes whose memory grew
   most. `traced` says whether the native tracer records this program's
-  allocations (preloaded, and the program one `MTRACE_PROGRAMS` names). `take/2` is given the previous sample's `:state` to measure growth
+  allocations (preloaded, and the program one `MTRACE_PROGRAMS` names);
+  `left_out` that it is preloaded but `MTRACE_PROGRAMS` leaves the program
+  out. `take/2` is given the previous sample's `:state` to measure growth
   against; the first refresh has nothing to compare with.
   """
 
@@ -17,6 +19,7 @@ defmodule Mtrace.Top.Sample do
           secs: float | nil,
           memory: map,
           traced: boolean,
+          left_out: boolean,
           nif: [map] | {:error, atom},
           sites: [map],
           procs: [{pid, integer, integer, term}],
@@ -47,7 +50,8 @@ defmodule Mtrace.Top.Sample do
       at_ms: at,
       secs: secs,
       memory: memory,
-      traced: traced?(memory),
+      traced: memory.native != nil,
+      left_out: match?(%{active: false}, Native.stats()),
       native_per_s: native_rate(state, memory, secs),
       nif: nif_rows(n),
       sites: if(state && state.mark, do: Native.sites(n, state.mark, secs), else: []),
@@ -55,11 +59,6 @@ defmodule Mtrace.Top.Sample do
       state: %{at_ms: at, mark: mark, procs: procs, native: native_bytes(memory)}
     }
   end
-
-  # Whether the tracer records this program's allocations: preloaded, and
-  # the program one MTRACE_PROGRAMS names.
-  defp traced?(%{native: nil}), do: false
-  defp traced?(_memory), do: not match?(%{active: false}, Native.stats())
 
   defp native_bytes(%{native: %{live_bytes: bytes}}), do: bytes
   defp native_bytes(_memory), do: nil
