@@ -10,8 +10,9 @@
  * they serve until the process's first hook call has looked up, with
  * dlsym, what each name would reach without the preload
  * (mt_libc_resolve; see struct mt_libc_real below).  posix_memalign and
- * aligned_alloc have no such aliases: until then they are built on
- * __libc_memalign with glibc's checks.
+ * aligned_alloc have no such aliases: until then posix_memalign is built
+ * on __libc_memalign with glibc's checks, and aligned_alloc is
+ * __libc_memalign itself.
  *
  * musl (1.2) exports no such aliases: its __libc_malloc & co. are hidden.
  * It lets a preloaded library replace malloc, calloc, realloc, free,
@@ -62,8 +63,8 @@ extern void *__libc_pvalloc(size_t);
  * links another allocator (libjemalloc, libtcmalloc) whose definitions
  * come before glibc's: then it is that one, for every function defined
  * there, so that no block goes back to an allocator it did not come from
- * (this library's own calls too: strdup's malloc).  Until the process's first hook
- * call looks them up (mt_libc_resolve, before that call's own libc call),
+ * (this library's own calls too: strdup's malloc).  Until the process's
+ * first hook call looks them up (mt_libc_resolve, before its libc call),
  * glibc's __libc_ functions, callable before any constructor.  Written
  * only there, while every other thread's first call waits (tracker.c);
  * read with plain loads, as the hooks' calls through the GOT were. */
