@@ -19,7 +19,11 @@ end
 
 true = Mtrace.preloaded?()
 forgotten = Mtrace.reset()
-IO.puts("Forgot #{forgotten} allocations made while the VM booted (Mtrace.reset/0).")
+alias Mtrace.VM.Format
+
+IO.puts(
+  "Forgot #{Format.count(forgotten, "block")} allocated while the VM booted (Mtrace.reset/0)."
+)
 
 IO.puts("""
 Running a NIF for 3 seconds: it churns 60,000 short-lived malloc/free pairs
@@ -37,12 +41,10 @@ end
 
 stats = Mtrace.stats()
 
-alias Mtrace.VM.Format
-
 line =
   "Mtrace.stats(): #{Format.int(stats.malloc_cnt)} mallocs and " <>
     "#{Format.int(stats.free_cnt)} frees seen, " <>
-    "#{Format.count(stats.live_count, "allocation")} (#{Format.bytes(stats.live_bytes)}) " <>
+    "#{Format.count(stats.live_count, "block")} (#{Format.bytes(stats.live_bytes)}) " <>
     "still live, #{Format.int(stats.dropped)} dropped."
 
 # 80 columns, as every output of mtrace
@@ -50,19 +52,17 @@ line |> Format.wrap() |> Enum.each(&IO.puts/1)
 
 IO.puts("""
 
-The 3 oldest live allocations (Mtrace.olds(3, true)):
+The 3 oldest live blocks the NIF library allocated, with their stacks
+(Mtrace.olds(3, lib: "leaky_nif")):
 """)
 
-for {age, size, addr, ns, stack} <- Mtrace.olds(3, true) do
+for old <- Mtrace.olds(3, lib: "leaky_nif") do
   IO.puts(
-    "  #{Format.bytes(size)} at 0x#{Integer.to_string(addr, 16)}, #{Format.age(age)} old " <>
-      "(named in #{Format.int(ns)} ns)"
+    "  #{Format.bytes(old.size)} at 0x#{Integer.to_string(old.addr, 16)}, " <>
+      "#{Format.age(old.age)} old (named in #{Format.int(div(old.ns, 1000))} µs)"
   )
 
-  for {lib, symbol} <- Enum.take(stack, 4) do
-    name = Mtrace.Frame.name(%{symbol: symbol, lib: lib, offset: 0})
-    IO.puts("      #{name}  #{Path.basename(lib || "??")}")
-  end
+  for frame <- Enum.take(old.frames, 4), do: IO.puts("      " <> Mtrace.Frame.label(frame))
 end
 
 IO.puts("""
@@ -98,6 +98,8 @@ File.mkdir_p!(Path.dirname(svg))
 
 IO.puts("""
 
-Flame graph of all live native memory: #{svg}
-Collapsed stacks (flamegraph.pl, inferno, speedscope): #{Path.rootname(svg)}.folded
+Flame graph of all live native memory:
+  #{svg}
+Collapsed stacks (for flamegraph.pl, inferno or speedscope):
+  #{Path.rootname(svg)}.folded
 """)

@@ -29,6 +29,48 @@ defmodule Mtrace.Error do
           | :off
   @type t :: %__MODULE__{message: String.t(), reason: reason()}
 
+  @doc """
+  The message as a person reads it in an 80-column shell: each long line
+  broken at spaces (the first one shorter, after IEx's `** (Mtrace.Error) `);
+  indented lines, the commands to copy, are kept whole. The `message` field
+  keeps the unbroken text.
+
+      iex> e = %Mtrace.Error{reason: :nodedown, message: String.duplicate("word ", 30)}
+      iex> Exception.message(e) |> String.split("\\n") |> Enum.map(&String.length/1)
+      [59, 79, 9]
+  """
+  @impl true
+  @spec message(t()) :: String.t()
+  def message(%__MODULE__{message: message}) do
+    message
+    |> to_string()
+    |> String.split("\n")
+    |> Enum.with_index()
+    |> Enum.map_join("\n", fn {line, i} -> fill(line, if(i == 0, do: 62, else: 80)) end)
+  end
+
+  defp fill(line, width) do
+    if String.length(line) <= width or String.starts_with?(line, " "),
+      do: line,
+      else: line |> String.split(" ", trim: true) |> fill_words(width, [])
+  end
+
+  # Greedy: as many words as fit, then the rest at the full 80 columns.
+  defp fill_words([], _width, lines), do: lines |> Enum.reverse() |> Enum.join("\n")
+
+  defp fill_words([word | rest], width, lines) do
+    {line, rest} = take_words(rest, word, width)
+    fill_words(rest, 80, [line | lines])
+  end
+
+  defp take_words([word | rest], line, width) do
+    if String.length(line) + 1 + String.length(word) <= width,
+      do: take_words(rest, line <> " " <> word, width),
+      else: {line, [word | rest]}
+  end
+
+  defp take_words([], line, _width), do: {line, []}
+
   @doc false
   @spec not_preloaded() :: t()
   def not_preloaded do

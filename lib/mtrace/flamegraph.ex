@@ -235,8 +235,8 @@ defmodule Mtrace.Flamegraph do
   end
 
   defp total_line(tree, weight) do
-    "Total: #{Format.bytes(tree.bytes)} in #{Format.int(tree.count)} live allocations " <>
-      "(width by #{if weight == :bytes, do: "bytes", else: "allocation count"})"
+    "Total: #{Format.bytes(tree.bytes)} in #{Format.count(tree.count, "live block")} " <>
+      "(width by #{if weight == :bytes, do: "bytes", else: "block count"})"
   end
 
   # A node and, left to right below it, its children. A node too narrow to see
@@ -291,7 +291,7 @@ defmodule Mtrace.Flamegraph do
 
   defp hover_text(node, ctx) do
     share = weight(node, ctx.weight) * 100 / ctx.total
-    unit = if ctx.weight == :bytes, do: "bytes", else: "allocations"
+    unit = if ctx.weight == :bytes, do: "bytes", else: "blocks"
 
     [
       node.name,
@@ -299,9 +299,9 @@ defmodule Mtrace.Flamegraph do
       locations_line(node.locations),
       if(node.lib, do: "in #{node.lib}"),
       "#{Format.bytes(node.bytes)} (#{Format.int(node.bytes)} bytes) " <>
-        "in #{Format.int(node.count)} allocations",
+        "in #{Format.count(node.count, "block")}",
       "#{:erlang.float_to_binary(share, decimals: 2)}% of live #{unit}",
-      "oldest #{node.oldest} s"
+      "oldest #{Format.age(node.oldest)}"
     ]
     |> Enum.reject(&is_nil/1)
     |> Enum.join("\n")

@@ -15,8 +15,10 @@ defmodule Mtrace.Frame do
   The name a frame is shown under: for an Erlang frame its
   `Module.function/arity`; for a native frame its symbol (a C++ name without
   its argument list) if known, else the basename of its object file and the
-  frame's offset in it, in lowercase hex, else `"??"`. An empty symbol or lib
-  counts as unknown.
+  frame's offset in it, in lowercase hex. An address in no loaded object is,
+  in beam.smp, code the VM's JIT generated or code unloaded since (a purged
+  NIF library): `"?? (JIT or unloaded code)"`. An empty symbol or lib counts
+  as unknown.
 
   ## Examples
 
@@ -31,7 +33,7 @@ defmodule Mtrace.Frame do
       iex> Mtrace.Frame.name(%{module: nil, function: nil, arity: nil, symbol: nil, lib: nil, offset: 0})
       "?? (Erlang code)"
       iex> Mtrace.Frame.name(%{symbol: nil, lib: nil, offset: 0})
-      "??"
+      "?? (JIT or unloaded code)"
   """
   @spec name(%{
           :symbol => binary() | nil,
@@ -50,7 +52,7 @@ defmodule Mtrace.Frame do
   def name(%{lib: lib, offset: offset}) when is_binary(lib) and lib != "",
     do: Path.basename(lib) <> "+0x" <> String.downcase(Integer.to_string(offset, 16))
 
-  def name(_frame), do: "??"
+  def name(_frame), do: "?? (JIT or unloaded code)"
 
   @doc """
   A frame on one line, for the one-line stacks of `Mtrace.Watch` and

@@ -5,8 +5,9 @@ defmodule Mtrace.Report do
   A header gives the node's live native memory and, when it is not the whole
   picture, why: sampling, allocations that could not be recorded. Then each
   site, in the order given (top first), with its size, number of blocks and
-  the ages of its oldest and newest block, and its stack from the function
-  that called malloc outwards:
+  the ages of its oldest and newest block, what it is when it is one of the
+  VM's own (`Mtrace.VMSites`), and its stack from the function that called
+  malloc outwards:
 
       #1  12.0 MiB in 3_072 blocks  oldest 2h 03m  newest 5s
           cache_put (cache.c:88) libcache.so
@@ -139,7 +140,7 @@ defmodule Mtrace.Report do
     sites
     |> Enum.with_index(1)
     |> Enum.map(fn {site, rank} ->
-      [site_line(site, rank), frame_lines(site.frames, max_frames)]
+      [site_line(site, rank), vm_note(site.frames), frame_lines(site.frames, max_frames)]
     end)
   end
 
@@ -149,6 +150,14 @@ defmodule Mtrace.Report do
     fit(
       "##{rank}  #{size(site)}#{growth}  oldest #{age(site.oldest)}  newest #{age(site.newest)}"
     )
+  end
+
+  # The VM's own sites lead on every node: what they are, so as not to be chased.
+  defp vm_note(frames) do
+    case Mtrace.VMSites.note(frames) do
+      nil -> []
+      what -> fit("    (" <> what <> ")")
+    end
   end
 
   # With sampling a site's estimates differ from its recorded samples.

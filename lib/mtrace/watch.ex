@@ -127,12 +127,8 @@ defmodule Mtrace.Watch do
   end
 
   defp site_line({site, i}) do
-    stack =
-      site.frames
-      |> Enum.take(4)
-      |> Enum.map_join(" <- ", &Mtrace.Frame.label/1)
-
-    "  ##{i}  +#{Format.bytes(site.bytes)} in #{Format.count(site.count, "block")}: #{stack}"
+    "  ##{i}  +#{Format.bytes(site.bytes)} in #{Format.count(site.count, "block")}: " <>
+      Mtrace.VMSites.one_line(site.frames)
   end
 
   defp duration(ms) when ms < 1000, do: "#{ms} ms"

@@ -65,8 +65,8 @@ defmodule Mtrace.ExportTest do
       assert Mtrace.Frame.name(frame(nil, lib: "/a/b/libz.so.1", offset: 0xBEEF)) ==
                "libz.so.1+0xbeef"
 
-      assert Mtrace.Frame.name(frame(nil, lib: nil)) == "??"
-      assert Mtrace.Frame.name(frame("", lib: "", offset: 1)) == "??"
+      assert Mtrace.Frame.name(frame(nil, lib: nil)) == "?? (JIT or unloaded code)"
+      assert Mtrace.Frame.name(frame("", lib: "", offset: 1)) == "?? (JIT or unloaded code)"
     end
   end
 
@@ -175,7 +175,7 @@ defmodule Mtrace.ExportTest do
                  "inlined" => true
                },
                %{
-                 "name" => "??",
+                 "name" => "?? (JIT or unloaded code)",
                  "symbol" => nil,
                  "lib" => nil,
                  "file" => nil,

@@ -121,7 +121,7 @@ defmodule Mtrace.FlamegraphTest do
 
       assert_in_delta box!(boxes, "big").width, @drawing_width * 0.25, 0.01
       assert_in_delta box!(boxes, "small").width, @drawing_width * 0.75, 0.01
-      assert svg =~ "width by allocation count"
+      assert svg =~ "width by block count"
     end
 
     test "width: sets the image width" do
@@ -169,7 +169,7 @@ defmodule Mtrace.FlamegraphTest do
       boxes = boxes(svg)
 
       refute Enum.any?(boxes, &(&1.name == "tiny"))
-      assert box!(boxes, "main").title =~ "(10_000_001 bytes) in 2 allocations"
+      assert box!(boxes, "main").title =~ "(10_000_001 bytes) in 2 blocks"
     end
 
     test "names, labels and hover text are XML-escaped" do
@@ -227,12 +227,12 @@ defmodule Mtrace.FlamegraphTest do
       assert leak_title =~ "at leak.c:42"
       assert leak_title =~ "in /usr/lib/libleak.so"
       assert leak_title =~ "8.0 MiB"
-      assert leak_title =~ "in 8 allocations"
+      assert leak_title =~ "in 8 blocks"
       assert leak_title =~ "80.00% of live bytes"
-      assert leak_title =~ "oldest 3600 s"
+      assert leak_title =~ "oldest 1h 00m"
 
       assert box!(boxes, "inline_helper").title =~ "(inlined into its caller)"
-      assert box!(boxes, "??").title =~ "100.00%"
+      assert box!(boxes, "?? (JIT or unloaded code)").title =~ "100.00%"
       assert box!(boxes, "all").title =~ "10.0 MiB"
     end
 
@@ -245,7 +245,7 @@ defmodule Mtrace.FlamegraphTest do
       assert [total] = texts(doc, "/svg/text")
 
       assert heading == "leaks on node@host"
-      assert total =~ "Total: 1.5 KiB in 3 live allocations"
+      assert total =~ "Total: 1.5 KiB in 3 live blocks"
     end
 
     test "labels are truncated with .. when the box is too narrow" do

@@ -46,13 +46,18 @@ defmodule Mtrace.ReadableTest do
     end
   end
 
-  test "an error inspects as one short line: reason and first words; the message stays whole" do
+  test "an error inspects as one short line: reason and first words; the message keeps every word, in 80 columns" do
     message = "on node :\"worker@host\": " <> Mtrace.Error.not_preloaded().message
     e = %Mtrace.Error{reason: :not_preloaded, message: message}
     [line] = Regex.run(~r/#Mtrace.Error<.*?>(?=})/, inspect(%{worker@host: {:error, e}}))
     assert line =~ ~r/^#Mtrace.Error<:not_preloaded: on node :"worker@host": mtrace: .* \.\.\.>$/
     assert String.length(line) <= 78 and not String.contains?(line, "\\n")
-    assert Exception.message(e) == message
+    text = Exception.message(e)
+    assert String.split(text) == String.split(message)
+
+    for line <- String.split(text, "\n"), not String.starts_with?(line, " ") do
+      assert String.length(line) <= 80, line
+    end
 
     short = %Mtrace.Error{reason: :nodedown, message: "mtrace: cannot connect to node :a@b"}
     assert inspect(short) == "#Mtrace.Error<:nodedown: mtrace: cannot connect to node :a@b>"

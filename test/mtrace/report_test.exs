@@ -4,6 +4,7 @@ defmodule Mtrace.ReportTest do
   alias Mtrace.Report
 
   doctest Mtrace.Report
+  doctest Mtrace.VMSites
 
   @exact %{
     live_count: 3072,
@@ -52,8 +53,46 @@ defmodule Mtrace.ReportTest do
              "    lookup (src/cache.c:120) libcache.so.2 [inlined]",
              "    nif_lookup (nif.c) cache_nif.so",
              "    libcache.so.2+0x1f2e",
-             "    ??"
+             "    ?? (JIT or unloaded code)"
            ]
+  end
+
+  test "the VM's own sites say what they are; a NIF's does not" do
+    beam = "/usr/lib/erlang/erts-13.1.5/bin/beam.smp"
+    jit = [frame("beamasm_metadata_update", lib: beam), frame("erts_finish_loading", lib: beam)]
+    carrier = [frame("erts_sys_aligned_alloc", lib: beam), frame(nil, lib: beam)]
+
+    nif = [
+      frame("leak", lib: "/srv/app/priv/leaky_nif.so"),
+      frame("erts_call_dirty_nif", lib: beam)
+    ]
+
+    sites = [site(4096, 2, 10, 1, jit), site(2048, 1, 10, 10, carrier), site(1024, 1, 5, 5, nif)]
+
+    assert lines(sites, @exact, frames: 1) == [
+             "Native memory live on app@host: 12.0 MiB in 3_072 blocks",
+             "#1  4.0 KiB in 2 blocks  oldest 10s  newest 1s",
+             "    (the VM's own loaded code and its metadata, which grow as modules load)",
+             "    beamasm_metadata_update beam.smp",
+             "    ... 1 more",
+             "#2  2.0 KiB in 1 block  oldest 10s  newest 10s",
+             "    (a carrier of the VM's own allocators, whose use Mtrace.VM shows)",
+             "    erts_sys_aligned_alloc beam.smp",
+             "    ... 1 more",
+             "#3  1.0 KiB in 1 block  oldest 5s  newest 5s",
+             "    leak leaky_nif.so",
+             "    ... 1 more"
+           ]
+  end
+
+  # The names Mtrace.VMSites knows are those of this VM: a JIT node's
+  # loaded code is among its live sites, a module loaded now for certain.
+  test "on this node, the VM's loaded code is recognized" do
+    if :erlang.system_info(:emu_flavor) == :jit do
+      Code.compile_string("defmodule Mtrace.ReportTest.Loaded, do: def(f, do: :ok)")
+      notes = Mtrace.sites(boot: true, limit: :all) |> Enum.map(&Mtrace.VMSites.note(&1.frames))
+      assert "the VM's own loaded code and its metadata, which grow as modules load" in notes
+    end
   end
 
   test "sites are numbered in the order given, one block is singular" do

@@ -141,18 +141,14 @@ defmodule Mtrace.VM.Diagnosis do
 
   # Without a window a site's figure is what it holds; with one (and a mark
   # the tracer could take), only what it allocated during the window and
-  # still holds, which is growth.
+  # still holds, which is growth. The VM's own sites say what they are
+  # instead of their stack (Mtrace.VMSites).
   defp site_line(site, window) do
-    frames =
-      site
-      |> Map.get(:frames, [])
-      |> Enum.take(4)
-      |> Enum.map_join(" <- ", &Mtrace.Frame.label/1)
+    what = site |> Map.get(:frames, []) |> Mtrace.VMSites.one_line()
 
     if window && Map.has_key?(site, :growth_per_s),
-      do: "          #{site_held(site, "+")} over the #{window_text(window)} window: #{frames}",
-      else:
-        "          #{site_held(site, "")}, oldest #{Format.age(site[:oldest] || 0)}: #{frames}"
+      do: "          #{site_held(site, "+")} over the #{window_text(window)} window: #{what}",
+      else: "          #{site_held(site, "")}, oldest #{Format.age(site[:oldest] || 0)}: #{what}"
   end
 
   # When sampling, a site's estimates, not the samples it recorded.

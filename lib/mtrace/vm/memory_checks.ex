@@ -165,7 +165,7 @@ defmodule Mtrace.VM.MemoryChecks do
       :binary_leak,
       ratio(freed, threshold),
       "a forced GC freed #{Format.bytes(freed)} of refc binaries " <>
-        "(binary memory #{Format.bytes(before)} → #{Format.bytes(bin_leak.binary_after)})" <>
+        "(binary memory #{Format.bytes(before)} -> #{Format.bytes(bin_leak.binary_after)})" <>
         case top do
           [{pid, bytes, info} | _] ->
             "; #{Format.process(pid, info)} let go of the most, #{Format.bytes(bytes)}"

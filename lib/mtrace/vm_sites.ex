@@ -1,0 +1,59 @@
+defmodule Mtrace.VMSites do
+  @moduledoc """
+  The VM's own native allocations, which every node holds and which are not
+  leaks by themselves: the data of loaded code, the carriers of the VM's own
+  allocators, its threads' signal stacks. On a healthy node they are the
+  largest sites, so `Mtrace.report/1` says what each one is, under its line,
+  and an operator does not chase them. They are recognized by the functions
+  in their stacks (frames of beam.smp as `Mtrace.Frame.name/1` gives them).
+  """
+
+  # {functions any of which the stack holds, what the site is}
+  @known [
+    {~w(beamasm_metadata_update BeamModuleAssembler::register_metadata
+        asmjit::_abi_1_9::JitAllocator::alloc BeamModuleAssembler::codegen
+        beam_load_finalize_code erts_finish_loading),
+     "the VM's own loaded code and its metadata, which grow as modules load"},
+    {~w(erts_alcu_start erts_sys_aligned_alloc),
+     "a carrier of the VM's own allocators, whose use Mtrace.VM shows"},
+    {~w(sys_thread_init_signal_stack), "a signal stack of one of the VM's threads"}
+  ]
+
+  @doc """
+  What a site is when its stack is one of the VM's own allocations, else
+  nil. `frames` are the site's frames, innermost first.
+
+  ## Examples
+
+      iex> Mtrace.VMSites.note([%{symbol: "beamasm_metadata_update", lib: "/usr/lib/erlang/erts-13.1.5/bin/beam.smp", offset: 0}])
+      "the VM's own loaded code and its metadata, which grow as modules load"
+      iex> Mtrace.VMSites.note([%{symbol: "leak", lib: "/opt/leaky_nif.so", offset: 0}])
+      nil
+  """
+  @spec note([map()]) :: String.t() | nil
+  def note(frames) do
+    names = for frame <- frames, not Mtrace.Frame.erlang?(frame), do: Mtrace.Frame.name(frame)
+
+    Enum.find_value(@known, fn {functions, what} ->
+      if Enum.any?(names, &(&1 in functions)), do: what
+    end)
+  end
+
+  @doc """
+  A site on one line, for `Mtrace.Watch` and `Mtrace.VM.diagnose/1`: what
+  it is when it is one of the VM's own, else its innermost `n` frames
+  (`Mtrace.Frame.label/1`), each called by the next.
+
+  ## Examples
+
+      iex> Mtrace.VMSites.one_line([
+      ...>   %{symbol: "leak", lib: "/opt/leaky.so", file: "leaky.c", line: 12, offset: 0},
+      ...>   %{module: Ledger, function: :append, arity: 1, symbol: nil, lib: nil, offset: 0}
+      ...> ])
+      "leak (leaky.c:12) <- Ledger.append/1"
+  """
+  @spec one_line([map()], pos_integer()) :: String.t()
+  def one_line(frames, n \\ 4) do
+    note(frames) || frames |> Enum.take(n) |> Enum.map_join(" <- ", &Mtrace.Frame.label/1)
+  end
+end
