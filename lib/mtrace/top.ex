@@ -205,11 +205,13 @@ defmodule Mtrace.Top do
   defp site_lines(%{sites: sites}) do
     Enum.map(sites, fn site ->
       "  #{rate(site.growth_per_s)}  +#{Format.bytes(site.est_bytes)} in " <>
-        "#{Format.count(site.est_count, "block")}  " <> stack(site.frames)
+        "#{Format.count(site.est_count, "block")}  " <>
+        (Mtrace.VMSites.note(site.frames) || stack(site.frames))
     end)
   end
 
-  # Frame 0, and the Erlang code that called the NIF (or frame 1) outside it.
+  # Frame 0, and the Erlang code that called the NIF (or frame 1) outside it;
+  # the VM's own sites say instead what they are (Mtrace.VMSites).
   defp stack([first | rest]) do
     caller =
       case Enum.filter(rest, &Mtrace.Frame.erlang?/1) do

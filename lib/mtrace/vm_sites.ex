@@ -3,8 +3,9 @@ defmodule Mtrace.VMSites do
   The VM's own native allocations, which every node holds and which are not
   leaks by themselves: the data of loaded code, the carriers of the VM's own
   allocators, its threads' signal stacks. On a healthy node they are the
-  largest sites, so `Mtrace.report/1` says what each one is, under its line,
-  and an operator does not chase them. They are recognized by the functions
+  largest sites, so `Mtrace.report/1` (under the site's line),
+  `Mtrace.top/1`, `Mtrace.Watch` and `Mtrace.VM.diagnose/1` say what each
+  one is, and an operator does not chase them. They are recognized by the functions
   in their stacks (frames of beam.smp as `Mtrace.Frame.name/1` gives them).
   """
 
