@@ -206,7 +206,7 @@ defmodule Mtrace.Top do
     Enum.map(sites, fn site ->
       "  #{rate(site.growth_per_s)}  +#{Format.bytes(site.est_bytes)} in " <>
         "#{Format.count(site.est_count, "block")}  " <>
-        (Mtrace.VMSites.note(site.frames) || stack(site.frames))
+        (Mtrace.VMSites.note(site.frames, :short) || stack(site.frames))
     end)
   end
 

@@ -9,34 +9,40 @@ defmodule Mtrace.VMSites do
   in their stacks (frames of beam.smp as `Mtrace.Frame.name/1` gives them).
   """
 
-  # {functions any of which the stack holds, what the site is}
+  # {functions any of which the stack holds, what the site is, in short}
   @known [
     {~w(beamasm_metadata_update BeamModuleAssembler::register_metadata
         asmjit::_abi_1_9::JitAllocator::alloc BeamModuleAssembler::codegen
         beam_load_finalize_code erts_finish_loading),
-     "the VM's own loaded code and its metadata, which grow as modules load"},
+     "the VM's own loaded code and its metadata, which grow as modules load",
+     "the VM's own: loaded code"},
     {~w(erts_alcu_start erts_sys_aligned_alloc),
-     "a carrier of the VM's own allocators, whose use Mtrace.VM shows"},
-    {~w(sys_thread_init_signal_stack), "a signal stack of one of the VM's threads"}
+     "a carrier of the VM's own allocators, whose use Mtrace.VM shows",
+     "the VM's own: allocator carrier"},
+    {~w(sys_thread_init_signal_stack), "a signal stack of one of the VM's threads",
+     "the VM's own: thread signal stack"}
   ]
 
   @doc """
   What a site is when its stack is one of the VM's own allocations, else
-  nil. `frames` are the site's frames, innermost first.
+  nil. `frames` are the site's frames, innermost first; `:short` gives a
+  few words, for the narrow columns of `Mtrace.top/1`.
 
   ## Examples
 
       iex> Mtrace.VMSites.note([%{symbol: "beamasm_metadata_update", lib: "/usr/lib/erlang/erts-13.1.5/bin/beam.smp", offset: 0}])
       "the VM's own loaded code and its metadata, which grow as modules load"
+      iex> Mtrace.VMSites.note([%{symbol: "erts_alcu_start", lib: "beam.smp", offset: 0}], :short)
+      "the VM's own: allocator carrier"
       iex> Mtrace.VMSites.note([%{symbol: "leak", lib: "/opt/leaky_nif.so", offset: 0}])
       nil
   """
-  @spec note([map()]) :: String.t() | nil
-  def note(frames) do
+  @spec note([map()], :long | :short) :: String.t() | nil
+  def note(frames, form \\ :long) do
     names = for frame <- frames, not Mtrace.Frame.erlang?(frame), do: Mtrace.Frame.name(frame)
 
-    Enum.find_value(@known, fn {functions, what} ->
-      if Enum.any?(names, &(&1 in functions)), do: what
+    Enum.find_value(@known, fn {functions, long, short} ->
+      if Enum.any?(names, &(&1 in functions)), do: if(form == :short, do: short, else: long)
     end)
   end
 
