@@ -5,8 +5,9 @@ defmodule Mtrace.VMSites do
   allocators, its threads' signal stacks. On a healthy node they are the
   largest sites, so `Mtrace.report/1` (under the site's line),
   `Mtrace.top/1`, `Mtrace.Watch` and `Mtrace.VM.diagnose/1` say what each
-  one is, and an operator does not chase them. They are recognized by the functions
-  in their stacks (frames of beam.smp as `Mtrace.Frame.name/1` gives them).
+  one is, and an operator does not chase them. They are recognized by the
+  functions in their stacks (frames of beam.smp as `Mtrace.Frame.name/1`
+  gives them).
   """
 
   # {functions any of which the stack holds, what the site is, in short}
