@@ -117,7 +117,7 @@ defmodule Mtrace.Watch do
     head = [
       "mtrace: native live memory keeps growing",
       "  +#{Format.bytes(to - from)} (#{Format.bytes(from)} -> #{Format.bytes(to)}) in " <>
-        "#{o.intervals} consecutive intervals of #{duration(o.interval)}; sites that grew " <>
+        "#{o.intervals} consecutive intervals of #{Format.duration_ms(o.interval)}; sites that grew " <>
         "most since then:"
     ]
 
@@ -130,9 +130,6 @@ defmodule Mtrace.Watch do
     "  ##{i}  +#{Format.bytes(site.bytes)} in #{Format.count(site.count, "block")}: " <>
       Mtrace.VMSites.one_line(site.frames)
   end
-
-  defp duration(ms) when ms < 1000, do: "#{ms} ms"
-  defp duration(ms), do: Format.age(ms / 1000)
 
   defp live_bytes do
     stats = Mtrace.stats()

@@ -147,7 +147,8 @@ defmodule Mtrace.VM.Diagnosis do
     what = site |> Map.get(:frames, []) |> Mtrace.VMSites.one_line()
 
     if window && Map.has_key?(site, :growth_per_s),
-      do: "          #{site_held(site, "+")} over the #{window_text(window)} window: #{what}",
+      do:
+        "          #{site_held(site, "+")} over the #{Format.duration_ms(window)} window: #{what}",
       else: "          #{site_held(site, "")}, oldest #{Format.age(site[:oldest] || 0)}: #{what}"
   end
 
@@ -158,9 +159,6 @@ defmodule Mtrace.VM.Diagnosis do
 
   defp site_held(site, sign),
     do: "#{sign}#{Format.bytes(site[:bytes])} in #{Format.count(site[:count] || 0, "block")}"
-
-  defp window_text(ms) when ms < 1000, do: "#{ms} ms"
-  defp window_text(ms), do: Format.age(div(ms, 1000))
 
   defp nif_lines({:ok, []}), do: ["nif     no NIF or driver holds memory in the VM's allocators"]
 
@@ -254,8 +252,6 @@ defmodule Mtrace.VM.Diagnosis do
       "#Mtrace.VM.Diagnosis<#{node}: #{verdict}#{top}, #{listed}>"
     end
 
-    defp count(findings) do
-      if length(findings) == 1, do: "1 finding", else: "#{length(findings)} findings"
-    end
+    defp count(findings), do: Mtrace.VM.Format.count(length(findings), "finding")
   end
 end

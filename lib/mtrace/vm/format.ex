@@ -200,6 +200,27 @@ defmodule Mtrace.VM.Format do
   end
 
   @doc """
+  A duration given in milliseconds: as is under a second, to a tenth of a
+  second under a minute when not whole, else as `age/1` gives it.
+
+  ## Examples
+
+      iex> Mtrace.VM.Format.duration_ms(250)
+      "250 ms"
+      iex> Mtrace.VM.Format.duration_ms(1500)
+      "1.5s"
+      iex> Mtrace.VM.Format.duration_ms(90_000)
+      "1m 30s"
+  """
+  @spec duration_ms(non_neg_integer()) :: String.t()
+  def duration_ms(ms) when ms < 1000, do: "#{ms} ms"
+
+  def duration_ms(ms) when ms < 60_000 and rem(ms, 1000) != 0,
+    do: :erlang.float_to_binary(ms / 1000, decimals: 1) <> "s"
+
+  def duration_ms(ms), do: age(ms / 1000)
+
+  @doc """
   An age (or any duration) in seconds, to the two largest units.
 
   ## Examples
