@@ -317,7 +317,7 @@ defmodule Mtrace do
     age = &Mtrace.VM.Format.age/1
 
     [
-      o[:window] && "allocated in the last #{age.(o.window / 1000)}",
+      o[:window] && "allocated in the last #{Mtrace.VM.Format.duration_ms(o.window)}",
       o[:since] && "allocated since the mark",
       o[:min_age] && "at least #{age.(o.min_age)} old",
       o[:max_age] && "at most #{age.(o.max_age)} old",
