@@ -263,7 +263,7 @@ defmodule Mtrace do
   """
   @spec mark([{:node, node()} | {:timeout, timeout()}]) :: Mark.t()
   def mark(opts \\ []) do
-    o = Options.parse!(opts, [], "mark/1")
+    o = Options.parse_remote!(opts, "mark/1")
     remote(o, :mark, [drop_node(opts)], fn -> %Mark{node: node(), t_ms: Query.next_tick()} end)
   end
 
@@ -387,10 +387,14 @@ defmodule Mtrace do
     o =
       Options.parse!(
         opts,
-        [sort: :bytes, limit: :all, format: :folded, weight: :bytes],
+        [sort: :bytes, limit: :all, window: nil, format: :folded, weight: :bytes],
         "export/2"
       )
 
+    if o.format == :json and Keyword.has_key?(opts, :weight),
+      do: raise(ArgumentError, "export/2: weight: applies to format: :folded only")
+
+    {o, opts} = after_window(o, opts, "export/2")
     snap = snapshot(o, opts, [:format, :weight])
 
     data =
@@ -416,8 +420,9 @@ defmodule Mtrace do
   @spec flamegraph(Path.t(), keyword()) :: :ok
   def flamegraph(path, opts \\ []) do
     path!(path)
-    defaults = [sort: :bytes, limit: :all, weight: :bytes, title: nil, width: 1200]
+    defaults = [sort: :bytes, limit: :all, window: nil, weight: :bytes, title: nil, width: 1200]
     o = Options.parse!(opts, defaults, "flamegraph/2")
+    {o, opts} = after_window(o, opts, "flamegraph/2")
     snap = snapshot(o, opts, [:weight, :title, :width])
     render = [weight: o.weight, width: o.width] ++ if(o.title, do: [title: o.title], else: [])
     write!(path, Flamegraph.svg(estimated(snap), render))
@@ -507,7 +512,7 @@ defmodule Mtrace do
   """
   @spec stats([{:node, node()} | {:timeout, timeout()}]) :: Mtrace.Stats.t()
   def stats(opts \\ []) do
-    o = Options.parse!(opts, [], "stats/1")
+    o = Options.parse_remote!(opts, "stats/1")
     remote(o, :stats, [drop_node(opts)], fn -> Mtrace.Stats.new(call(&Native.stats/0)) end)
   end
 

@@ -75,8 +75,22 @@ defmodule Mtrace.Options do
   """
   @spec parse!(term(), keyword(), String.t()) :: map()
   def parse!(opts, defaults, where) do
-    parse(opts, defaults, where, @filter_keys ++ Keyword.keys(defaults), &check!/3)
+    parse(opts, defaults, where, Enum.uniq(@filter_keys ++ Keyword.keys(defaults)), &check!/3)
   end
+
+  @doc """
+  `parse!/3` for a function that only reads counters or the clock
+  (`Mtrace.stats/1`, `Mtrace.mark/1`): the filters mean nothing there, so
+  only `:node` and `:timeout` are known.
+
+      iex> Mtrace.Options.parse_remote!([node: :"a@h"], "stats/1")
+      %{node: :"a@h"}
+
+      iex> Mtrace.Options.parse_remote!([lib: "x"], "stats/1")
+      ** (ArgumentError) unknown option :lib for Mtrace.stats/1; known options: :node, :timeout
+  """
+  @spec parse_remote!(term(), String.t()) :: map()
+  def parse_remote!(opts, where), do: parse(opts, [], where, [:node, :timeout], &check!/3)
 
   @doc """
   `parse!/3` for a function whose options are its own (`Mtrace.VM`,

@@ -25,8 +25,11 @@ defmodule Mtrace.Watch do
     * `:name` — registered name (default `Mtrace.Watch`; `nil` for none).
 
   Not started, it costs nothing. Started on a node without the tracer
-  preloaded, it logs one warning with the `LD_PRELOAD` line and returns
-  `:ignore`, so the supervision tree starts as usual.
+  preloaded, or whose program `MTRACE_PROGRAMS` leaves untraced, it logs one
+  warning saying what to change and returns `:ignore`, so the supervision
+  tree starts as usual. While tracking is switched off (`Mtrace.disable/0`,
+  `MTRACE_ENABLED=0`) no growth can be seen: it logs that once, and once
+  more when tracking is back on.
   """
   use GenServer
   require Logger
@@ -55,30 +58,48 @@ defmodule Mtrace.Watch do
       #=> %{streak: 2, last_bytes: 48_213_004, warnings: 0}
   """
   @spec info(GenServer.server()) :: %{atom() => non_neg_integer()}
-  def info(server \\ __MODULE__), do: GenServer.call(server, :info)
+  def info(server \\ __MODULE__) do
+    GenServer.call(server, :info)
+  catch
+    :exit, {:noproc, _} ->
+      raise ArgumentError,
+            "Mtrace.Watch.info/1: no watcher is running as #{inspect(server)} " <>
+              "(start one with Mtrace.Watch.start_link/1; it returns :ignore where " <>
+              "the tracer is not preloaded or does not trace the program)"
+  end
 
   @impl true
   def init(o) do
-    if Mtrace.preloaded?() do
-      schedule(o)
+    cond do
+      not Mtrace.preloaded?() ->
+        not_started(
+          "the tracer library is not preloaded. In a release, add to " <>
+            "rel/env.sh.eex:\n    #{Mtrace.VM.Native.enable_hint()}"
+        )
 
-      {:ok,
-       %{
-         o: o,
-         last_bytes: live_bytes(),
-         last_mark: Mtrace.mark(),
-         streak: 0,
-         since: nil,
-         warnings: 0
-       }}
-    else
-      Logger.warning(
-        "Mtrace.Watch not started: the tracer library is not preloaded. " <>
-          "In a release, add to rel/env.sh.eex:\n    #{Mtrace.VM.Native.enable_hint()}"
-      )
+      not Mtrace.stats().active ->
+        not_started(Exception.message(Mtrace.Error.not_traced()))
 
-      :ignore
+      true ->
+        schedule(o)
+        stats = Mtrace.stats()
+
+        {:ok,
+         %{
+           o: o,
+           last_bytes: live_bytes(stats),
+           last_mark: Mtrace.mark(),
+           enabled: enabled?(stats, true),
+           streak: 0,
+           since: nil,
+           warnings: 0
+         }}
     end
+  end
+
+  defp not_started(why) do
+    Logger.warning("Mtrace.Watch not started: " <> String.replace_prefix(why, "mtrace: ", ""))
+    :ignore
   end
 
   @impl true
@@ -89,9 +110,33 @@ defmodule Mtrace.Watch do
   @impl true
   def handle_info(:tick, s) do
     schedule(s.o)
-    bytes = live_bytes()
+    stats = Mtrace.stats()
+    bytes = live_bytes(stats)
     mark = Mtrace.mark()
-    {:noreply, s |> step(bytes) |> Map.merge(%{last_bytes: bytes, last_mark: mark})}
+    enabled = enabled?(stats, s.enabled)
+
+    {:noreply,
+     s |> step(bytes) |> Map.merge(%{last_bytes: bytes, last_mark: mark, enabled: enabled})}
+  end
+
+  # Tracking switched off or on since the last sample is said once: while it
+  # is off, live bytes cannot grow, and silence would read as "no leak".
+  defp enabled?(%{enabled: now}, before) do
+    cond do
+      now == before ->
+        :ok
+
+      now ->
+        Logger.info("Mtrace.Watch: tracking is on again; watching native memory grow")
+
+      true ->
+        Logger.warning(
+          "Mtrace.Watch: tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0), " <>
+            "so native memory cannot be seen to grow; Mtrace.enable/0 switches it on"
+        )
+    end
+
+    now
   end
 
   # One sample: extend or end the streak, warn when it is long enough.
@@ -116,8 +161,8 @@ defmodule Mtrace.Watch do
     # A short first line, for the logger's prefix (time, level) before it.
     head = [
       "mtrace: native live memory keeps growing",
-      "  +#{Format.bytes(to - from)} (#{Format.bytes(from)} -> #{Format.bytes(to)}) in " <>
-        "#{o.intervals} consecutive intervals of #{Format.duration_ms(o.interval)}; sites that grew " <>
+      "  +#{Format.bytes(to - from)} in #{o.intervals} consecutive intervals of " <>
+        "#{Format.duration_ms(o.interval)}, to #{Format.bytes(to)} live; sites that grew " <>
         "most since then:"
     ]
 
@@ -131,8 +176,7 @@ defmodule Mtrace.Watch do
       Mtrace.VMSites.one_line(site.frames)
   end
 
-  defp live_bytes do
-    stats = Mtrace.stats()
+  defp live_bytes(stats) do
     if stats[:sampled], do: stats.est_live_bytes, else: stats.live_bytes
   end
 

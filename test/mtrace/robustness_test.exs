@@ -230,6 +230,36 @@ defmodule Mtrace.RobustnessTest do
     )
   end
 
+  test "options that would mean nothing are refused, not ignored" do
+    # stats and mark read counters and the clock: a filter would be ignored
+    assert_raise ArgumentError, ~r/unknown option :lib for Mtrace.stats\/1/, fn ->
+      Mtrace.stats(lib: "leaky_nif")
+    end
+
+    assert_raise ArgumentError, ~r/unknown option :min_age for Mtrace.mark\/1/, fn ->
+      Mtrace.mark(min_age: 5)
+    end
+
+    # each known option is listed once
+    e = catch_error(Mtrace.report(foo: 1))
+    assert length(Regex.scan(~r/:boot\b/, e.message)) == 1, e.message
+
+    path = Path.join(tmp_dir("growth_outputs"), "x")
+
+    for fun <- [&Mtrace.export/2, &Mtrace.flamegraph/2] do
+      assert_raise ArgumentError, ~r/sort: :growth measures growth since a mark/, fn ->
+        fun.(path, sort: :growth)
+      end
+
+      # with a window, as sites/1 and report/1 take it
+      assert :ok = fun.(path, sort: :growth, window: 20)
+    end
+
+    assert_raise ArgumentError, ~r/weight: applies to format: :folded only/, fn ->
+      Mtrace.export(path, format: :json, weight: :count)
+    end
+  end
+
   test "export and flamegraph: bad paths and options, and nothing written when they raise" do
     dir = tmp_dir("bad_outputs")
     path = fn name -> Path.join(dir, name) end

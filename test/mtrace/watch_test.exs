@@ -36,8 +36,8 @@ defmodule Mtrace.WatchTest do
     lines = String.split(log, "\n", trim: true)
     assert Enum.all?(lines, &(String.length(&1) <= 80)), log
     text = String.replace(log, ~r/\n +/, " ")
-    assert text =~ ~r/native live memory keeps growing \+[\d.]+ MiB \([\d.]+ \w+ -> [\d.]+ MiB\)/
-    assert text =~ "in 3 consecutive intervals of 150 ms; sites that grew most since then:"
+    assert text =~ ~r/native live memory keeps growing \+[\d.]+ MiB in 3 consecutive/
+    assert text =~ ~r/intervals of 150 ms, to [\d.]+ MiB live; sites that grew most since then:/
     assert text =~ "fixture_leak_malloc (leaky_nif.c:"
     # the Erlang code that called the NIF, named like everywhere else
     assert text =~ " <- Mtrace.Test.LeakyNif.leak/3 <- "
@@ -47,6 +47,28 @@ defmodule Mtrace.WatchTest do
     log = watch_while(8, fn -> LeakyNif.churn(5_000, 32 * 1024) end)
     assert_received {:info, %{warnings: 0}}
     refute log =~ "grew"
+  end
+
+  test "says when tracking is switched off, and when it is on again" do
+    on_exit(fn -> Mtrace.enable() end)
+
+    # each state lasts more than two intervals, so a sample sees it
+    log =
+      watch_while(2, fn ->
+        Mtrace.disable()
+        Process.sleep(2 * @interval + 50)
+        Mtrace.enable()
+        Process.sleep(2 * @interval)
+      end)
+
+    assert log =~ "tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0)"
+    assert log =~ "tracking is on again"
+  end
+
+  test "info/1 without a watcher says so" do
+    assert_raise ArgumentError, ~r/no watcher is running as :no_such_watch/, fn ->
+      Mtrace.Watch.info(:no_such_watch)
+    end
   end
 
   test "bad options raise" do
