@@ -128,18 +128,95 @@ defmodule Mtrace.Frame do
     end)
   end
 
+  @doc """
+  `name` made to fit `width` columns, for a line of a report: C++ template
+  arguments collapsed to `<...>`, innermost first, while it is too long;
+  then, if still too long, its start cut (the end names the function).
+
+      iex> Mtrace.Frame.fit("Asm::emit_body<unsigned long (process*, unsigned long)>", 30)
+      "Asm::emit_body<...>"
+      iex> Mtrace.Frame.fit("std::map<int, std::vector<char> >::insert", 40)
+      "std::map<int, std::vector<...> >::insert"
+      iex> Mtrace.Frame.fit("operator<<", 5)
+      "...<<"
+  """
+  @spec fit(String.t(), pos_integer()) :: String.t()
+  def fit(name, width) do
+    cond do
+      String.length(name) <= width ->
+        name
+
+      (collapsed = collapse_innermost(name)) != name ->
+        fit(collapsed, width)
+
+      true ->
+        "..." <> String.slice(name, -max(width - 3, 1)..-1)
+    end
+  end
+
+  # The innermost template argument list "<...>" of a name replaced by
+  # "<...>" (one already so is left), the rest unchanged; an operator's own
+  # "<" and ">" are not brackets.
+  defp collapse_innermost(name) do
+    case Regex.run(~r/(?<!operator)(?<!operator<)<([^<>]*)>/, name, return: :index) do
+      [{at, len}, _] when len > 5 ->
+        String.slice(name, 0, at) <> "<...>" <> String.slice(name, (at + len)..-1//1)
+
+      _ ->
+        collapse_outer(name)
+    end
+  end
+
+  # Every inner list already "<...>": the next level out, if any.
+  defp collapse_outer(name) do
+    case Regex.run(~r/(?<!operator)<((?:[^<>]|<\.\.\.>)*<\.\.\.>(?:[^<>]|<\.\.\.>)*)>/, name,
+           return: :index
+         ) do
+      [{at, len}, _] ->
+        String.slice(name, 0, at) <> "<...>" <> String.slice(name, (at + len)..-1//1)
+
+      _ ->
+        name
+    end
+  end
+
   # "ns::f(int, char const*) const" -> "ns::f": the argument list of a
   # demangled C++ name, found from its end so that templates and operator()
-  # keep their own parentheses.
+  # keep their own parentheses; and a template function's return type
+  # ("void ns::f<int>(int)" -> "ns::f<int>").
   defp short(symbol) do
     trimmed = String.trim_trailing(symbol, " const")
 
-    if String.ends_with?(trimmed, ")") and not String.starts_with?(trimmed, "(") do
-      cut_args(trimmed)
+    if String.ends_with?(trimmed, ")") do
+      trimmed |> cut_args() |> drop_return_type()
     else
       symbol
     end
   end
+
+  # The name after the last space outside brackets, unless an operator's
+  # name has the space ("operator new", "operator unsigned long").
+  defp drop_return_type(name) do
+    if String.contains?(name, "operator") or not String.contains?(name, " ") do
+      name
+    else
+      case top_level_spaces(String.to_charlist(name), 0, 0, []) do
+        [] -> name
+        [last | _] -> String.slice(name, (last + 1)..-1//1)
+      end
+    end
+  end
+
+  defp top_level_spaces([], _depth, _i, acc), do: acc
+  defp top_level_spaces([?\s | rest], 0, i, acc), do: top_level_spaces(rest, 0, i + 1, [i | acc])
+
+  defp top_level_spaces([c | rest], depth, i, acc) when c in ~c"<({[",
+    do: top_level_spaces(rest, depth + 1, i + 1, acc)
+
+  defp top_level_spaces([c | rest], depth, i, acc) when c in ~c">)}]",
+    do: top_level_spaces(rest, max(depth - 1, 0), i + 1, acc)
+
+  defp top_level_spaces([_ | rest], depth, i, acc), do: top_level_spaces(rest, depth, i + 1, acc)
 
   defp cut_args(symbol) do
     chars = String.to_charlist(symbol)

@@ -71,11 +71,23 @@ defmodule Mtrace.Report do
 
     [
       header(stats, node, opts[:filter], opts[:total]),
+      off(stats),
       incomplete(stats),
       boot(opts[:boot]),
-      body(sites, max_frames)
+      body(sites, max_frames, opts[:boot])
     ]
   end
+
+  # Switched off, nothing allocated since is recorded: said before any figure
+  # is read as "nothing grew".
+  defp off(%{enabled: false}) do
+    fit(
+      "Tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0): blocks allocated " <>
+        "since are not recorded; Mtrace.enable/0 switches it on."
+    )
+  end
+
+  defp off(_stats), do: []
 
   # A line as it is when it fits 80 columns, else wrapped (VM.Format.wrap/2).
   defp fit(line), do: fit_lines(line) |> Enum.map(&[&1, "\n"])
@@ -86,7 +98,7 @@ defmodule Mtrace.Report do
 
   # Boot-time memory is real but rarely the leak: one line, not ranked.
   defp boot(%{count: count} = boot) when count > 0 do
-    fit("Boot (before mtrace started): #{size(boot)}, not ranked (boot: true)")
+    fit("Boot (before mtrace started): #{size(boot)}; boot: true ranks them")
   end
 
   defp boot(_), do: []
@@ -134,9 +146,12 @@ defmodule Mtrace.Report do
     if losses == [], do: [], else: fit("Incomplete: " <> Enum.join(losses, ", "))
   end
 
-  defp body([], _max_frames), do: "No live allocations match.\n"
+  defp body([], _max_frames, %{count: count}) when count > 0,
+    do: "No live allocations made since mtrace started match.\n"
 
-  defp body(sites, max_frames) do
+  defp body([], _max_frames, _boot), do: "No live allocations match.\n"
+
+  defp body(sites, max_frames, _boot) do
     sites
     |> Enum.with_index(1)
     |> Enum.map(fn {site, rank} ->
@@ -177,16 +192,38 @@ defmodule Mtrace.Report do
   end
 
   # The lib is named only next to a symbol: without one, the frame's name
-  # already is the lib and an offset.
+  # already is the lib and an offset. Within 80 columns: a long source path
+  # gives way to its file name, then a long C++ name is shortened
+  # (Frame.fit/2), and only then is the line wrapped.
   defp frame_line(frame) do
-    parts = [
-      Mtrace.Frame.name(frame),
-      location(frame[:file], frame[:line]),
-      if(known?(frame[:symbol]) and known?(frame[:lib]), do: Path.basename(frame[:lib])),
-      if(frame[:inlined], do: "[inlined]")
-    ]
+    name = frame |> Mtrace.Frame.name() |> with_address(frame[:addr])
+    lib = if known?(frame[:symbol]) and known?(frame[:lib]), do: Path.basename(frame[:lib])
+    inlined = if frame[:inlined], do: "[inlined]"
+    line = &frame_text(&1, &2, lib, inlined)
+    full = line.(name, location(frame[:file], frame[:line]))
 
-    ["    ", parts |> Enum.reject(&is_nil/1) |> Enum.join(" "), "\n"]
+    if String.length(full) <= 80 do
+      [full, "\n"]
+    else
+      short_file = location(frame[:file] && Path.basename(frame[:file]), frame[:line])
+      # templates collapse to make room; a plain name is cut only when it
+      # alone would not fit, else the line wraps after it
+      room = 80 - String.length(line.("", short_file))
+      name = if name =~ "<", do: Mtrace.Frame.fit(name, max(room, 24)), else: name
+      text = line.(Mtrace.Frame.fit(name, 76), short_file)
+      [text |> Format.wrap(80) |> Enum.join("\n"), "\n"]
+    end
+  end
+
+  # A frame in no loaded object has no name: its address tells two such
+  # sites apart (JIT code of different Erlang functions).
+  defp with_address("?? (JIT or unloaded code)", addr) when is_integer(addr),
+    do: "?? 0x#{String.downcase(Integer.to_string(addr, 16))} (JIT or unloaded code)"
+
+  defp with_address(name, _addr), do: name
+
+  defp frame_text(name, location, lib, inlined) do
+    "    " <> ([name, location, lib, inlined] |> Enum.reject(&is_nil/1) |> Enum.join(" "))
   end
 
   defp known?(field), do: field not in [nil, ""]

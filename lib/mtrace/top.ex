@@ -174,6 +174,10 @@ defmodule Mtrace.Top do
         _ when left_out ->
           "native: not traced (MTRACE_PROGRAMS does not name beam.smp: unset it)"
 
+        %{enabled: false, live_bytes: bytes, live_count: count} ->
+          "native #{Format.bytes(bytes)} in #{Format.count(count, "block")}  " <>
+            "tracking off: Mtrace.enable/0"
+
         %{live_bytes: bytes, live_count: count} ->
           "native #{Format.bytes(bytes)} in #{Format.count(count, "block")}" <>
             if(s.native_per_s, do: "  #{Format.rate(s.native_per_s)}", else: "")
@@ -196,6 +200,9 @@ defmodule Mtrace.Top do
 
   defp section(_title, []), do: []
   defp section(title, lines), do: ["", title | lines]
+
+  defp site_lines(%{memory: %{native: %{enabled: false}}}),
+    do: ["  none can show: tracking is switched off, new blocks are not recorded"]
 
   defp site_lines(%{secs: nil}), do: ["  (growth shows from the next refresh on)"]
 

@@ -77,6 +77,20 @@ defmodule Mtrace.DiagnoseGrowthTest do
     assert window.verdict == :native_heap, Mtrace.VM.Diagnosis.render(window)
   end
 
+  test "tracking switched off: said, and native growth not judged as none" do
+    on_exit(fn -> Mtrace.enable() end)
+    :ok = Mtrace.disable()
+
+    text =
+      Mtrace.VM.diagnose(print: false, gc: false, window: 300) |> Mtrace.VM.Diagnosis.render()
+
+    flat = String.replace(text, ~r/\s+/, " ")
+    assert flat =~ "tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0)", text
+    assert flat =~ "native not measured: tracking is switched off", text
+    refute flat =~ "the node looks healthy", text
+    assert text |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), text
+  end
+
   test "thresholds are options: a lower native_growth flags slower growth" do
     results =
       scenarios(
@@ -106,6 +120,8 @@ defmodule Mtrace.DiagnoseGrowthTest do
 
     ranks = Regex.scan(~r/^#(\d+) /m, text) |> Enum.map(fn [_, n] -> String.to_integer(n) end)
     assert ranks == Enum.to_list(1..10)
-    assert boot_text =~ ~r/^Boot \(before mtrace started\): .* in [\d_]+ blocks, not ranked/m
+
+    assert boot_text =~
+             ~r/^Boot \(before mtrace started\): .* in [\d_]+ blocks; boot: true ranks them/m
   end
 end

@@ -53,7 +53,28 @@ defmodule Mtrace.ReportTest do
              "    lookup (src/cache.c:120) libcache.so.2 [inlined]",
              "    nif_lookup (nif.c) cache_nif.so",
              "    libcache.so.2+0x1f2e",
-             "    ?? (JIT or unloaded code)"
+             "    ?? 0x7f0000002000 (JIT or unloaded code)"
+           ]
+  end
+
+  test "a long frame fits 80 columns: templates collapse, paths give way, then it wraps" do
+    frames = [
+      frame(
+        "void Asm::emit_fallback_body<unsigned long (process*, unsigned long, unsigned long)>(int)",
+        lib: "/usr/lib/erlang/erts-13.1.5/bin/beam.smp"
+      ),
+      frame("_dlfo_mappings_segment_allocate",
+        file: "./elf/dl-find_object.c",
+        line: 217,
+        lib: "/lib/ld-linux-x86-64.so.2",
+        inlined: true
+      )
+    ]
+
+    assert Enum.drop(lines([site(1, 1, 1, 1, frames)], @exact), 2) == [
+             "    Asm::emit_fallback_body<...> beam.smp",
+             "    _dlfo_mappings_segment_allocate (dl-find_object.c:217) ld-linux-x86-64.so.2",
+             "      [inlined]"
            ]
   end
 
@@ -134,9 +155,22 @@ defmodule Mtrace.ReportTest do
     boot = %{count: 12, bytes: 4 * 1024 ** 2, est_count: 136, est_bytes: 8 * 1024 ** 2}
 
     assert Enum.slice(lines([], stats, boot: boot), 2, 2) == [
-             "Boot (before mtrace started): about 8.0 MiB in about 136 blocks (12 sampled),",
-             "  not ranked (boot: true)"
+             "Boot (before mtrace started): about 8.0 MiB in about 136 blocks (12 sampled);",
+             "  boot: true ranks them"
            ]
+
+    # nothing since mtrace started matches, but boot blocks do: not "nothing"
+    assert List.last(lines([], stats, boot: boot)) ==
+             "No live allocations made since mtrace started match."
+  end
+
+  test "tracking switched off is said before anything is read as no growth" do
+    assert Enum.slice(lines([], Map.put(@exact, :enabled, false)), 1, 2) == [
+             "Tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0): blocks",
+             "  allocated since are not recorded; Mtrace.enable/0 switches it on."
+           ]
+
+    refute Enum.any?(lines([], Map.put(@exact, :enabled, true)), &(&1 =~ "switched off"))
   end
 
   test "every line fits 80 columns, continuations indented" do

@@ -106,6 +106,12 @@ defmodule Mtrace.TopTest do
     not_named = untraced.(%{s | memory: %{s.memory | native: nil}, traced: false, left_out: true})
     assert not_named =~ ~r/^native: not traced \(MTRACE_PROGRAMS does not name beam.smp/m
     refute not_named =~ "native sites"
+
+    # switched off: said on the native line and where the sites would be
+    off = untraced.(%{s | memory: %{s.memory | native: %{s.memory.native | enabled: false}}})
+    assert off =~ ~r/^native [\d.]+ \w+ in [\d_]+ blocks  tracking off: Mtrace.enable\/0$/m
+    assert off =~ "none can show: tracking is switched off"
+    refute off =~ "none: no native memory"
   end
 
   @tag :peer

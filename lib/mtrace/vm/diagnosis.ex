@@ -70,9 +70,9 @@ defmodule Mtrace.VM.Diagnosis do
       native_lines(result.native, result.window),
       nif_lines(Map.get(result, :nif)),
       window_line(result.window),
-      growth_lines(Map.get(result, :growth)),
+      growth_lines(Map.get(result, :growth), tracking_off?(result.native)),
       "",
-      finding_lines(result.findings)
+      finding_lines(result.findings, tracking_off?(result.native))
     ]
     |> List.flatten()
     |> Enum.flat_map(&Format.wrap/1)
@@ -124,12 +124,20 @@ defmodule Mtrace.VM.Diagnosis do
         "#{about}#{Format.count(stats[:live_count] || 0, "block")}" <>
         if(stats[:sampled], do: " (estimated from samples)", else: "")
 
+    off =
+      if stats[:enabled] == false,
+        do: [
+          "        tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0): new " <>
+            "blocks are not recorded, so native growth cannot show; Mtrace.enable/0 " <>
+            "switches it on"
+        ],
+        else: []
+
     [
       "native  #{live}; heap " <>
         "#{Format.bytes(stats[:used_bytes])} used, #{Format.bytes(stats[:free_bytes])} free, " <>
         "#{Format.bytes(stats[:mmap_bytes])} mmapped"
-      | Enum.map(sites, &site_line(&1, window))
-    ]
+    ] ++ off ++ Enum.map(sites, &site_line(&1, window))
   end
 
   defp native_lines(_native, _window) do
@@ -138,6 +146,10 @@ defmodule Mtrace.VM.Diagnosis do
       "          #{Native.enable_hint()}"
     ]
   end
+
+  # Tracking switched off: native memory is still read, but cannot grow.
+  defp tracking_off?(%{stats: %{enabled: false}}), do: true
+  defp tracking_off?(_native), do: false
 
   # Without a window a site's figure is what it holds; with one (and a mark
   # the tracer could take), only what it allocated during the window and
@@ -176,9 +188,9 @@ defmodule Mtrace.VM.Diagnosis do
   defp nif_lines({:error, reason}), do: ["nif     " <> Native.nif_explain(reason)]
   defp nif_lines(_), do: []
 
-  defp growth_lines(nil), do: []
+  defp growth_lines(nil, _off), do: []
 
-  defp growth_lines(g) do
+  defp growth_lines(g, off) do
     vm =
       [:total, :processes, :binary, :ets, :code, :atom]
       |> Enum.filter(&is_number(g[&1]))
@@ -186,6 +198,7 @@ defmodule Mtrace.VM.Diagnosis do
 
     native =
       case g[:native] do
+        _ when off -> ["        native not measured: tracking is switched off"]
         %{} = n -> ["        native " <> Findings.describe_growth(n)]
         _ -> []
       end
@@ -202,15 +215,28 @@ defmodule Mtrace.VM.Diagnosis do
   # Findings that reach the problem score are listed first, under their
   # kind; those below it follow under their own heading, as what they
   # measured, since the kind would claim what they do not show.
-  defp finding_lines([]), do: ["findings: none, the node looks healthy"]
+  defp finding_lines([], true),
+    do: ["findings: none in what could be seen; native growth could not be (tracking is off)"]
 
-  defp finding_lines(findings) do
+  defp finding_lines([], _off), do: ["findings: none, the node looks healthy"]
+
+  defp finding_lines(findings, off) do
     {problems, leads} = Enum.split_with(findings, &(&1.score >= @problem))
 
     head =
-      if problems == [],
-        do: ["findings: none scores #{@problem} or more (a problem); the node looks healthy"],
-        else: ["findings (a score of #{@problem} or more is a problem):"]
+      cond do
+        problems != [] ->
+          ["findings (a score of #{@problem} or more is a problem):"]
+
+        off ->
+          [
+            "findings: none scores #{@problem} or more (a problem); native growth could not " <>
+              "be seen (tracking is off)"
+          ]
+
+        true ->
+          ["findings: none scores #{@problem} or more (a problem); the node looks healthy"]
+      end
 
     below =
       if leads == [],
