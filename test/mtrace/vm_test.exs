@@ -131,6 +131,31 @@ defmodule Mtrace.VMTest do
       assert [%{est_bytes: 419_430_400} | _] = result.native.sites
     end
 
+    test "with a window, what grew ranks before what only held still, whatever the scores" do
+      snap = VM.Diagnose.snapshot()
+      prev = %{snap | at_ms: snap.at_ms - 5_000}
+      # a NIF module holding 2 GiB that did not move, native memory growing
+      # steadily by 100 KiB/s
+      row = %{module: :big_nif, kind: :enif_alloc, count: 1, bytes: 2_147_483_648}
+      row = Map.merge(row, %{bytes_min: 2_147_483_648, bytes_max: 2_147_483_648})
+      base = (snap.memory.native || %{live_bytes: 0}).live_bytes
+
+      findings =
+        VM.Findings.judge(prev, snap, %{
+          bin_leak: nil,
+          preloaded: true,
+          sites: [],
+          native_series: for(i <- 0..5, do: base + i * 100 * 1024),
+          nif: %{series: List.duplicate([row], 6), now: {:ok, [row]}}
+        })
+
+      kinds = Enum.map(findings, & &1.kind)
+      assert [:native_leak, :nif_alloc_leak | _] = kinds
+      [leak, nif | _] = findings
+      assert nif.score > leak.score
+      assert VM.Findings.verdict(findings) == :native_leak
+    end
+
     test "findings under the problem score are listed apart, without their kind" do
       d = VM.diagnose(print: false, gc: false)
       problem = %{kind: :binary_leak, score: 95.5, summary: "freed a lot", next: "look"}

@@ -39,7 +39,11 @@ defmodule Mtrace.VM.Findings do
   healthy while a slow steady leak does not.
 
   When scores tie, the more specific cause wins: a stuck mailbox or a
-  process leak inflates memory everywhere else as a consequence.
+  process leak inflates memory everywhere else as a consequence. With a
+  window, memory that held still while watched (`:native_heap`, a NIF
+  module's memory not growing steadily) ranks after the problems that
+  grew, whatever its score: the verdict names what leaks, not what is
+  merely large.
 
   ## Growth
 
@@ -107,8 +111,16 @@ defmodule Mtrace.VM.Findings do
     (process_checks(prev, snap, secs, thresholds) ++ MemoryChecks.run(prev, snap, secs, extra))
     |> Enum.reject(&is_nil/1)
     |> Enum.filter(&(&1.score >= @listed))
-    |> Enum.sort_by(&{-&1.score, Enum.find_index(@priority, fn k -> k == &1.kind end)})
+    |> Enum.sort_by(&{tier(&1), -&1.score, Enum.find_index(@priority, fn k -> k == &1.kind end)})
   end
+
+  # Problems first, then what a window saw hold still (large, but not what
+  # grows: a native heap, a NIF module's memory not growing steadily), then
+  # the leads below a problem's score.
+  defp tier(%{score: score}) when score < @problem, do: 2
+  defp tier(%{kind: :native_heap}), do: 1
+  defp tier(%{kind: :nif_alloc_leak, evidence: %{growth_per_s: per_s}}) when per_s == 0, do: 1
+  defp tier(_finding), do: 0
 
   @doc """
   The kind of the first (highest-scoring) finding at or above 50, else

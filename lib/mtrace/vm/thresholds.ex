@@ -84,6 +84,12 @@ defmodule Mtrace.VM.Thresholds do
     frag_wasted: 64 * @mib
   }
 
+  # Shares of a whole: above 1 they could never be reached.
+  @shares for {key, _} <- @defaults,
+              key |> Atom.to_string() |> String.ends_with?("_share"),
+              do: key
+  @shares [:native_steady, :frag_usage | @shares]
+
   @typedoc "The thresholds in force, by key (see the table above)."
   @type t :: %{atom => number}
 
@@ -97,11 +103,15 @@ defmodule Mtrace.VM.Thresholds do
   def defaults, do: @defaults
 
   @doc """
-  The defaults with `overrides` (a keyword list) applied; an unknown key or
-  a value that is not a positive number raises `ArgumentError`.
+  The defaults with `overrides` (a keyword list) applied; an unknown key, a
+  value that is not a positive number, or a share (`*_share`,
+  `native_steady`, `frag_usage`) above 1 raises `ArgumentError`.
 
       iex> Mtrace.VM.Thresholds.merge!(native_growth: -1)
       ** (ArgumentError) option :thresholds: native_growth must be a positive number, got: -1
+
+      iex> Mtrace.VM.Thresholds.merge!(native_steady: 5)
+      ** (ArgumentError) option :thresholds: native_steady is a share, from 0 to 1 (e.g. 0.75), got: 5
   """
   @spec merge!(term) :: t
   def merge!(overrides) do
@@ -120,6 +130,11 @@ defmodule Mtrace.VM.Thresholds do
         not (is_number(value) and value > 0) ->
           raise ArgumentError,
                 "option :thresholds: #{key} must be a positive number, got: #{inspect(value)}"
+
+        key in @shares and value > 1 ->
+          raise ArgumentError,
+                "option :thresholds: #{key} is a share, from 0 to 1 (e.g. 0.75), got: " <>
+                  inspect(value)
 
         key == :window_steps and not is_integer(value) ->
           raise ArgumentError,
