@@ -135,7 +135,7 @@ defmodule Mtrace.Top do
     # Untraced, no site can show: the native line says why.
     sites =
       if Map.get(s, :traced, true),
-        do: section("native sites growing fastest", site_lines(s)),
+        do: section("native sites growing fastest", site_lines(s, cols)),
         else: []
 
     procs = section("processes growing fastest", proc_lines(s))
@@ -201,19 +201,31 @@ defmodule Mtrace.Top do
   defp section(_title, []), do: []
   defp section(title, lines), do: ["", title | lines]
 
-  defp site_lines(%{memory: %{native: %{enabled: false}}}),
+  defp site_lines(%{memory: %{native: %{enabled: false}}}, _cols),
     do: ["  none can show: tracking is switched off, new blocks are not recorded"]
 
-  defp site_lines(%{secs: nil}), do: ["  (growth shows from the next refresh on)"]
+  defp site_lines(%{secs: nil}, _cols), do: ["  (growth shows from the next refresh on)"]
 
-  defp site_lines(%{sites: []}),
+  defp site_lines(%{sites: []}, _cols),
     do: ["  none: no native memory allocated since the last refresh is held"]
 
-  defp site_lines(%{sites: sites}) do
-    Enum.map(sites, fn site ->
-      "  #{rate(site.growth_per_s)}  +#{Format.bytes(site.est_bytes)} in " <>
-        "#{Format.count(site.est_count, "block")}  " <>
-        (Mtrace.VMSites.note(site.frames, :short) || stack(site.frames))
+  # The rate says how much grew (the bytes since the last refresh would only
+  # repeat it), so the room goes to who allocated: the site and the Erlang
+  # code that called it, on a second line when one is too narrow.
+  defp site_lines(%{sites: sites}, cols) do
+    Enum.flat_map(sites, fn site ->
+      head =
+        "  #{rate(site.growth_per_s)}  " <>
+          String.pad_leading(Format.count(site.est_count, "block"), 11) <> "  "
+
+      case Mtrace.VMSites.note(site.frames, :short) || stack(site.frames) do
+        {first, caller} ->
+          line = head <> first <> " <- " <> caller
+          if String.length(line) <= cols, do: [line], else: [head <> first, "      <- " <> caller]
+
+        what ->
+          [head <> what]
+      end
     end)
   end
 
@@ -228,7 +240,7 @@ defmodule Mtrace.Top do
       end
 
     if caller,
-      do: Mtrace.Frame.name(first) <> " <- " <> Mtrace.Frame.label(caller),
+      do: {Mtrace.Frame.name(first), Mtrace.Frame.label(caller)},
       else: Mtrace.Frame.label(first)
   end
 
