@@ -133,12 +133,15 @@ defmodule Mtrace.Query do
   end
 
   # With boot: false, what it left out: the allocations, matching the other
-  # options, made before mtrace started (a site-shaped total), else nil.
+  # options, made before mtrace started (a site-shaped total); :not_started
+  # when the application has not started, so nothing can be left out.
   defp boot(%{boot: false} = o, total) do
-    {all, _} = sites(%{o | boot: true, limit: 1, sort: :bytes})
-
-    if Options.started_ms(),
-      do: Map.new([:count, :bytes, :est_count, :est_bytes], &{&1, max(all[&1] - total[&1], 0)})
+    if Options.started_ms() do
+      {all, _} = sites(%{o | boot: true, limit: 1, sort: :bytes})
+      Map.new([:count, :bytes, :est_count, :est_bytes], &{&1, max(all[&1] - total[&1], 0)})
+    else
+      :not_started
+    end
   end
 
   defp boot(_o, _total), do: nil

@@ -32,7 +32,9 @@ defmodule Mtrace.Report do
       are counted in a `... N more` line.
     * `:node` - the node named in the header (default `node()`).
     * `:boot` - what was left out as allocated before mtrace started
-      (`%{count, bytes, est_count, est_bytes}`), summarized in one line.
+      (`%{count, bytes, est_count, est_bytes}`), summarized in one line;
+      `:not_started` when the mtrace application has not started (`mix run
+      --no-start`), so that boot blocks rank with the rest, as a line says.
     * `:filter` - what the query kept, in words (`"with a frame in
       \"leaky\""`), and `:total`, the sum over what it kept (as
       `Mtrace.Query.sites/1` gives it): the header then gives that total
@@ -99,6 +101,14 @@ defmodule Mtrace.Report do
   # Boot-time memory is real but rarely the leak: one line, not ranked.
   defp boot(%{count: count} = boot) when count > 0 do
     fit("Boot (before mtrace started): #{size(boot)}; boot: true ranks them")
+  end
+
+  # Started with `mix run --no-start`, say: the VM's own boot blocks rank.
+  defp boot(:not_started) do
+    fit(
+      "Boot blocks are ranked too: the mtrace application is not started, and its " <>
+        "start marks the end of boot (Application.ensure_all_started(:mtrace))."
+    )
   end
 
   defp boot(_), do: []

@@ -164,6 +164,13 @@ defmodule Mtrace.ReportTest do
              "No live allocations made since mtrace started match."
   end
 
+  test "without the mtrace application started, boot blocks rank, and a line says so" do
+    assert Enum.slice(lines([], @exact, boot: :not_started), 1, 2) == [
+             "Boot blocks are ranked too: the mtrace application is not started, and its start",
+             "  marks the end of boot (Application.ensure_all_started(:mtrace))."
+           ]
+  end
+
   test "tracking switched off is said before anything is read as no growth" do
     assert Enum.slice(lines([], Map.put(@exact, :enabled, false)), 1, 2) == [
              "Tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0): blocks",

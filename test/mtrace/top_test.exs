@@ -208,8 +208,7 @@ defmodule Mtrace.TopTest do
       tmux(["send-keys", "-t", s, "spawn(&Mtrace.Test.ErlangCallers.leak_forever/0)", "Enter"])
       tmux(["send-keys", "-t", s, "Mtrace.top(interval: 500)", "Enter"])
 
-      first =
-        until(s, &(&1 =~ ~r/\+[\d.]+ KiB\/s +[\d_]+ blocks  fixture_leak_malloc/))
+      first = until(s, &(&1 =~ ~r/\+[\d.]+ KiB\/s +[\d_]+ blocks  fixture_leak_malloc/))
 
       assert first =~ ~r/^mtrace top \S+  every 0.5s  q \+ Enter quits/m
       assert first =~ ~r/fixture_leak_malloc\n +<- Mtrace.Test.ErlangCallers.append\/1 \(/
