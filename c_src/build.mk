@@ -38,10 +38,11 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_own_alloc $(BUILD)/test_interpose_nopie
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
 	$(BUILD)/test_elf_symtab \
-	$(BUILD)/test_unwind $(BUILD)/test_recent_stacks $(BUILD)/test_erlang_frames $(INTERPOSE_TESTS)
+	$(BUILD)/test_unwind $(BUILD)/test_unwind_rules $(BUILD)/test_recent_stacks \
+	$(BUILD)/test_erlang_frames $(INTERPOSE_TESTS)
 ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_query \
 	$(BUILD)/asan_test_symbols $(BUILD)/asan_test_elf_symtab $(BUILD)/asan_test_unwind \
-	$(BUILD)/asan_test_recent_stacks $(BUILD)/asan_test_erlang_frames
+	$(BUILD)/asan_test_recent_stacks $(BUILD)/asan_test_erlang_frames $(BUILD)/asan_test_unwind_rules
 VALGRIND_TESTS = $(BUILD)/test_table $(BUILD)/test_query $(BUILD)/test_config $(BUILD)/test_symbols \
 	$(BUILD)/test_elf_symtab
 DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so
@@ -251,6 +252,17 @@ $(BUILD)/test_unwind: test/c/test_unwind.c test/c/check.h $(UNWIND_SRC) $(PRELOA
 $(BUILD)/asan_test_unwind: test/c/test_unwind.c test/c/check.h $(UNWIND_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind.c $(UNWIND_SRC) $(UNWIND_LIBS) $(DL_LIBS) -lpthread
+
+# The rules' cache alone, its rules made up by the test (no eh_frame.c).
+$(BUILD)/test_unwind_rules: test/c/test_unwind_rules.c test/c/check.h c_src/preload/unwind_rules.c \
+		$(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind_rules.c c_src/preload/unwind_rules.c -lpthread
+
+$(BUILD)/asan_test_unwind_rules: test/c/test_unwind_rules.c test/c/check.h c_src/preload/unwind_rules.c \
+		$(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind_rules.c c_src/preload/unwind_rules.c -lpthread
 
 $(BUILD)/test_recent_stacks: test/c/test_recent_stacks.c test/c/check.h $(UNWIND_SRC) $(PRELOAD_HDR) \
 		$(MAKEVARS)

@@ -31,6 +31,7 @@ void mt_unwind_count_fallback(void) {
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "mtrace_api.h" /* MTRACE_MAX_DEPTH */
 #include "unwind_rules.h"
 
 /* ---- reusing this thread's previous walk ------------------------------- *
@@ -42,10 +43,11 @@ void mt_unwind_count_fallback(void) {
  * (independent loads, no hash probes) and finding them unchanged proves the
  * rest of the stack is the same.  bp (the frame pointer) only matters if a
  * later frame uses it before restoring it from the stack.  The previous walk
- * lives in TLS (2.1 KiB a thread, 2 KiB more for its checks); new frames above the match point are
- * collected on the C stack first, so the common case (same frames, same
- * depth) copies none. */
-#define WALK_MAX 64
+ * lives in TLS (4.5 KiB a thread, 4.3 KiB more for its checks); new frames above the match point
+ * are collected on the C stack first, so the common case (same frames, same depth) copies none. */
+/* The deepest walk asked for: MTRACE_DEPTH frames (at most
+ * MTRACE_MAX_DEPTH) and the hooks' own few (stacks.c asks for depth + 2). */
+#define WALK_MAX (MTRACE_MAX_DEPTH + 8)
 #define PREFIX_MAX 16
 #define F_BP_SAVED 1
 #define F_NEEDS_BP 2 /* the walk from here on reads the incoming bp */

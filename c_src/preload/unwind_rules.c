@@ -1,14 +1,16 @@
 /*
  * The unwind rules' cache (see unwind_rules.h): a fixed open-addressing
- * table in its own mapping.  Writers store the rule word, then claim the key
- * with a compare-and-swap; a key never changes once set, so readers need no
- * lock.  Each rule word carries the generation it was computed in; dlclose
+ * table in its own mapping.  Writers claim the key with a compare-and-swap,
+ * then store the rule word; a key never changes once set, so readers need no
+ * lock, and a rule word is only ever written by a thread that computed it for
+ * that key.  Each rule word carries the generation it was computed in (its
+ * low 15 bits, never 0, so that a word not yet written is a miss); dlclose
  * bumps the generation, which turns every cached rule into a miss without
- * touching the table.  So does any cache miss that finds the loader's
- * load/unload count changed: libc unloads some modules itself (iconv's
- * gconv, NSS) without going through the interposed dlclose.  (dlopen is not
- * interposed: glibc searches the RUNPATH of dlopen's caller, which a
- * wrapper would change.)
+ * touching the table.  Once those bits have wrapped, each bump first turns
+ * the rules last kept under its bits into misses (bump_to).  So does any cache miss that finds the
+ * loader's load/unload count changed: libc unloads some modules itself (iconv's gconv, NSS) without
+ * going through the interposed dlclose.  (dlopen is not interposed: glibc searches the RUNPATH of
+ * dlopen's caller, which a wrapper would change.)
  */
 #define _GNU_SOURCE
 #include "unwind_rules.h"
@@ -44,7 +46,35 @@ static struct entry *_Atomic cache;
 _Atomic uint64_t mt_rules_generation = 1;
 static _Atomic uint64_t seen_loads; /* mt_objects_generation at the last miss */
 
-void mt_unwind_forget(void) { atomic_fetch_add(&mt_rules_generation, 1); }
+/* The generation after g: its stored bits are never 0. */
+static uint64_t next_generation(uint64_t g) { return ((g + 1) & GEN_MASK) ? g + 1 : g + 2; }
+
+/* Before generation `next` is published: a rule kept 2^15 bumps ago under
+ * the same stored bits would match it again, for whatever code is at its
+ * address now; its word becomes a miss (bits 0).  Only after the bits have
+ * wrapped, so that a process with fewer dlcloses pays nothing; a scan of the
+ * cache (512 KiB) then costs tens of µs, next to the dlclose behind it. */
+static void bump_to(uint64_t next) {
+    struct entry *t = next > GEN_MASK ? atomic_load_explicit(&cache, memory_order_acquire) : NULL;
+    if (!t)
+        return;
+    for (size_t i = 0; i < (size_t)1 << CACHE_BITS; i++) {
+        uint64_t v = atomic_load_explicit(&t[i].val, memory_order_relaxed);
+        if (v >> GEN_SHIFT == (next & GEN_MASK))
+            atomic_compare_exchange_strong_explicit(&t[i].val, &v, v & ((1ull << GEN_SHIFT) - 1),
+                                                    memory_order_relaxed, memory_order_relaxed);
+    }
+}
+
+void mt_unwind_forget(void) {
+    uint64_t g = atomic_load(&mt_rules_generation);
+    for (;;) {
+        uint64_t next = next_generation(g);
+        bump_to(next);
+        if (atomic_compare_exchange_weak(&mt_rules_generation, &g, next))
+            return;
+    }
+}
 
 /* Can r be packed?  eh_frame.c only makes frame rules with cfa_off > 0 and
  * ra_off, bp_off < 0, all multiples of 8 but cfa_off. */
@@ -139,15 +169,14 @@ void mt_rule_for(uintptr_t ra, struct mt_frame_rule *r) {
         }
         if (key)
             continue;
-        /* The value goes in first; a reader only trusts it once the key is there,
-         * and whatever value it then reads carries its own generation. */
-        atomic_store_explicit(&t[i].val, v, memory_order_relaxed);
+        /* The key first: a thread that loses the slot to another key writes
+         * nothing there.  A reader that sees the key before the value reads
+         * generation bits 0 (or those of a rule for this same key): a miss. */
         uint64_t none = 0;
-        if (atomic_compare_exchange_strong_explicit(&t[i].key, &none, ra, memory_order_release,
-                                                    memory_order_relaxed))
-            return;
-        if (none == ra) {
-            atomic_store_explicit(&t[i].val, v, memory_order_relaxed);
+        if (atomic_compare_exchange_strong_explicit(&t[i].key, &none, ra, memory_order_relaxed,
+                                                    memory_order_relaxed) ||
+            none == ra) {
+            atomic_store_explicit(&t[i].val, v, memory_order_release);
             return;
         }
     }

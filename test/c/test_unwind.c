@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "mtrace_api.h"
 #include "unwind.h"
 
 #define MAXF 64
@@ -355,7 +356,30 @@ static void test_reload(const char *build) {
     }
 }
 
+/* The deepest walk a capture asks for (MTRACE_DEPTH up to MTRACE_MAX_DEPTH,
+ * and the hooks' frames) is walked whole, not cut short. */
+#define DEEP (MTRACE_MAX_DEPTH + 2)
+static int deep_n[2];
+static __attribute__((noinline)) void deep(int level, int k) {
+    if (level > 0) {
+        deep(level - 1, k);
+        __asm__ __volatile__("" ::: "memory"); /* no tail call: keep the frame */
+        return;
+    }
+    uintptr_t out[DEEP];
+    int same;
+    deep_n[k] = mt_unwind(out, DEEP, &same);
+}
+
+static void test_deep(void) {
+    for (int k = 0; k < 2; k++)
+        deep(DEEP + 10, k);
+    CHECK_EQ(deep_n[0], DEEP);
+    CHECK_EQ(deep_n[1], DEEP); /* and again, from what the first left */
+}
+
 int main(int argc, char **argv) {
+    test_deep();
     test_shapes();
     test_unchanged();
     test_repeat_proof();
