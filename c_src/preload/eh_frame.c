@@ -251,14 +251,12 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
     memset(out, 0, sizeof *out);
     struct mtrace_object o;
     const uint8_t *h = NULL;
-    int found = mt_object_at_walking(target, &o);
+    int found = mt_object_at_walking(target, &o, &h);
     if (found == MT_OBJECTS_CLOSED) { /* a fork is under way: kind UNSUPPORTED */
         *loads = 0;
         return;
     }
-    if (found == MTRACE_OK)
-        h = mt_object_eh_frame_hdr(&o);
-    *loads = o.generation;
+    *loads = o.generation; /* 0 in a fork child: the rule is used, not kept */
     if (!h) {
         out->kind = MT_RULE_NO_INFO; /* JIT code or an object without unwind tables */
         return;

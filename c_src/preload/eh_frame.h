@@ -32,7 +32,8 @@ struct mt_frame_rule {
 /* The rule for the instruction at target (a return address minus one).
  * Allocates nothing.  *loads receives mt_objects_generation as it was when
  * the object was looked up: it changes with every load and unload, whoever
- * made it; 0 when nothing could be looked up (a fork under way). */
+ * made it; 0 when nothing could be looked up (a fork under way) or the
+ * count could not be read (in a fork child: objects.h). */
 void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loads);
 
 #endif

@@ -20,6 +20,12 @@
  * lock that thread holds. */
 static _Atomic int inside;
 static _Atomic int closing; /* forks under way */
+/* In a fork child: glibc does not give back the loader's list lock there
+ * either, and a thread of the parent other than the forking one may have
+ * held it, in dl_iterate_phdr called by other code (libunwind, libgcc's
+ * unwinder before glibc 2.35, the program): the child's first walk would
+ * wait for it for ever. */
+static _Atomic int forked;
 /* This thread's lookups under way: one inside another's callback enters
  * at once (a fork still waits for the outer one). */
 static __thread int mine __attribute__((tls_model("initial-exec")));
@@ -52,7 +58,12 @@ void mt_objects_close(void) {
 }
 
 void mt_objects_open(void) { atomic_fetch_sub(&closing, 1); }
-void mt_objects_open_child(void) { atomic_store(&closing, 0); }
+void mt_objects_open_child(void) {
+    atomic_store(&forked, 1);
+    atomic_store(&closing, 0);
+}
+
+int mt_objects_forked(void) { return atomic_load_explicit(&forked, memory_order_relaxed); }
 
 static int iterate(int (*fn)(struct dl_phdr_info *, size_t, void *), void *arg, int wait) {
     if (!enter(wait))
@@ -126,8 +137,45 @@ enum mtrace_result mt_object_at(uintptr_t addr, struct mtrace_object *out) {
     return (enum mtrace_result)look_up(addr, out, 1);
 }
 
-int mt_object_at_walking(uintptr_t addr, struct mtrace_object *out) {
-    return look_up(addr, out, 0);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
+#define HAVE_DL_FIND_OBJECT 1
+#include <dlfcn.h>
+
+/* A fork child's lookup: _dl_find_object takes no lock (and is
+ * async-signal-safe).  Only what the walker needs is filled in. */
+static int find_in_child(uintptr_t addr, struct mtrace_object *out, const uint8_t **hdr) {
+    struct dl_find_object f;
+    out->generation = 0;
+    if (_dl_find_object((void *)addr, &f) != 0)
+        return MTRACE_ERR_ARGUMENT;
+    out->path = "";
+    out->base = f.dlfo_link_map ? (uintptr_t)f.dlfo_link_map->l_addr : 0;
+    out->lo = (uintptr_t)f.dlfo_map_start;
+    out->hi = (uintptr_t)f.dlfo_map_end;
+    out->phdr = NULL;
+    out->phnum = 0;
+    out->index = 0;
+    *hdr = f.dlfo_eh_frame;
+    return MTRACE_OK;
+}
+#endif
+
+int mt_object_at_walking(uintptr_t addr, struct mtrace_object *out, const uint8_t **hdr) {
+    *hdr = NULL;
+#ifdef __GLIBC__
+    if (mt_objects_forked()) {
+#ifdef HAVE_DL_FIND_OBJECT
+        return find_in_child(addr, out, hdr);
+#else
+        out->generation = 0;
+        return MT_OBJECTS_CLOSED;
+#endif
+    }
+#endif
+    int found = look_up(addr, out, 0);
+    if (found == MTRACE_OK)
+        *hdr = mt_object_eh_frame_hdr(out);
+    return found;
 }
 
 static int generation_of(struct dl_phdr_info *info, size_t size, void *arg) {

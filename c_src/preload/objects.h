@@ -23,11 +23,20 @@ enum mtrace_result mt_object_at(uintptr_t addr, struct mtrace_object *out);
  * that maps something and every dlclose that unmaps it. */
 uint64_t mt_objects_generation(void);
 
-/* For the walker, inside an allocation: as mt_object_at, but while a fork
- * is under way it looks nothing up and returns MT_OBJECTS_CLOSED, where
- * the others wait for the fork to end (objects.c). */
+/* For the walker, inside an allocation: the object holding addr and its
+ * .eh_frame_hdr (*hdr, NULL if it has none), MTRACE_OK; else
+ * MTRACE_ERR_ARGUMENT.  While a fork is under way it looks nothing up and
+ * returns MT_OBJECTS_CLOSED, where the others wait for the fork to end.
+ * In a fork child it never asks dl_iterate_phdr, whose lock another thread
+ * of the parent may have held at the fork (objects.c): it asks glibc's
+ * lock-free _dl_find_object (2.35 and later), with out->generation 0 (so
+ * that nothing found is kept), or returns MT_OBJECTS_CLOSED. */
 #define MT_OBJECTS_CLOSED 1
-int mt_object_at_walking(uintptr_t addr, struct mtrace_object *out);
+int mt_object_at_walking(uintptr_t addr, struct mtrace_object *out, const uint8_t **hdr);
+
+/* 1 in a fork child (until it execs): libunwind, which asks
+ * dl_iterate_phdr, must not be called there either. */
+int mt_objects_forked(void);
 
 /* Around fork, before the tracer's other locks are taken: no lookup is
  * under way in the loader's list until mt_objects_open (the child's:

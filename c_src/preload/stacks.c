@@ -14,6 +14,7 @@
 
 #include "erlang_frames.h"
 #include "mtrace_api.h"
+#include "objects.h"
 #include "hash.h"
 #include "recent_stacks.h"
 #include "spinlock.h"
@@ -244,7 +245,8 @@ static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at
         /* Without libunwind (a musl build, or before it is loaded): the
          * frames walked before the walker gave up. */
         int walked = -1 - n;
-        n = mt_fallback_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
+        /* Not in a fork child: libunwind asks dl_iterate_phdr (objects.h). */
+        n = mt_objects_forked() ? -1 : mt_fallback_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
         if (n < 0)
             n = walked;
     }

@@ -148,10 +148,12 @@ void mt_rule_for(uintptr_t ra, struct mt_frame_rule *r) {
     }
     uint64_t loads;
     mt_eh_frame_rule(ra - 1, r, &loads);
-    if (!loads) /* nothing looked up (a fork under way): this walk falls back, nothing is kept */
-        return;
     if (!packable(r))
         r->kind = MT_RULE_UNSUPPORTED;
+    /* Nothing looked up (a fork under way: the walk falls back), or looked up
+     * without the loader's count (in a fork child): used, not kept. */
+    if (!loads)
+        return;
     uint64_t was = atomic_exchange_explicit(&seen_loads, loads, memory_order_relaxed);
     if (was && was != loads) { /* objects came or went since: drop every cached rule */
         mt_unwind_forget();

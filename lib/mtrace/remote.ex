@@ -92,7 +92,7 @@ defmodule Mtrace.Remote do
   end
 
   defp translate({:erpc, :noconnection}, node, _mod, _fun, _args, _timeout),
-    do: error(:nodedown, "cannot connect to node #{inspect(node)}")
+    do: error(:nodedown, "cannot connect to node #{inspect(node)} (is it running? same cookie?)")
 
   defp translate({:erpc, :timeout}, node, _mod, _fun, _args, timeout),
     do: error(:timeout, "node #{inspect(node)} did not answer within #{timeout} ms")

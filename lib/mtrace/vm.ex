@@ -263,7 +263,7 @@ defmodule Mtrace.VM do
 
     * `window: ms` — read twice, `ms` apart, and rank by growth: each row
       gains `growth_per_s` (bytes per second) and `count_delta`;
-    * `limit: n` — rows returned (default 10).
+    * `limit: n` — rows returned (default 10), or `:all`.
 
   Raises `Mtrace.Error` (reason `:no_tools`) when the `tools` application
   is missing from the release, and (reason `:off`) when the VM runs with
@@ -282,7 +282,7 @@ defmodule Mtrace.VM do
     o =
       Options.parse!(opts, [window: nil, limit: 10], "VM.nif_memory/1",
         window: {:or, {:ms, 1}, nil},
-        limit: :pos_int
+        limit: {:or, :pos_int, :all}
       )
 
     first = nif_rows!()
@@ -297,7 +297,7 @@ defmodule Mtrace.VM do
           Native.nif_growth(first, nif_rows!(), ms / 1000)
       end
 
-    Enum.take(rows, o.limit)
+    if o.limit == :all, do: rows, else: Enum.take(rows, o.limit)
   end
 
   defp nif_rows! do

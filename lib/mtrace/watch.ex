@@ -72,10 +72,7 @@ defmodule Mtrace.Watch do
   def init(o) do
     cond do
       not Mtrace.preloaded?() ->
-        not_started(
-          "the tracer library is not preloaded. In a release, add to " <>
-            "rel/env.sh.eex:\n    #{Mtrace.VM.Native.enable_hint()}"
-        )
+        not_started(Exception.message(Mtrace.Error.not_preloaded()))
 
       not Mtrace.stats().active ->
         not_started(Exception.message(Mtrace.Error.not_traced()))

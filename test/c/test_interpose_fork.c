@@ -73,7 +73,8 @@ static __attribute__((noinline)) void test_child_knows_stacks(void) {
     uint32_t ids[2] = {0, 0};
     pid_t pid = -1;
     struct mtrace_stats before;
-    for (int i = 0; i < 2; i++) {
+    static volatile int times = 2; /* not unrolled: one call site */
+    for (int i = 0; i < times; i++) {
         void *p = malloc(SITE_SIZE); /* the same stack both times */
         ids[i] = stack_of(p, SITE_SIZE);
         free(p);
@@ -397,6 +398,67 @@ static void test_lookup_inside_loader_callback(int rounds) {
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* Other code's dl_iterate_phdr under way in another thread at the fork
+ * (libunwind's, the program's) holds the loader's list lock, which the
+ * child does not get back: the child's walks must never ask for it, yet
+ * still walk their stacks whole (glibc 2.35 and later). */
+static int slow_callback(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)info;
+    (void)size;
+    (void)arg;
+    usleep(200);
+    return 0;
+}
+
+static void *iterate_for_ever(void *arg) {
+    (void)arg;
+    while (!atomic_load_explicit(&stop, memory_order_relaxed))
+        dl_iterate_phdr(slow_callback, NULL);
+    return NULL;
+}
+
+static __attribute__((noinline)) int child_walks(void) {
+    void *p = malloc(ANCHOR_SIZE + 5); /* walked: the child's rule cache starts empty */
+    uint32_t id = p ? stack_of(p, ANCHOR_SIZE + 5) : 0;
+    uintptr_t ips[8];
+    uint32_t n = id ? api->stack(id, ips, 8) : 0;
+    __asm__ __volatile__("" ::: "memory"); /* no tail call: keep the frame */
+    /* child_walks, test_fork_during_foreign_iteration, main, and libc's */
+    return n >= 3 ? 0 : 2;
+}
+
+static void test_fork_during_foreign_iteration(int forks) {
+    atomic_store(&stop, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, iterate_for_ever, NULL);
+    usleep(5000);
+    int ok = 0, hung = 0, short_stack = 0;
+    for (int i = 0; i < forks; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            alarm(10);
+            _exit(child_walks());
+        }
+        int status = -1;
+        if (pid < 0 || waitpid(pid, &status, 0) < 0)
+            break;
+        ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        short_stack += WIFEXITED(status) && WEXITSTATUS(status) == 2;
+        hung += WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;
+        if (hung) /* each hung child takes 10 s */
+            break;
+    }
+    atomic_store(&stop, 1);
+    pthread_join(t, NULL);
+    printf("%d forks while another thread was in dl_iterate_phdr: %d children hung, %d with a "
+           "cut stack\n",
+           forks, hung, short_stack);
+    CHECK_EQ(hung, 0);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
+    CHECK_EQ(ok, forks);
+#endif
+}
+
 int main(int argc, char **argv) {
     self_argv = argv;
     api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
@@ -419,5 +481,6 @@ int main(int argc, char **argv) {
     test_storm(forks);
     test_fork_during_lookups(forks / 5);
     test_lookup_inside_loader_callback(forks * 2);
+    test_fork_during_foreign_iteration(forks / 20);
     return check_summary();
 }

@@ -31,7 +31,8 @@ defmodule Mtrace.VM.Diagnose do
   @defaults [print: true, window: nil, node: nil, gc: :auto, timeout: 300_000, thresholds: []]
   @rules [
     print: :boolean,
-    window: {:or, {:ms, 1}, nil},
+    # shorter windows would extrapolate rates from a few ms of noise
+    window: {:or, {:ms, 100}, nil},
     node: {:or, :node, nil},
     gc: {:one_of, [:auto, true, false]},
     timeout: {:or, :pos_int, :infinity}

@@ -92,7 +92,8 @@ defmodule Mtrace.VM.Diagnosis do
     [
       vm <> " | RSS #{Format.bytes(m.rss)} (peak #{Format.bytes(m.rss_peak)})",
       "        ERTS allocators #{Format.bytes(m.allocated)} allocated, " <>
-        "#{Format.bytes(m.used)} used | outside the VM #{Format.bytes(m.outside_vm)}"
+        "#{Format.bytes(m.used)} used",
+      "        outside the VM #{Format.bytes(m.outside_vm)} (RSS the ERTS allocators do not hold)"
     ]
   end
 
