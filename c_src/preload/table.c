@@ -117,7 +117,7 @@ ALWAYS_INLINE struct spot slot_of(const struct mt_shard *s, uint64_t addr) {
         return (struct spot){NULL, SLOTS};
     uint64_t h = hash_addr(addr);
     struct bucket *b = s->dir[dir_index(h, s->depth)];
-    return (struct spot){b, find(b, addr >> 4, tag_of(h))};
+    return (struct spot){b, find(b, addr >> MT_SLOT_ADDR_SHIFT, tag_of(h))};
 }
 
 /* Forgets addr wherever the shard keeps it; under its lock. */
@@ -189,7 +189,7 @@ RARE enum mt_insert_result insert_odd(struct mt_shard *s, uint64_t addr, uint64_
  * may hold; under the lock, which it releases. */
 RARE enum mt_insert_result insert_slow(struct mt_shard *s, uint64_t addr, uint64_t size,
                                        struct mt_slot packed) {
-    uint64_t h = hash_addr(addr), key = addr >> 4, tag = tag_of(h);
+    uint64_t h = hash_addr(addr), key = addr >> MT_SLOT_ADDR_SHIFT, tag = tag_of(h);
     enum mt_insert_result r = MT_INSERTED;
     if (!s->dir && !mt_shard_start(s)) {
         relaxed_add(&s->dropped, 1);
@@ -213,7 +213,7 @@ RARE enum mt_insert_result insert_slow(struct mt_shard *s, uint64_t addr, uint64
             r = MT_DROPPED;
             goto out;
         }
-        struct mt_entry old; /* a former entry of 256 MiB or more */
+        struct mt_entry old; /* a former entry of 128 MiB or more */
         if (s->spilled && mt_spill_take(addr, &old)) {
             s->spilled--;
             account(s, old.size, -1);
@@ -257,7 +257,7 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
     uint64_t epoch_1 = atomic_load_explicit(&epoch_plus1, memory_order_relaxed);
     if (UNLIKELY(!epoch_1 || !mt_try_lock(&s->lock)))
         return insert_waiting(s, addr, size, t_ms, stack_id);
-    uint64_t h = hash_addr(addr), key = addr >> 4, tag = tag_of(h);
+    uint64_t h = hash_addr(addr), key = addr >> MT_SLOT_ADDR_SHIFT, tag = tag_of(h);
     struct mt_slot packed =
         mt_slot_pack(&(struct mt_entry){addr, size, t_ms, stack_id}, epoch_1 - 1);
     /* The common case: a bucket with room, an address not there yet, and

@@ -1,7 +1,7 @@
 /*
- * The entries the table's 16-byte slots cannot hold: blocks of 256 MiB and
- * more, and addresses that are not 16-byte aligned or lie above 2^48 (no
- * supported C library returns those, but a tagged pointer would be one).
+ * The entries the table's 16-byte slots cannot hold: blocks of 128 MiB and
+ * more, and addresses that are not 8-byte aligned or lie above 2^48 (no
+ * supported allocator returns those, but a tagged pointer would be one).
  * Few by nature, so one open-addressing table of whole entries under one
  * lock.  Called only under the lock of the entry's shard (table.c), which
  * keeps that shard's counters and filter counters in step with it.

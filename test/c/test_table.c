@@ -56,7 +56,7 @@ static void test_basics(void) {
 }
 
 /* What a 16-byte slot cannot hold goes to the spill, and comes back exact:
- * sizes of 256 MiB and more, odd and high addresses, and the same address
+ * sizes of 128 MiB and more, odd and high addresses, and the same address
  * moving between slot and spill as its free is missed. */
 static void test_spill(void) {
     const uint64_t big = (uint64_t)1 << 40, high = (uint64_t)1 << 50;
@@ -65,15 +65,15 @@ static void test_spill(void) {
     mt_table_figures(&f);
     uint64_t replaced = f.replaced; /* counted since the start, across resets */
     CHECK_EQ(mt_table_insert(0x2000, big, 11, 3), MT_INSERTED);
-    CHECK_EQ(mt_table_insert(0x2008, 5, 12, 4), MT_INSERTED);    /* not 16-aligned */
+    CHECK_EQ(mt_table_insert(0x2004, 5, 12, 4), MT_INSERTED);    /* not 8-aligned */
     CHECK_EQ(mt_table_insert(high + 16, 6, 13, 5), MT_INSERTED); /* above 2^48 */
-    CHECK_EQ(mt_table_insert(0x2010, (1u << 28) - 1, 14, MTRACE_MAX_STACK_ID), MT_INSERTED);
+    CHECK_EQ(mt_table_insert(0x2010, (1u << 27) - 1, 14, MTRACE_MAX_STACK_ID), MT_INSERTED);
     struct tally t = scan();
     CHECK_EQ(t.count, 4);
-    CHECK_EQ(t.bytes, big + 5 + 6 + (1u << 28) - 1);
-    CHECK_EQ(t.sum_addr, 0x2000 + 0x2008 + high + 16 + 0x2010);
+    CHECK_EQ(t.bytes, big + 5 + 6 + (1u << 27) - 1);
+    CHECK_EQ(t.sum_addr, 0x2000 + 0x2004 + high + 16 + 0x2010);
     CHECK(mt_table_remove(0x2010, &old)); /* the largest size a slot holds */
-    CHECK_EQ(old.size, (1u << 28) - 1);
+    CHECK_EQ(old.size, (1u << 27) - 1);
     CHECK_EQ(old.stack, MTRACE_MAX_STACK_ID);
     CHECK_EQ(old.t_ms, 14);
     /* A missed free: the slot's small block becomes a big one, and back. */
@@ -85,7 +85,7 @@ static void test_spill(void) {
     CHECK_EQ(old.t_ms, 16);
     CHECK(mt_table_remove(0x2000, &old));
     CHECK_EQ(old.size, 8);
-    CHECK(mt_table_remove(0x2008, &old));
+    CHECK(mt_table_remove(0x2004, &old));
     CHECK_EQ(old.size, 5);
     CHECK_EQ(old.stack, 4);
     CHECK(mt_table_remove(high + 16, &old));
@@ -102,16 +102,32 @@ static void test_spill(void) {
     const uint64_t n = 30000;
     int refused = 0;
     for (uint64_t i = 0; i < n; i++)
-        refused += mt_table_insert(0x100008 + i * 16, i, i, 1) != MT_INSERTED;
+        refused += mt_table_insert(0x100004 + i * 16, i, i, 1) != MT_INSERTED;
     CHECK_EQ(refused, 0);
     t = scan();
     CHECK_EQ(t.count, n);
     CHECK_EQ(t.bytes, n * (n - 1) / 2);
     int missing = 0;
     for (uint64_t i = 0; i < n; i += 2)
-        missing += !mt_table_remove(0x100008 + i * 16, NULL);
+        missing += !mt_table_remove(0x100004 + i * 16, NULL);
     CHECK_EQ(missing, 0);
     CHECK_EQ(mt_table_reset(), n / 2);
+
+    /* 8-byte aligned blocks (jemalloc's and tcmalloc's smallest classes)
+     * fit slots: more of them than the spill could ever hold, none dropped. */
+    mt_table_figures(&f);
+    uint64_t dropped_before = f.dropped;
+    const uint64_t small = 100000;
+    for (uint64_t i = 0; i < small; i++)
+        refused += mt_table_insert(0x200008 + i * 16, 8, i, 1) != MT_INSERTED;
+    CHECK_EQ(refused, 0);
+    mt_table_figures(&f);
+    CHECK_EQ(f.dropped, dropped_before);
+    CHECK_EQ(f.live_count, small);
+    CHECK(mt_table_remove(0x200008 + 16 * 777, &old));
+    CHECK_EQ(old.addr, 0x200008 + 16 * 777);
+    CHECK_EQ(old.t_ms, 777);
+    CHECK_EQ(mt_table_reset(), small - 1);
 
     /* NULL is no block: never recorded, counted as dropped. */
     uint64_t dropped = f.dropped;
