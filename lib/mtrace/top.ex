@@ -213,7 +213,9 @@ defmodule Mtrace.Top do
   # repeat it), so the room goes to who allocated: the site and the Erlang
   # code that called it, on a second line when one is too narrow.
   defp site_lines(%{sites: sites}, cols) do
-    Enum.flat_map(sites, fn site ->
+    sites
+    |> Mtrace.VMSites.merge()
+    |> Enum.flat_map(fn site ->
       head =
         "  #{rate(site.growth_per_s)}  " <>
           String.pad_leading(Format.count(site.est_count, "block"), 11) <> "  "

@@ -48,6 +48,51 @@ defmodule Mtrace.VMSites do
   end
 
   @doc """
+  `sites` (as `Mtrace.sites/1` returns them, largest first) with the VM's
+  own sites of one kind merged into one, for the one-line outputs, where
+  they would otherwise read alike: counts, bytes and rates summed, the
+  largest site's frames, and `:sites`, how many were merged (absent for a
+  site that stands alone). Other sites are left as they are, in their order.
+
+  ## Example
+
+      iex> own = [%{symbol: "erts_alcu_start", lib: "beam.smp", offset: 0}]
+      iex> Mtrace.VMSites.merge([
+      ...>   %{count: 2, bytes: 100, frames: own},
+      ...>   %{count: 1, bytes: 50, frames: [%{symbol: "leak", lib: "x.so", offset: 0}]},
+      ...>   %{count: 3, bytes: 10, frames: own}
+      ...> ]) |> Enum.map(&{&1.count, &1.bytes, &1[:sites]})
+      [{5, 110, 2}, {1, 50, nil}]
+  """
+  @spec merge([map()]) :: [map()]
+  def merge(sites) do
+    {merged, _} =
+      Enum.reduce(sites, {[], %{}}, fn site, {out, at} ->
+        case note(Map.get(site, :frames, [])) do
+          nil ->
+            {[site | out], at}
+
+          what when is_map_key(at, what) ->
+            i = length(out) - 1 - at[what]
+            {List.update_at(out, i, &add(&1, site)), at}
+
+          what ->
+            {[site | out], Map.put(at, what, length(out))}
+        end
+      end)
+
+    Enum.reverse(merged)
+  end
+
+  @summed [:count, :bytes, :est_count, :est_bytes, :growth_per_s]
+
+  defp add(into, site) do
+    into
+    |> Map.merge(Map.take(site, @summed), fn _key, a, b -> a + b end)
+    |> Map.update(:sites, 2, &(&1 + 1))
+  end
+
+  @doc """
   A site on one line, for `Mtrace.Watch` and `Mtrace.VM.diagnose/1`: what
   it is when it is one of the VM's own, else its innermost `n` frames
   (`Mtrace.Frame.label/1`), each called by the next.

@@ -153,7 +153,7 @@ defmodule Mtrace.Watch do
   end
 
   defp warn(o, mark, from, to) do
-    sites = Mtrace.sites(since: mark, limit: o.limit, demangle: true)
+    sites = Mtrace.sites(since: mark, limit: o.limit, demangle: true) |> Mtrace.VMSites.merge()
 
     # A short first line, for the logger's prefix (time, level) before it.
     head = [
@@ -169,9 +169,14 @@ defmodule Mtrace.Watch do
   end
 
   defp site_line({site, i}) do
-    "  ##{i}  +#{Format.bytes(site.bytes)} in #{Format.count(site.count, "block")}: " <>
+    "  ##{i}  +#{Format.bytes(site.bytes)} in #{Format.count(site.count, "block")}" <>
+      at_sites(site) <>
+      ": " <>
       Mtrace.VMSites.one_line(site.frames)
   end
+
+  defp at_sites(%{sites: n}), do: " at #{n} sites"
+  defp at_sites(_site), do: ""
 
   defp live_bytes(stats) do
     if stats[:sampled], do: stats.est_live_bytes, else: stats.live_bytes

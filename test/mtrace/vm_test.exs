@@ -156,6 +156,25 @@ defmodule Mtrace.VMTest do
       assert VM.Findings.verdict(findings) == :native_leak
     end
 
+    test "the VM's own sites of one kind read as one line, with how many they are" do
+      d = VM.diagnose(print: false, gc: false)
+      own = [%{symbol: "beamasm_metadata_update", lib: "beam.smp", offset: 0}]
+      leak = [%{symbol: "leak", lib: "/opt/leaky.so", file: nil, line: nil, offset: 0}]
+
+      sites = [
+        %{count: 3, bytes: 18_636, oldest: 1, frames: own},
+        %{count: 2, bytes: 4096, oldest: 1, frames: leak},
+        %{count: 3, bytes: 96, oldest: 1, frames: own}
+      ]
+
+      stats = %{live_bytes: 1, live_count: 1, used_bytes: 1, free_bytes: 1, mmap_bytes: 1}
+      native = %{preloaded: true, program_traced: true, stats: stats, sites: sites}
+      text = VM.Diagnosis.render(%{d | native: native}) |> String.replace(~r/\s+/, " ")
+      assert text =~ "18.3 KiB in 6 blocks at 2 sites, oldest 1s: the VM's own loaded code"
+      assert text =~ "4.0 KiB in 2 blocks, oldest 1s: leak (leaky.so)"
+      assert length(Regex.scan(~r/the VM's own loaded code/, text)) == 1
+    end
+
     test "findings under the problem score are listed apart, without their kind" do
       d = VM.diagnose(print: false, gc: false)
       problem = %{kind: :binary_leak, score: 95.5, summary: "freed a lot", next: "look"}

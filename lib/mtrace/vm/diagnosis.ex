@@ -138,7 +138,7 @@ defmodule Mtrace.VM.Diagnosis do
       "native  #{live}; heap " <>
         "#{Format.bytes(stats[:used_bytes])} used, #{Format.bytes(stats[:free_bytes])} free, " <>
         "#{Format.bytes(stats[:mmap_bytes])} mmapped"
-    ] ++ off ++ Enum.map(sites, &site_line(&1, window))
+    ] ++ off ++ Enum.map(Mtrace.VMSites.merge(sites), &site_line(&1, window))
   end
 
   defp native_lines(_native, _window) do
@@ -168,10 +168,18 @@ defmodule Mtrace.VM.Diagnosis do
   # When sampling, a site's estimates, not the samples it recorded.
   defp site_held(%{est_bytes: bytes, est_count: count} = site, sign)
        when count != site.count or bytes != site.bytes,
-       do: "about #{sign}#{Format.bytes(bytes)} in about #{Format.count(count, "block")}"
+       do:
+         "about #{sign}#{Format.bytes(bytes)} in about #{Format.count(count, "block")}" <>
+           at_sites(site)
 
   defp site_held(site, sign),
-    do: "#{sign}#{Format.bytes(site[:bytes])} in #{Format.count(site[:count] || 0, "block")}"
+    do:
+      "#{sign}#{Format.bytes(site[:bytes])} in #{Format.count(site[:count] || 0, "block")}" <>
+        at_sites(site)
+
+  # The VM's own sites of one kind, merged (Mtrace.VMSites.merge/1).
+  defp at_sites(%{sites: n}), do: " at #{n} sites"
+  defp at_sites(_site), do: ""
 
   defp nif_lines({:ok, []}), do: ["nif     no NIF or driver holds memory in the VM's allocators"]
 
