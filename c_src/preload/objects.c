@@ -140,13 +140,31 @@ enum mtrace_result mt_object_at(uintptr_t addr, struct mtrace_object *out) {
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
 #define HAVE_DL_FIND_OBJECT 1
 #include <dlfcn.h>
+#include <string.h>
+
+/* Looked up, not linked: a library built against glibc 2.35 must still
+ * load where an older glibc runs (its children's stacks are then cut). */
+typedef int (*find_object_fn)(void *, struct dl_find_object *);
+static _Atomic(find_object_fn) find_object;
+
+void mt_objects_init(void) {
+    void *sym = dlsym(RTLD_DEFAULT, "_dl_find_object");
+    find_object_fn f;
+    memcpy(&f, &sym, sizeof f); /* a data pointer to a function pointer, as POSIX allows */
+    atomic_store(&find_object, f);
+}
 
 /* A fork child's lookup: _dl_find_object takes no lock (and is
- * async-signal-safe).  Only what the walker needs is filled in. */
+ * async-signal-safe).  Only what the walker needs is filled in.  Nothing
+ * found is cached (generation 0): each frame not walked before costs a
+ * lookup and a parse of its FDE, for as long as the child runs. */
 static int find_in_child(uintptr_t addr, struct mtrace_object *out, const uint8_t **hdr) {
     struct dl_find_object f;
+    find_object_fn find = atomic_load_explicit(&find_object, memory_order_relaxed);
     out->generation = 0;
-    if (_dl_find_object((void *)addr, &f) != 0)
+    if (!find)
+        return MT_OBJECTS_CLOSED;
+    if (find((void *)addr, &f) != 0)
         return MTRACE_ERR_ARGUMENT;
     out->path = "";
     out->base = f.dlfo_link_map ? (uintptr_t)f.dlfo_link_map->l_addr : 0;
@@ -158,6 +176,8 @@ static int find_in_child(uintptr_t addr, struct mtrace_object *out, const uint8_
     *hdr = f.dlfo_eh_frame;
     return MTRACE_OK;
 }
+#else
+void mt_objects_init(void) {}
 #endif
 
 int mt_object_at_walking(uintptr_t addr, struct mtrace_object *out, const uint8_t **hdr) {

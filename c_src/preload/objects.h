@@ -29,14 +29,19 @@ uint64_t mt_objects_generation(void);
  * returns MT_OBJECTS_CLOSED, where the others wait for the fork to end.
  * In a fork child it never asks dl_iterate_phdr, whose lock another thread
  * of the parent may have held at the fork (objects.c): it asks glibc's
- * lock-free _dl_find_object (2.35 and later), with out->generation 0 (so
- * that nothing found is kept), or returns MT_OBJECTS_CLOSED. */
+ * lock-free _dl_find_object (2.35 and later, where this library was built
+ * and runs), with out->generation 0 (so that nothing found is kept), or
+ * returns MT_OBJECTS_CLOSED. */
 #define MT_OBJECTS_CLOSED 1
 int mt_object_at_walking(uintptr_t addr, struct mtrace_object *out, const uint8_t **hdr);
 
 /* 1 in a fork child (until it execs): libunwind, which asks
  * dl_iterate_phdr, must not be called there either. */
 int mt_objects_forked(void);
+
+/* Finds _dl_find_object, as a traced process configures (dlsym may
+ * allocate: the caller keeps its thread out of the table meanwhile). */
+void mt_objects_init(void);
 
 /* Around fork, before the tracer's other locks are taken: no lookup is
  * under way in the loader's list until mt_objects_open (the child's:

@@ -78,6 +78,9 @@ static void configure(void) {
     if (mt_state.cfg.active) { /* what only a traced process needs */
         mt_stacks_init();
         mt_clock_init();
+        unsigned char was = mt_tracker_enter();
+        mt_objects_init(); /* dlsym may allocate */
+        mt_tracker_leave(was);
     }
     atomic_store(&mt_state.mode, mt_state.cfg.active ? MT_MODE_ACTIVE : MT_MODE_INERT);
     update_gate();

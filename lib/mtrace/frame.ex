@@ -130,13 +130,16 @@ defmodule Mtrace.Frame do
 
   @doc """
   `name` made to fit `width` columns, for a line of a report: C++ template
-  arguments collapsed to `<...>`, innermost first, while it is too long;
-  then, if still too long, its start cut (the end names the function).
+  argument lists collapsed to `<...>`, the longest innermost one first,
+  while it is too long; then, if still too long, its start cut (the end
+  names the function).
 
       iex> Mtrace.Frame.fit("Asm::emit_body<unsigned long (process*, unsigned long)>", 30)
       "Asm::emit_body<...>"
       iex> Mtrace.Frame.fit("std::map<int, std::vector<char> >::insert", 40)
       "std::map<int, std::vector<...> >::insert"
+      iex> Mtrace.Frame.fit("std::vector<int, std::allocator<int> >::_M_realloc_insert<int const&>", 40)
+      "std::vector<...>::_M_realloc_insert<...>"
       iex> Mtrace.Frame.fit("operator<<", 5)
       "...<<"
   """
@@ -146,7 +149,7 @@ defmodule Mtrace.Frame do
       String.length(name) <= width ->
         name
 
-      (collapsed = collapse_innermost(name)) != name ->
+      (collapsed = collapse_one(name)) != name ->
         fit(collapsed, width)
 
       true ->
@@ -154,29 +157,21 @@ defmodule Mtrace.Frame do
     end
   end
 
-  # The innermost template argument list "<...>" of a name replaced by
-  # "<...>" (one already so is left), the rest unchanged; an operator's own
-  # "<" and ">" are not brackets.
-  defp collapse_innermost(name) do
-    case Regex.run(~r/(?<!operator)(?<!operator<)<([^<>]*)>/, name, return: :index) do
-      [{at, len}, _] when len > 5 ->
-        String.slice(name, 0, at) <> "<...>" <> String.slice(name, (at + len)..-1//1)
-
-      _ ->
-        collapse_outer(name)
-    end
-  end
-
-  # Every inner list already "<...>": the next level out, if any.
-  defp collapse_outer(name) do
-    case Regex.run(~r/(?<!operator)<((?:[^<>]|<\.\.\.>)*<\.\.\.>(?:[^<>]|<\.\.\.>)*)>/, name,
-           return: :index
-         ) do
-      [{at, len}, _] ->
-        String.slice(name, 0, at) <> "<...>" <> String.slice(name, (at + len)..-1//1)
-
-      _ ->
+  # The longest innermost template argument list (one whose arguments hold
+  # no list but collapsed ones) replaced by "<...>"; an operator's own "<"
+  # is not a bracket.
+  defp collapse_one(name) do
+    ~r/(?<!operator)(?<!operator<)<((?:[^<>]|<\.\.\.>)*)>/
+    |> Regex.scan(name, return: :index)
+    |> Enum.reject(fn [_all, {at, len}] -> binary_part(name, at, len) == "..." end)
+    |> Enum.max_by(fn [{_at, len}, _args] -> len end, fn -> nil end)
+    |> case do
+      nil ->
         name
+
+      [{at, len}, _args] ->
+        binary_part(name, 0, at) <>
+          "<...>" <> binary_part(name, at + len, byte_size(name) - at - len)
     end
   end
 
@@ -187,23 +182,29 @@ defmodule Mtrace.Frame do
   defp short(symbol) do
     trimmed = String.trim_trailing(symbol, " const")
 
-    if String.ends_with?(trimmed, ")") do
-      trimmed |> cut_args() |> drop_return_type()
+    with true <- String.ends_with?(trimmed, ")"),
+         cut = cut_args(trimmed),
+         # "A::operator()" without its arguments, as DWARF names it
+         false <- String.ends_with?(cut, "operator") do
+      drop_return_type(cut)
     else
-      symbol
+      _ -> symbol
     end
   end
 
   # The name after the last space outside brackets, unless an operator's
   # name has the space ("operator new", "operator unsigned long").
   defp drop_return_type(name) do
-    if String.contains?(name, "operator") or not String.contains?(name, " ") do
-      name
+    name = String.trim_trailing(name)
+
+    with false <- String.contains?(name, "operator"),
+         [last | _] <- top_level_spaces(String.to_charlist(name), 0, 0, []),
+         rest = String.slice(name, (last + 1)..-1//1),
+         # a name, not a suffix such as "(.cold)" or a pointer's "(*f)"
+         true <- rest =~ ~r/^[A-Za-z_~]/ do
+      rest
     else
-      case top_level_spaces(String.to_charlist(name), 0, 0, []) do
-        [] -> name
-        [last | _] -> String.slice(name, (last + 1)..-1//1)
-      end
+      _ -> name
     end
   end
 

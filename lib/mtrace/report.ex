@@ -217,7 +217,8 @@ defmodule Mtrace.Report do
     else
       short_file = location(frame[:file] && Path.basename(frame[:file]), frame[:line])
       # templates collapse to make room; a plain name is cut only when it
-      # alone would not fit, else the line wraps after it
+      # alone would not fit, else the line wraps (at spaces, which a name
+      # may hold too)
       room = 80 - String.length(line.("", short_file))
       name = if name =~ "<", do: Mtrace.Frame.fit(name, max(room, 24)), else: name
       text = line.(Mtrace.Frame.fit(name, 76), short_file)

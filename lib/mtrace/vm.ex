@@ -341,7 +341,8 @@ defmodule Mtrace.VM do
   `:memory`, `:counts` and `:native` state it judged), which IEx shows as
   one line. Each finding is `%{kind:, score:, summary:, evidence:, next:}`:
   `next` is the call to make to dig further. The verdict is the kind of the
-  highest-scoring finding scoring 50 or more, else `:healthy`; the report
+  highest-scoring finding scoring 50 or more (with a window, one that grew
+  before one that held still), else `:healthy`; the report
   lists findings scoring under 50 apart, as leads, by what they measured.
   Kinds:
 
@@ -377,8 +378,8 @@ defmodule Mtrace.VM do
 
   Options:
 
-    * `:window` — milliseconds between two samples, so growth is judged and
-      not only size (default: one sample);
+    * `:window` — milliseconds between two samples (at least 100), so
+      growth is judged and not only size (default: one sample);
     * `:gc` — `:auto` (default) runs `bin_leak/1` only when refc binaries
       hold a quarter of the VM's memory (16 MiB at least), `true` always,
       `false` never. It garbage-collects every process;

@@ -51,8 +51,10 @@ defmodule Mtrace.VMSites do
   `sites` (as `Mtrace.sites/1` returns them, largest first) with the VM's
   own sites of one kind merged into one, for the one-line outputs, where
   they would otherwise read alike: counts, bytes and rates summed, the
-  largest site's frames, and `:sites`, how many were merged (absent for a
-  site that stands alone). Other sites are left as they are, in their order.
+  oldest `oldest` and newest `newest`, the first site's frames, and
+  `:sites`, how many were merged (absent for a site that stands alone).
+  The merged site takes the first one's place; other sites are left as
+  they are, in their order.
 
   ## Example
 
@@ -89,6 +91,8 @@ defmodule Mtrace.VMSites do
   defp add(into, site) do
     into
     |> Map.merge(Map.take(site, @summed), fn _key, a, b -> a + b end)
+    |> Map.merge(Map.take(site, [:oldest]), fn _key, a, b -> max(a, b) end)
+    |> Map.merge(Map.take(site, [:newest]), fn _key, a, b -> min(a, b) end)
     |> Map.update(:sites, 2, &(&1 + 1))
   end
 

@@ -5,11 +5,12 @@ defmodule Mtrace.VM.Diagnosis do
   one line instead of every figure; the fields are plain data for programs,
   and `render/1` gives the report `diagnose/1` prints.
 
-    * `verdict` — the kind of the highest-scoring finding scoring 50 or
-      more, else `:healthy`;
-    * `findings` — `[Mtrace.VM.Findings.finding()]`, highest score first,
-      with those scoring under 50 (leads, not problems), which the report
-      lists apart, below the problems;
+    * `verdict` — the kind of the first finding scoring 50 or more, else
+      `:healthy`;
+    * `findings` — `[Mtrace.VM.Findings.finding()]`, highest score first
+      (with a window, what held still after what grew:
+      `Mtrace.VM.Findings`), with those scoring under 50 (leads, not
+      problems), which the report lists apart, below the problems;
     * `node`, `window` (ms or nil), `memory`, `counts`, `native`
       (`%{preloaded, stats, sites}`) — what was measured;
     * `growth` — with a window, bytes per second for each category of

@@ -11,7 +11,8 @@ defmodule Mtrace.VM.Findings do
   the same way: 50 at the threshold, proportionally less below it, and 50
   more each time the measure doubles above it (`50 + 50 * log2(ratio)`). A
   finding scoring 50 or more is a problem; the verdict is the kind of the
-  highest-scoring one. Findings scoring under 20 are not reported. When a
+  first problem in the order below (highest score first, except that with
+  a window what held still comes after what grew). Findings scoring under 20 are not reported. When a
   window was sampled, growth is scored alongside size and the larger score
   counts; growth of less than a minimum over the whole window (1_000
   messages, processes or monitors; 8 MiB of memory) is ignored as noise.
@@ -91,7 +92,8 @@ defmodule Mtrace.VM.Findings do
 
   @doc """
   All findings for sample `snap` (and `prev`, the sample a window earlier, or
-  `nil`), highest score first. `extra` carries what is measured once, after
+  `nil`), problems first (highest score first, what a window saw hold still
+  after what grew), then the leads below 50. `extra` carries what is measured once, after
   sampling: `:bin_leak` (a `Mtrace.VM.bin_leak/1` result or `nil`),
   `:preloaded` and `:sites`, and optionally `:thresholds`,
   `:native_series`, `:limit` and `:nif` (see `Mtrace.VM.MemoryChecks.run/4`).
@@ -123,7 +125,7 @@ defmodule Mtrace.VM.Findings do
   defp tier(_finding), do: 0
 
   @doc """
-  The kind of the first (highest-scoring) finding at or above 50, else
+  The kind of the first finding (as `judge/3` orders them) at or above 50, else
   `:healthy`.
 
   ## Example
