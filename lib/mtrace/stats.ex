@@ -107,7 +107,11 @@ defmodule Mtrace.Stats do
         heap(s) <> ">"
       ]
       |> Enum.flat_map(&Format.wrap/1)
-      |> Enum.join("\n")
+      # line breaks of the algebra, not "\n": nested in a map or a tuple
+      # (Mtrace.cluster/3), the lines are indented under their key
+      |> Enum.map(&Inspect.Algebra.string/1)
+      |> Enum.intersperse(Inspect.Algebra.line())
+      |> Inspect.Algebra.concat()
     end
 
     defp live(%{sampled: true} = s) do

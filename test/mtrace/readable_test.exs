@@ -34,6 +34,12 @@ defmodule Mtrace.ReadableTest do
     assert on =~ "lossless" and on =~ "Erlang frames on"
     assert Enum.all?(lines, &(String.length(&1) <= 80)), text
 
+    # nested, as Mtrace.cluster/3 returns it: every line indented under its key
+    nested = inspect(%{node() => {:ok, stats}})
+    [_first | rest] = String.split(nested, "\n")
+    assert length(rest) >= 4
+    assert Enum.all?(rest, &String.starts_with?(&1, "     ")), nested
+
     # for programs: fields, Access, pattern matching, a plain map of values
     assert is_integer(stats.live_bytes) and stats[:live_bytes] == stats.live_bytes
     assert %{live_count: n} = stats
