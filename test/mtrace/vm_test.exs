@@ -156,6 +156,14 @@ defmodule Mtrace.VMTest do
       assert VM.Findings.verdict(findings) == :native_leak
     end
 
+    test "untraced, the report gives the release's line and the one for any node" do
+      d = VM.diagnose(print: false, gc: false)
+      text = VM.Diagnosis.render(%{d | native: %{preloaded: false, stats: nil, sites: []}})
+      assert text =~ "add to rel/env.sh.eex:\n          export LD_PRELOAD=$(ls $RELEASE_ROOT"
+      so = Path.join(to_string(:code.priv_dir(:mtrace)), "mtrace.so")
+      assert text =~ "or start the node (iex -S mix, erl) with:\n          LD_PRELOAD=#{so}\n"
+    end
+
     test "the VM's own sites of one kind read as one line, with how many they are" do
       d = VM.diagnose(print: false, gc: false)
       own = [%{symbol: "beamasm_metadata_update", lib: "beam.smp", offset: 0}]
@@ -476,6 +484,7 @@ defmodule Mtrace.VMTest do
         assert output =~ "live in"
       else
         assert output =~ "export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)"
+        assert output =~ ~r/LD_PRELOAD=\S+\/priv\/mtrace.so\n/
       end
     end
 

@@ -143,9 +143,13 @@ defmodule Mtrace.VM.Diagnosis do
   end
 
   defp native_lines(_native, _window) do
+    so = Path.join(to_string(:code.priv_dir(:mtrace)), "mtrace.so")
+
     [
-      "native  not traced; to see which native code holds memory, add to rel/env.sh.eex:",
-      "          #{Native.enable_hint()}"
+      "native  not traced; to see what native code holds memory, add to rel/env.sh.eex:",
+      "          #{Native.enable_hint()}",
+      "        or start the node (iex -S mix, erl) with:",
+      "          LD_PRELOAD=#{so}"
     ]
   end
 
