@@ -131,7 +131,7 @@ defmodule Mtrace.Top do
   """
   @spec render(Sample.t(), map, {pos_integer, pos_integer}) :: iodata
   def render(s, o, {cols, rows}) do
-    head = [title(s.node, o, cols) | memory_lines(s)]
+    head = [title(s.node, o, cols) | memory_lines(s, cols)]
     # Untraced, no site can show: the native line says why.
     sites =
       if Map.get(s, :traced, true),
@@ -159,7 +159,7 @@ defmodule Mtrace.Top do
     left <> String.duplicate(" ", pad) <> time <> " UTC"
   end
 
-  defp memory_lines(%{memory: m} = s) do
+  defp memory_lines(%{memory: m} = s, cols) do
     left_out = Map.get(s, :left_out, false)
 
     vm =
@@ -186,17 +186,24 @@ defmodule Mtrace.Top do
           "native: not traced (start the node with mtrace.so in LD_PRELOAD)"
       end
 
-    ["RSS #{Format.bytes(m.rss)}" <> vm, native | nif_line(s.nif)]
+    ["RSS #{Format.bytes(m.rss)}" <> vm, native | nif_line(s.nif, cols)]
   end
 
-  defp nif_line([]), do: []
+  defp nif_line([], _cols), do: []
 
-  defp nif_line([top | _] = rows) do
+  # The module and what it holds; on two lines when one is too narrow, so
+  # that neither is cut off.
+  defp nif_line([top | _] = rows, cols) do
     more = if length(rows) > 1, do: " (+#{length(rows) - 1} more)", else: ""
-    ["NIF allocs #{inspect(top.module)} #{Native.nif_held(top)}#{more}"]
+    held = Native.nif_held(top)
+    line = "NIF allocs #{inspect(top.module)} #{held}#{more}"
+
+    if String.length(line) <= cols,
+      do: [line],
+      else: ["NIF allocs #{inspect(top.module)}#{more}", "  " <> held]
   end
 
-  defp nif_line({:error, _}), do: []
+  defp nif_line({:error, _}, _cols), do: []
 
   defp section(_title, []), do: []
   defp section(title, lines), do: ["", title | lines]

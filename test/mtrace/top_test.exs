@@ -107,6 +107,16 @@ defmodule Mtrace.TopTest do
     assert not_named =~ ~r/^native: not traced \(MTRACE_PROGRAMS does not name beam.smp/m
     refute not_named =~ "native sites"
 
+    # a NIF module with a long name: what it holds goes on a line of its own
+    row = %{module: Mtrace.Test.SomeLongNamespace.LeakyNif, kind: :enif_alloc, count: 10_240}
+    row = Map.merge(row, %{bytes: 83_886_080, bytes_min: 83_886_080, bytes_max: 83_886_080})
+    nif = untraced.(%{s | nif: [row, row]})
+
+    assert nif =~
+             "\nNIF allocs Mtrace.Test.SomeLongNamespace.LeakyNif (+1 more)\n  at least 80.0 MiB"
+
+    assert nif |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), nif
+
     # switched off: said on the native line and where the sites would be
     off = untraced.(%{s | memory: %{s.memory | native: %{s.memory.native | enabled: false}}})
     assert off =~ ~r/^native [\d.]+ \w+ in [\d_]+ blocks  tracking off: Mtrace.enable\/0$/m
