@@ -86,6 +86,19 @@ defmodule Mtrace.VMSites do
     Enum.reverse(merged)
   end
 
+  @doc """
+  How many sites a site from `merge/1` stands for, in words for its line:
+  `" at N sites"`, or `""` for one that stands alone.
+
+      iex> Mtrace.VMSites.at_sites(%{sites: 2})
+      " at 2 sites"
+      iex> Mtrace.VMSites.at_sites(%{count: 1})
+      ""
+  """
+  @spec at_sites(map()) :: String.t()
+  def at_sites(%{sites: n}), do: " at #{n} sites"
+  def at_sites(_site), do: ""
+
   @summed [:count, :bytes, :est_count, :est_bytes, :growth_per_s]
 
   defp add(into, site) do

@@ -170,13 +170,10 @@ defmodule Mtrace.Watch do
 
   defp site_line({site, i}) do
     "  ##{i}  +#{Format.bytes(site.bytes)} in #{Format.count(site.count, "block")}" <>
-      at_sites(site) <>
+      Mtrace.VMSites.at_sites(site) <>
       ": " <>
       Mtrace.VMSites.one_line(site.frames)
   end
-
-  defp at_sites(%{sites: n}), do: " at #{n} sites"
-  defp at_sites(_site), do: ""
 
   defp live_bytes(stats) do
     if stats[:sampled], do: stats.est_live_bytes, else: stats.live_bytes

@@ -175,16 +175,12 @@ defmodule Mtrace.VM.Diagnosis do
        when count != site.count or bytes != site.bytes,
        do:
          "about #{sign}#{Format.bytes(bytes)} in about #{Format.count(count, "block")}" <>
-           at_sites(site)
+           Mtrace.VMSites.at_sites(site)
 
   defp site_held(site, sign),
     do:
       "#{sign}#{Format.bytes(site[:bytes])} in #{Format.count(site[:count] || 0, "block")}" <>
-        at_sites(site)
-
-  # The VM's own sites of one kind, merged (Mtrace.VMSites.merge/1).
-  defp at_sites(%{sites: n}), do: " at #{n} sites"
-  defp at_sites(_site), do: ""
+        Mtrace.VMSites.at_sites(site)
 
   defp nif_lines({:ok, []}), do: ["nif     no NIF or driver holds memory in the VM's allocators"]
 
