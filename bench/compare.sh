@@ -6,21 +6,23 @@
 # round, and the median of those ratios is printed with a 95% interval
 # (2,000 resamples of the rounds).  A difference inside the interval of
 # the noise (a variant run twice under two labels) is not a difference.
-#   sh bench/compare.sh [-r ROUNDS] [-w churn|boot] [-t THREADS] [-p PAIRS] \
+#   sh bench/compare.sh [-r ROUNDS] [-w churn|boot|release] [-t THREADS] [-p PAIRS] \
 #       LABEL=SETTINGS LABEL=SETTINGS ...
 # SETTINGS are environment assignments for that variant, separated by
 # spaces (so no path in them may hold one); the empty string runs bare.
 # churn (the default): ns a malloc/free pair of BUILD/churn (BUILD defaults
 # to _build/c: make bench-c builds it), 4,000,000 pairs a thread, with
 # MTRACE_PROGRAMS=churn.  boot: ms to boot and halt a node
-# (erl -noshell -eval 'halt().').  For example:
+# (erl -noshell -eval 'halt().').  release: ms to boot and halt a copy of
+# examples/leaky_app's release (built by bin/test) without its env.sh's
+# LD_PRELOAD line, as bench/vm.sh does.  For example:
 #   sh bench/compare.sh -r 41 glibc= lossless="LD_PRELOAD=$PWD/priv/mtrace.so" \
 #       other="LD_PRELOAD=/tmp/other/priv/mtrace.so"
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 rounds=21 work=churn threads=1 pairs=4000000
 usage() {
-    echo "usage: sh bench/compare.sh [-r ROUNDS] [-w churn|boot] [-t THREADS] [-p PAIRS] LABEL=SETTINGS..." >&2
+    echo "usage: sh bench/compare.sh [-r ROUNDS] [-w churn|boot|release] [-t THREADS] [-p PAIRS] LABEL=SETTINGS..." >&2
     exit 2
 }
 while getopts r:w:t:p: opt; do
@@ -35,7 +37,7 @@ done
 shift $((OPTIND - 1))
 case $rounds in '' | *[!0-9]*) usage ;; esac
 [ "$rounds" -ge 2 ] || { echo "bench/compare.sh: at least 2 rounds" >&2; exit 2; }
-case $work in churn | boot) ;; *) usage ;; esac
+case $work in churn | boot | release) ;; *) usage ;; esac
 [ $# -ge 2 ] || { echo "bench/compare.sh: at least 2 variants, the first the reference" >&2; exit 2; }
 churn=${BUILD:-_build/c}/churn
 if [ "$work" = churn ] && [ ! -x "$churn" ]; then
@@ -43,8 +45,18 @@ if [ "$work" = churn ] && [ ! -x "$churn" ]; then
     exit 1
 fi
 
+release=$here/../examples/leaky_app/_build/prod/rel/leaky_app
+if [ "$work" = release ] && [ ! -x "$release/bin/leaky_app" ]; then
+    echo "bench/compare.sh: $release not built (bin/test builds it)" >&2
+    exit 1
+fi
+
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mtrace-compare.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
+if [ "$work" = release ]; then
+    cp -R "$release" "$tmp/release"
+    sed -i.orig '/LD_PRELOAD/d' "$tmp"/release/releases/*/env.sh
+fi
 labels=""
 for v in "$@"; do
     label=${v%%=*}
@@ -67,6 +79,12 @@ run() { # run LABEL -> prints the variant's time
         # A boot that failed (a preload that did not load, say) prints no
         # time: its few milliseconds would read as a ratio.
         env $settings erl -noshell -eval 'halt().' >/dev/null 2>&1 </dev/null || return 0
+        echo $((($(date +%s%N) - t0) / 1000000)) ;;
+    release)
+        t0=$(date +%s%N)
+        # shellcheck disable=SC2086
+        env $settings ELIXIR_ERL_OPTIONS="-eval erlang:halt()" RELEASE_NODE="mtrace_compare_$$" \
+            RELEASE_TMP="$tmp/release_tmp" "$tmp/release/bin/leaky_app" start >/dev/null 2>&1 </dev/null || return 0
         echo $((($(date +%s%N) - t0) / 1000000)) ;;
     esac
 }
