@@ -45,17 +45,12 @@ if [ "$work" = churn ] && [ ! -x "$churn" ]; then
     exit 1
 fi
 
-release=$here/../examples/leaky_app/_build/prod/rel/leaky_app
-if [ "$work" = release ] && [ ! -x "$release/bin/leaky_app" ]; then
-    echo "bench/compare.sh: $release not built (bin/test builds it)" >&2
-    exit 1
-fi
-
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mtrace-compare.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-if [ "$work" = release ]; then
-    cp -R "$release" "$tmp/release"
-    sed -i.orig '/LD_PRELOAD/d' "$tmp"/release/releases/*/env.sh
+. "$here/release_boot.sh"
+if [ "$work" = release ] && ! release_copy "$here" "$tmp/release"; then
+    echo "bench/compare.sh: examples/leaky_app's release not built (bin/test builds it)" >&2
+    exit 1
 fi
 labels=""
 for v in "$@"; do
@@ -81,11 +76,8 @@ run() { # run LABEL -> prints the variant's time
         env $settings erl -noshell -eval 'halt().' >/dev/null 2>&1 </dev/null || return 0
         echo $((($(date +%s%N) - t0) / 1000000)) ;;
     release)
-        t0=$(date +%s%N)
         # shellcheck disable=SC2086
-        env $settings ELIXIR_ERL_OPTIONS="-eval erlang:halt()" RELEASE_NODE="mtrace_compare_$$" \
-            RELEASE_TMP="$tmp/release_tmp" "$tmp/release/bin/leaky_app" start >/dev/null 2>&1 </dev/null || return 0
-        echo $((($(date +%s%N) - t0) / 1000000)) ;;
+        release_boot_ms "$tmp/release" $settings ;;
     esac
 }
 

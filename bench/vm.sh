@@ -86,19 +86,10 @@ boot() { # boot [ENV=VALUE...] -> prints ms from exec to exit, as a user sees it
 # A release boot: a copy of examples/leaky_app's release (built by bin/test)
 # without its env.sh's LD_PRELOAD line, booted bare and with this build's
 # preload.  Left out when the release has not been built.
-release=$(cd "$src/.." && pwd)/examples/leaky_app/_build/prod/rel/leaky_app
+. "$src/release_boot.sh"
 has_release=false
-if [ -x "$release/bin/leaky_app" ]; then
-    has_release=true
-    cp -R "$release" "$tmp/release"
-    sed -i.orig '/LD_PRELOAD/d' "$tmp"/release/releases/*/env.sh
-fi
-release_boot() { # release_boot [ENV=VALUE...] -> ms to boot the release (every app started) and halt
-    t0=$(date +%s%N)
-    env "$@" ELIXIR_ERL_OPTIONS="-eval erlang:halt()" RELEASE_NODE="mtrace_bench_$$" \
-        RELEASE_TMP="$tmp/release_tmp" "$tmp/release/bin/leaky_app" start >/dev/null 2>&1 </dev/null
-    echo $((($(date +%s%N) - t0) / 1000000))
-}
+release_copy "$src" "$tmp/release" && has_release=true
+release_boot() { release_boot_ms "$tmp/release" "$@"; }
 sample() { # sample NAME COMMAND... -> appends "NAME value" to the samples
     name=$1
     shift
