@@ -132,6 +132,7 @@ struct mtrace_stats {
     uint32_t erlang_frames;    /* 1 = Erlang frames are captured (see erlang_frames below) */
     uint32_t erlang_allowed;   /* 0 = MTRACE_ERLANG=0 turned them off */
     uint64_t erlang_stacks;    /* interned stacks that carry Erlang frames */
+    uint64_t reset_ms;         /* now_ms of the last reset; 0 = never reset */
 };
 
 /* A loaded object (the program, a shared library), as the dynamic loader

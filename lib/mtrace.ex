@@ -233,8 +233,9 @@ defmodule Mtrace do
 
       Mtrace.sites(limit: 1, lib: "leaky")
       #=> [%{count: 3072, bytes: 12582912, oldest: 7380, newest: 5,
-      #=>    frames: [%{symbol: "leak_buffer", file: "c_src/leaky.c", line: 42,
-      #=>               lib: "/srv/app/lib/leaky-0.1.0/priv/leaky.so", inlined: false,
+      #=>    frames: [%{symbol: "leak_buffer", file: "c_src/leaky.c",
+      #=>               line: 42, inlined: false,
+      #=>               lib: "/srv/app/lib/leaky-0.1.0/priv/leaky.so",
       #=>               addr: 140210745012345, offset: 4665}, ...]}]
   """
   @spec sites([
@@ -254,7 +255,8 @@ defmodule Mtrace do
 
   Give the mark as `since:` to the queries to see only what was allocated
   after it and is still live: what grew since you looked, without `reset/0`
-  forgetting the past. Waits for the next tick of the table's coarse clock
+  forgetting the past. (A `reset/0` after the mark forgets what was
+  allocated since it too; `report/1` then says so.) Waits for the next tick of the table's coarse clock
   (a few ms), so the line between before and after is exact.
 
       iex> mark = Mtrace.mark()
@@ -306,7 +308,8 @@ defmodule Mtrace do
         boot: snap[:boot],
         sort: o.sort,
         filter: filter,
-        total: snap.total
+        total: snap.total,
+        since: o[:since] && o.since.t_ms
       )
     )
   end
@@ -433,7 +436,9 @@ defmodule Mtrace do
   and returns `%{node => {:ok, result} | {:error, exception}}`; a node where
   mtrace is missing, not preloaded or unreachable gets its error, the others
   still answer. `fun` is one of `:stats`, `:sites`, `:olds`, `:mark`,
-  `:reset`, `:enable`, `:disable`, `:preloaded?`.
+  `:reset`, `:enable`, `:disable`, `:preloaded?`. `args` is the list of
+  the function's arguments, so its options are a list inside it:
+  `Mtrace.cluster(:sites, [[limit: 3]])`.
 
       iex> %{} = result = Mtrace.cluster(:preloaded?)
       iex> {:ok, answer} = result[node()]
@@ -446,6 +451,15 @@ defmodule Mtrace do
   def cluster(fun, args, timeout)
       when fun in [:stats, :sites, :olds, :mark, :reset, :enable, :disable, :preloaded?] and
              is_list(args) do
+    # cluster(:sites, limit: 1) reads as options but gives sites/1 the
+    # argument {:limit, 1}: told here once, not by every node.
+    if args != [] and Keyword.keyword?(args) do
+      raise ArgumentError,
+            "cluster/3: args is the list of arguments of Mtrace.#{fun}, so options go in a " <>
+              "list of their own: cluster(#{inspect(fun)}, [#{inspect(args)}]), got: " <>
+              inspect(args)
+    end
+
     arity = proper_length(args)
 
     unless arity && function_exported?(__MODULE__, fun, arity) do
@@ -495,6 +509,9 @@ defmodule Mtrace do
   `config_errors` names the `MTRACE_` variables whose value was not
   understood and fell back to the default.
 
+  `reset_ms` is the table's time of the last `reset/0` (0 if none), on
+  the clock of `Mtrace.Mark`'s `t_ms`.
+
   `erlang_frames` says whether stacks of allocations made by NIFs carry the
   Erlang frames of the calling process; when it is `false`,
   `erlang_frames_off` says why (e.g. `"off: MTRACE_ERLANG=0"`, or which check
@@ -506,7 +523,8 @@ defmodule Mtrace do
   The answer is a `Mtrace.Stats` struct: a map of these fields for programs,
   shown grouped and humanized in IEx.
 
-      iex> %{live_count: n, enabled: true, active: true, config_errors: []} = Mtrace.stats()
+      iex> %{live_count: n, enabled: true, active: true, config_errors: []} =
+      ...>   Mtrace.stats()
       iex> is_integer(n)
       true
   """

@@ -74,6 +74,7 @@ static enum mtrace_result api_stats(struct mtrace_stats *out, size_t size) {
     s.erlang_frames = (uint32_t)mt_erl_active(&allowed);
     s.erlang_allowed = (uint32_t)allowed;
     s.erlang_stacks = k.erl_stacks;
+    s.reset_ms = atomic_load(&mt_state.reset_ms);
     memcpy(out, &s, size < sizeof s ? size : sizeof s);
     return MTRACE_OK;
 }

@@ -39,6 +39,7 @@ struct mt_state {
     uint64_t sample_mean; /* MTRACE_SAMPLE_BYTES in effect; 0 = lossless */
     int fast_unwind;      /* 1 = own walker first, 0 = libunwind only */
     struct mt_config cfg; /* as read from the environment */
+    _Atomic uint64_t reset_ms; /* the table's clock at the last reset; 0 = none */
 };
 
 extern struct mt_state mt_state;

@@ -326,6 +326,7 @@ void mt_tracker_set_enabled(int on) {
 uint64_t mt_tracker_reset(void) {
     unsigned char was = mt_tracker_enter(); /* every lock is held meanwhile */
     uint64_t forgotten = mt_table_reset();
+    atomic_store(&mt_state.reset_ms, mt_now_ms()); /* marks before it lost their past */
     mt_tracker_leave(was);
     if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE && !mt_state_tracking_on())
         gate_off(); /* now empty: frees need not ask */

@@ -10,7 +10,8 @@ defmodule Mtrace.Error do
 
       iex> e = Mtrace.Error.not_preloaded()
       iex> inspect(e)
-      "#Mtrace.Error<:not_preloaded: mtrace: the tracer library is not preloaded ...>"
+      "#Mtrace.Error<:not_preloaded: mtrace: the tracer library is not " <>
+        "preloaded ...>"
       iex> Exception.message(e) =~ "LD_PRELOAD="
       true
   """
@@ -41,12 +42,23 @@ defmodule Mtrace.Error do
   """
   @impl true
   @spec message(t()) :: String.t()
-  def message(%__MODULE__{message: message}) do
-    message
+  def message(%__MODULE__{message: message}), do: wrap(message, 62)
+
+  @doc """
+  `text` broken as `message/1` breaks a message, its first line `first`
+  columns wide: for a message printed after some other text (a log line's
+  time and level, say).
+
+      iex> Mtrace.Error.wrap("one two three four", 9)
+      "one two\\nthree four"
+  """
+  @spec wrap(String.t(), pos_integer()) :: String.t()
+  def wrap(text, first) do
+    text
     |> to_string()
     |> String.split("\n")
     |> Enum.with_index()
-    |> Enum.map_join("\n", fn {line, i} -> fill(line, if(i == 0, do: 62, else: 80)) end)
+    |> Enum.map_join("\n", fn {line, i} -> fill(line, if(i == 0, do: first, else: 80)) end)
   end
 
   defp fill(line, width) do

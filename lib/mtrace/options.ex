@@ -75,7 +75,23 @@ defmodule Mtrace.Options do
   """
   @spec parse!(term(), keyword(), String.t()) :: map()
   def parse!(opts, defaults, where) do
-    parse(opts, defaults, where, Enum.uniq(@filter_keys ++ Keyword.keys(defaults)), &check!/3)
+    opts
+    |> parse(defaults, where, Enum.uniq(@filter_keys ++ Keyword.keys(defaults)), &check!/3)
+    |> ordered!(:min_size, :max_size, where)
+    |> ordered!(:min_age, :max_age, where)
+  end
+
+  # A lower bound above its upper bound would quietly match nothing.
+  defp ordered!(o, low, high, where) do
+    case o do
+      %{^low => lo, ^high => hi} when is_number(lo) and is_number(hi) and lo > hi ->
+        raise ArgumentError,
+              "Mtrace.#{where}: option #{inspect(low)} (#{lo}) is greater than " <>
+                "#{inspect(high)} (#{hi}): nothing could match"
+
+      _ ->
+        o
+    end
   end
 
   @doc """
@@ -210,9 +226,7 @@ defmodule Mtrace.Options do
           t
 
         %Mark{node: other} ->
-          raise ArgumentError,
-                "option :since: the mark was taken on #{inspect(other)}, but the query runs " <>
-                  "on #{inspect(node)}; marks only compare on the node that took them"
+          foreign_mark!(other, node)
       end
 
     since = if o[:boot] == false, do: max(since || 0, started_ms() || 0), else: since
@@ -234,6 +248,7 @@ defmodule Mtrace.Options do
   @doc """
   The node a query runs on: option `:node`; else the node that took the
   `:since` mark (a mark only means something there); else this node.
+  Raises `ArgumentError` when `:node` names another node than the mark's.
 
       iex> Mtrace.Options.target(%{})
       node()
@@ -241,9 +256,18 @@ defmodule Mtrace.Options do
       :"a@h"
   """
   @spec target(map()) :: node()
+  def target(%{node: node, since: %Mark{node: other}}) when node != nil and node != other,
+    do: foreign_mark!(other, node)
+
   def target(%{node: node}) when node != nil, do: node
   def target(%{since: %Mark{node: node}}), do: node
   def target(_o), do: node()
+
+  defp foreign_mark!(mark_node, query_node) do
+    raise ArgumentError,
+          "option :since: the mark was taken on #{inspect(mark_node)}, but the query runs " <>
+            "on #{inspect(query_node)}; marks only compare on the node that took them"
+  end
 
   defp ms(nil), do: nil
   defp ms(seconds) when seconds >= @u64_max / 1000, do: @u64_max

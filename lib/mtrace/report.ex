@@ -35,6 +35,9 @@ defmodule Mtrace.Report do
       (`%{count, bytes, est_count, est_bytes}`), summarized in one line;
       `:not_started` when the mtrace application has not started (`mix run
       --no-start`), so that boot blocks rank with the rest, as a line says.
+    * `:since` - the table's time of the `since:` mark the query was given
+      (`Mtrace.Mark`'s `t_ms`): when `stats` says the table was reset after
+      it (`reset_ms`), a line says that what the reset forgot is not counted.
     * `:filter` - what the query kept, in words (`"with a frame in
       \"leaky\""`), and `:total`, the sum over what it kept (as
       `Mtrace.Query.sites/1` gives it): the header then gives that total
@@ -73,6 +76,7 @@ defmodule Mtrace.Report do
 
     [
       header(stats, node, opts[:filter], opts[:total]),
+      reset_since(stats, opts[:since]),
       off(stats),
       incomplete(stats),
       boot(opts[:boot]),
@@ -90,6 +94,18 @@ defmodule Mtrace.Report do
   end
 
   defp off(_stats), do: []
+
+  # A reset forgets every block, those allocated since a mark taken before
+  # it too: what "since the mark" counts is then less than what was held.
+  defp reset_since(%{reset_ms: reset}, since)
+       when is_integer(since) and is_integer(reset) and reset > 0 and reset >= since do
+    fit(
+      "The table was reset (Mtrace.reset/0) within the time this report covers: " <>
+        "blocks allocated before the reset were forgotten and are not counted here."
+    )
+  end
+
+  defp reset_since(_stats, _since), do: []
 
   # A line as it is when it fits 80 columns, else wrapped (VM.Format.wrap/2).
   defp fit(line), do: fit_lines(line) |> Enum.map(&[&1, "\n"])

@@ -9,11 +9,14 @@ defmodule Mtrace.Stats do
 
   ## Example
 
-      iex> stats = %Mtrace.Stats{live_count: 3, live_bytes: 12_288, malloc_cnt: 10, free_cnt: 7}
+      iex> stats = %Mtrace.Stats{live_count: 3, live_bytes: 12_288,
+      ...>                       malloc_cnt: 10, free_cnt: 7}
       iex> stats[:live_bytes]
       12288
       iex> inspect(stats) |> String.split("\\n") |> hd()
       "#Mtrace.Stats<12.0 KiB live in 3 blocks, 0 dropped"
+      iex> inspect(%{stats | enabled: false}) |> String.split("\\n") |> hd()
+      "#Mtrace.Stats<tracking switched off (Mtrace.enable/0)"
   """
 
   @behaviour Access
@@ -57,6 +60,7 @@ defmodule Mtrace.Stats do
                 :erlang_frames,
                 :erlang_frames_off,
                 :erlang_stacks,
+                :reset_ms,
                 :allocated_bytes,
                 :used_bytes,
                 :free_bytes,
@@ -98,14 +102,16 @@ defmodule Mtrace.Stats do
     end
 
     def inspect(s, _opts) do
-      [
-        "#Mtrace.Stats<" <> live(s),
+      [first | more] = live(s)
+
+      ["#Mtrace.Stats<" <> first | more]
+      |> Kernel.++([
         "  calls: " <> calls(s),
         "  table: #{size(s.table_bytes)}; #{count(s.stacks, "stack")} in #{size(s.stack_bytes)}" <>
           "; depth #{s.depth}",
         "  tracking: " <> tracking(s),
         heap(s) <> ">"
-      ]
+      ])
       |> Enum.flat_map(&Format.wrap/1)
       # line breaks of the algebra, not "\n": nested in a map or a tuple
       # (Mtrace.cluster/3), the lines are indented under their key
@@ -114,13 +120,23 @@ defmodule Mtrace.Stats do
       |> Inspect.Algebra.concat()
     end
 
-    defp live(%{sampled: true} = s) do
+    # What matters most first: a node that records nothing says so before
+    # any figure that would read as "no leak".
+    defp live(%{active: false}),
+      do: ["not traced: MTRACE_PROGRAMS leaves this program out"]
+
+    defp live(%{enabled: false} = s),
+      do: ["tracking switched off (Mtrace.enable/0)", "  recorded before it: " <> figures(s)]
+
+    defp live(s), do: [figures(s)]
+
+    defp figures(%{sampled: true} = s) do
       "about #{size(s.est_live_bytes)} live in about #{count(s.est_live_count, "block")} " <>
         "(a sample of #{count(s.live_count, "block")}, #{size(s.live_bytes)}), " <>
         losses(s)
     end
 
-    defp live(s),
+    defp figures(s),
       do: "#{size(s.live_bytes)} live in #{count(s.live_count, "block")}, " <> losses(s)
 
     defp losses(s) do
@@ -149,8 +165,8 @@ defmodule Mtrace.Stats do
     defp tracking(s) do
       [
         cond do
-          s.active == false -> "inactive (not a program MTRACE_PROGRAMS names)"
-          s.enabled == false -> "disabled"
+          s.active == false -> "not traced (not a program MTRACE_PROGRAMS names)"
+          s.enabled == false -> "switched off"
           s.sampled -> "sampling every #{size(s.sample_bytes)}"
           true -> "lossless"
         end,
@@ -161,7 +177,7 @@ defmodule Mtrace.Stats do
           _ -> "Erlang frames " <> (s.erlang_frames_off || "off")
         end,
         case s.config_errors do
-          [_ | _] = bad -> "config errors: " <> Enum.join(bad, ", ")
+          [_ | _] = bad -> "not understood, default used: " <> Enum.join(bad, ", ")
           _ -> nil
         end
       ]

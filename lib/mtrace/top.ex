@@ -44,8 +44,10 @@ defmodule Mtrace.Top do
   def run(opts) do
     o = check!(Mtrace.Options.parse!(opts, @defaults, "top/1", @rules))
     caller = self()
-    renderer = spawn_link(fn -> refresh_loop(o, caller, nil, 0) end)
     reader = spawn_link(fn -> read_keys(caller) end)
+    # the view's own processes are not among those it shows growing
+    o = Map.put(o, :viewers, [caller, reader])
+    renderer = spawn_link(fn -> refresh_loop(o, caller, nil, 0) end)
     wait(renderer, reader)
   end
 
@@ -106,7 +108,8 @@ defmodule Mtrace.Top do
     end
   end
 
-  defp sample(%{node: node} = o, state) when node == node(), do: {:ok, Sample.take(state, o.rows)}
+  defp sample(%{node: node} = o, state) when node == node(),
+    do: {:ok, Sample.take(state, o.rows, o.viewers)}
 
   defp sample(o, state) do
     {:ok, Mtrace.Remote.call(o.node, Sample, :take, [state, o.rows], o.timeout)}
@@ -176,17 +179,21 @@ defmodule Mtrace.Top do
 
         %{enabled: false, live_bytes: bytes, live_count: count} ->
           "native #{Format.bytes(bytes)} in #{Format.count(count, "block")}  " <>
-            "tracking off: Mtrace.enable/0"
+            "tracking switched off: Mtrace.enable/0"
 
         %{live_bytes: bytes, live_count: count} ->
           "native #{Format.bytes(bytes)} in #{Format.count(count, "block")}" <>
             if(s.native_per_s, do: "  #{Format.rate(s.native_per_s)}", else: "")
 
         _ ->
-          "native: not traced (start the node with mtrace.so in LD_PRELOAD)"
+          # the release's line: the path it finds holds on every node
+          [
+            "native: not traced (the tracer is not preloaded); in rel/env.sh.eex:",
+            "  " <> Native.enable_hint()
+          ]
       end
 
-    ["RSS #{Format.bytes(m.rss)}" <> vm, native | nif_line(s.nif, cols)]
+    ["RSS #{Format.bytes(m.rss)}" <> vm | List.wrap(native)] ++ nif_line(s.nif, cols)
   end
 
   defp nif_line([], _cols), do: []
@@ -196,11 +203,11 @@ defmodule Mtrace.Top do
   defp nif_line([top | _] = rows, cols) do
     more = if length(rows) > 1, do: " (+#{length(rows) - 1} more)", else: ""
     held = Native.nif_held(top)
-    line = "NIF allocs #{inspect(top.module)} #{held}#{more}"
+    line = "NIF/driver #{inspect(top.module)} #{held}#{more}"
 
     if String.length(line) <= cols,
       do: [line],
-      else: ["NIF allocs #{inspect(top.module)}#{more}", "  " <> held]
+      else: ["NIF/driver #{inspect(top.module)}#{more}", "  " <> held]
   end
 
   defp nif_line({:error, _}, _cols), do: []

@@ -112,7 +112,9 @@ defmodule Mtrace.VM do
   ## Example
 
       Mtrace.VM.top(:message_queue_len, 3)
-      #=> [{#PID<0.312.0>, 100_000, [current_function: {MyApp.Sink, :loop, 1}, initial_call: {:erlang, :apply, 2}]},
+      #=> [{#PID<0.312.0>, 100_000,
+      #=>   [current_function: {MyApp.Sink, :loop, 1},
+      #=>    initial_call: {:erlang, :apply, 2}]},
       #=>  {#PID<0.45.0>, 2, [registered_name: :logger]},
       #=>  {#PID<0.1.0>, 0, [registered_name: :erts_code_purger]}]
   """
@@ -169,10 +171,14 @@ defmodule Mtrace.VM do
   ## Example
 
       Mtrace.VM.bin_leak(2)
-      #=> %{top: [{#PID<0.4612.0>, -5580, [current_function: {:gen_server, :loop, 7}, initial_call: {:proc_lib, :init_p, 5}]},
+      #=> %{top: [{#PID<0.4612.0>, -5580,
+      #=>          [current_function: {:gen_server, :loop, 7},
+      #=>           initial_call: {:proc_lib, :init_p, 5}]},
       #=>         {#PID<0.1747.0>, -3724, [registered_name: :router]}],
       #=>   top_bytes: [{#PID<0.1747.0>, 380_000_000, [registered_name: :router]},
-      #=>               {#PID<0.4612.0>, 2_000_000, [current_function: {:gen_server, :loop, 7}, initial_call: {:proc_lib, :init_p, 5}]}],
+      #=>               {#PID<0.4612.0>, 2_000_000,
+      #=>                [current_function: {:gen_server, :loop, 7},
+      #=>                 initial_call: {:proc_lib, :init_p, 5}]}],
       #=>   freed: 9400, binary_before: 412_000_000, binary_after: 21_000_000}
   """
   @spec bin_leak(pos_integer) :: %{
@@ -199,8 +205,11 @@ defmodule Mtrace.VM do
   ## Example
 
       Mtrace.VM.ets_top(:memory, 2)
-      #=> [{:sessions, 120_000_000, [name: :sessions, owner: #PID<0.300.0>, size: 1_000_000, memory_bytes: 120_000_000]},
-      #=>  {:ac_tab, 8_000, [name: :ac_tab, owner: #PID<0.44.0>, size: 6, memory_bytes: 8_000]}]
+      #=> [{:sessions, 120_000_000,
+      #=>   [name: :sessions, owner: #PID<0.300.0>, size: 1_000_000,
+      #=>    memory_bytes: 120_000_000]},
+      #=>  {:ac_tab, 8_000,
+      #=>   [name: :ac_tab, owner: #PID<0.44.0>, size: 6, memory_bytes: 8_000]}]
   """
   # ets_top/2's second argument when it is left out (nil is a wrong `by`).
   @unset :"$mtrace_unset"
@@ -273,9 +282,11 @@ defmodule Mtrace.VM do
   ## Example
 
       Mtrace.VM.nif_memory(window: 10_000, limit: 2)
-      #=> [%{module: :leaky_nif, kind: :enif_alloc, count: 10240, bytes: 81_264_640,
-      #=>    growth_per_s: 819_200.0, count_delta: 1024, ...},
-      #=>  %{module: :leaky_nif, kind: :resource, count: 1000, bytes: 12_288_000, ...}]
+      #=> [%{module: :leaky_nif, kind: :enif_alloc, count: 10240,
+      #=>    bytes: 81_264_640, growth_per_s: 819_200.0, count_delta: 1024,
+      #=>    ...},
+      #=>  %{module: :leaky_nif, kind: :resource, count: 1000,
+      #=>    bytes: 12_288_000, ...}]
   """
   @spec nif_memory(keyword) :: [map]
   def nif_memory(opts \\ []) do
@@ -326,8 +337,10 @@ defmodule Mtrace.VM do
   ## Example
 
       Mtrace.VM.allocators()
-      #=> [%{allocator: :binary_alloc, allocated: 300_000_000, used: 90_000_000, wasted: 210_000_000, usage: 0.3, instances: 3},
-      #=>  %{allocator: :eheap_alloc, allocated: 40_000_000, used: 30_000_000, wasted: 10_000_000, usage: 0.75, instances: 3},
+      #=> [%{allocator: :binary_alloc, allocated: 300_000_000,
+      #=>    used: 90_000_000, wasted: 210_000_000, usage: 0.3, instances: 3},
+      #=>  %{allocator: :eheap_alloc, allocated: 40_000_000,
+      #=>    used: 30_000_000, wasted: 10_000_000, usage: 0.75, instances: 3},
       #=>  ...]
   """
   @spec allocators() :: [Memory.allocator_row()]
@@ -378,8 +391,11 @@ defmodule Mtrace.VM do
 
   Options:
 
-    * `:window` — milliseconds between two samples (at least 100), so
-      growth is judged and not only size (default: one sample);
+    * `:window` — milliseconds to watch the node (at least 100), so
+      growth is judged and not only size: the VM's memory, processes and
+      ETS are read at its start and end, native and NIF memory at each of its
+      `window_steps` steps (5; `Mtrace.VM.Thresholds`) (default: one
+      sample, no growth);
     * `:gc` — `:auto` (default) runs `bin_leak/1` only when refc binaries
       hold a quarter of the VM's memory (16 MiB at least), `true` always,
       `false` never. It garbage-collects every process;
@@ -402,13 +418,20 @@ defmodule Mtrace.VM do
 
   ## Example
 
-      Mtrace.VM.diagnose(window: 10_000, print: false)
-      #=> %Mtrace.VM.Diagnosis{verdict: :mailbox_buildup,
-      #=>   findings: [%{kind: :mailbox_buildup, score: 216.1,
-      #=>                summary: "#PID<0.312.0> (in MyApp.Sink.loop/1, started as :erlang.apply/2) has 100_000 messages waiting",
-      #=>                evidence: %{pid: #PID<0.312.0>, message_queue_len: 100_000, ...},
-      #=>                next: ~s|Process.info(pid("0.312.0"), [:current_stacktrace, :status]) shows why it is not receiving; ...|}],
-      #=>   node: :"app@host", window: 10_000, memory: %{...}, counts: %{...}, native: %{preloaded: false, ...}}
+      d = Mtrace.VM.diagnose(window: 10_000, print: false)
+      #=> #Mtrace.VM.Diagnosis<app@host: mailbox_buildup (score 216.1), 1 finding>
+      d.verdict
+      #=> :mailbox_buildup
+      hd(d.findings).summary
+      #=> "#PID<0.312.0> (in MyApp.Sink.loop/1, started as :erlang.apply/2) has
+      #=>  100_000 messages waiting"
+      hd(d.findings).next
+      #=> "Process.info(pid(\"0.312.0\"), [:current_stacktrace, :status]) shows
+      #=>  why it is not receiving; ..."
+
+  The struct's fields: `verdict`, `findings` (each `%{kind, score,
+  summary, evidence, next}`), `node`, `window`, `memory`, `counts`,
+  `growth`, `native`, `nif` (`Mtrace.VM.Diagnosis`).
   """
   @spec diagnose(keyword) :: Mtrace.VM.Diagnosis.t()
   def diagnose(opts \\ []), do: Diagnose.run(opts)

@@ -5,7 +5,8 @@ defmodule Mtrace.Watch do
   Add it to a supervision tree:
 
       children = [
-        {Mtrace.Watch, interval: :timer.minutes(5), intervals: 6, min_growth: 10 * 1024 * 1024}
+        {Mtrace.Watch,
+         interval: :timer.minutes(5), intervals: 6, min_growth: 10 * 1024 * 1024}
       ]
 
   Every `interval` it reads `Mtrace.stats/0` (a few counters, no table scan)
@@ -72,10 +73,10 @@ defmodule Mtrace.Watch do
   def init(o) do
     cond do
       not Mtrace.preloaded?() ->
-        not_started(Exception.message(Mtrace.Error.not_preloaded()))
+        not_started(Mtrace.Error.not_preloaded())
 
       not Mtrace.stats().active ->
-        not_started(Exception.message(Mtrace.Error.not_traced()))
+        not_started(Mtrace.Error.not_traced())
 
       true ->
         schedule(o)
@@ -94,8 +95,12 @@ defmodule Mtrace.Watch do
     end
   end
 
-  defp not_started(why) do
-    Logger.warning("Mtrace.Watch not started: " <> String.replace_prefix(why, "mtrace: ", ""))
+  # Logger's default line starts "12:00:00.000 [warning] ": the first line
+  # of the message is that much shorter than the rest.
+  defp not_started(%Mtrace.Error{message: why}) do
+    lead = "Mtrace.Watch not started: "
+    why = String.replace_prefix(why, "mtrace: ", "")
+    Logger.warning(lead <> Mtrace.Error.wrap(why, 80 - 24 - String.length(lead)))
     :ignore
   end
 

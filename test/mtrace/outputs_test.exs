@@ -52,6 +52,25 @@ defmodule Mtrace.OutputsTest do
     refute out =~ "#3"
   end
 
+  test "a reset after the mark: stats give its time, report says what it forgot" do
+    mark = Mtrace.mark()
+    LeakyNif.leak(:malloc, 5, 1234)
+    out = capture_io(fn -> Mtrace.report(since: mark, lib: @lib) end)
+    refute out =~ "The table was reset"
+
+    Mtrace.reset()
+    assert %{reset_ms: reset} = Mtrace.stats()
+    assert reset >= mark.t_ms
+    LeakyNif.leak(:malloc, 2, 1234)
+    out = capture_io(fn -> Mtrace.report(since: mark, lib: @lib) end)
+    assert out =~ "2.4 KiB in 2 blocks"
+    assert out |> String.replace("\n  ", " ") =~ "The table was reset (Mtrace.reset/0) within"
+
+    # a mark taken after the reset: nothing was forgotten since
+    later = Mtrace.mark()
+    refute capture_io(fn -> Mtrace.report(since: later, lib: @lib) end) =~ "The table was"
+  end
+
   test "export/2 :folded lines sum to the live bytes (or counts) of the sites", %{dir: dir} do
     path = Path.join(dir, "native.folded")
     assert :ok = Mtrace.export(path, lib: @lib)

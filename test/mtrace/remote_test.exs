@@ -60,6 +60,17 @@ defmodule Mtrace.RemoteTest do
       Mtrace.sites(since: mark, node: node())
     end
 
+    # ... whichever node took it: no query goes to one node to run on another
+    here = Mtrace.mark()
+
+    for query <- [
+          fn -> Mtrace.sites(since: here, node: peer) end,
+          fn -> Mtrace.olds(5, since: here, node: peer) end,
+          fn -> Mtrace.report(since: here, node: peer) end
+        ] do
+      assert_raise ArgumentError, ~r/mark was taken on #{inspect(node())}/, query
+    end
+
     path = Path.join(System.tmp_dir!(), "mtrace_remote_#{System.unique_integer([:positive])}")
     on_exit(fn -> File.rm(path) end)
     assert :ok = Mtrace.export(path, node: peer, lib: "leaky_nif", format: :folded)

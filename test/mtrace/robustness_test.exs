@@ -240,6 +240,19 @@ defmodule Mtrace.RobustnessTest do
       Mtrace.mark(min_age: 5)
     end
 
+    # bounds the wrong way round would match nothing
+    for {fun, opts} <- [
+          {&Mtrace.sites/1, [min_size: 10, max_size: 5]},
+          {&Mtrace.report/1, [min_age: 10, max_age: 5]},
+          {&Mtrace.olds(3, &1), [max_size: 5, min_size: 10]}
+        ] do
+      assert_raise ArgumentError, ~r/is greater than :max_\w+ \(5\): nothing could match/, fn ->
+        fun.(opts)
+      end
+    end
+
+    assert Mtrace.sites(min_size: 5, max_size: 5, lib: "no-such-lib") == []
+
     # each known option is listed once
     e = catch_error(Mtrace.report(foo: 1))
     assert length(Regex.scan(~r/:boot\b/, e.message)) == 1, e.message
@@ -305,7 +318,7 @@ defmodule Mtrace.RobustnessTest do
       end
 
     args =
-      for a <- [:x, %{}, {1}, [1 | 2], [1, 2, 3], [[limit: 1], :extra]] do
+      for a <- [:x, %{}, {1}, [1 | 2], [1, 2, 3], [[limit: 1], :extra], [limit: 1]] do
         {"Mtrace.cluster(:sites, #{inspect(a)})", fn -> Mtrace.cluster(:sites, a) end,
          ~r/\bargs\b/}
       end

@@ -106,7 +106,9 @@ defmodule Mtrace.SitesTest do
     assert Mtrace.sites(lib: @lib, min_size: 101, max_size: 299) == []
     assert Mtrace.sites(lib: @lib, min_age: 3600) == []
     assert length(Mtrace.sites(lib: @lib, max_age: 3600)) == 3
-    assert Mtrace.sites(lib: @lib, min_size: 500, max_size: 10) == []
+    assert_raise ArgumentError, ~r/nothing could match/, fn ->
+      Mtrace.sites(lib: @lib, min_size: 500, max_size: 10)
+    end
 
     Process.sleep(1_100)
     LeakyNif.leak(:aligned, 4, 4321)

@@ -99,7 +99,12 @@ defmodule Mtrace.TopTest do
     assert untraced.(s) =~ "native sites growing fastest"
 
     not_preloaded = untraced.(%{s | memory: %{s.memory | native: nil}, traced: false})
-    assert not_preloaded =~ "native: not traced (start the node with mtrace.so in LD_PRELOAD)"
+    assert not_preloaded =~ "native: not traced (the tracer is not preloaded)"
+
+    assert not_preloaded =~
+             "\n  export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)\n"
+
+    assert not_preloaded |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80))
     refute not_preloaded =~ "native sites"
     refute not_preloaded =~ "none: no native memory"
 
@@ -113,13 +118,16 @@ defmodule Mtrace.TopTest do
     nif = untraced.(%{s | nif: [row, row]})
 
     assert nif =~
-             "\nNIF allocs Mtrace.Test.SomeLongNamespace.LeakyNif (+1 more)\n  at least 80.0 MiB"
+             "\nNIF/driver Mtrace.Test.SomeLongNamespace.LeakyNif (+1 more)\n  at least 80.0 MiB"
 
     assert nif |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), nif
 
     # switched off: said on the native line and where the sites would be
     off = untraced.(%{s | memory: %{s.memory | native: %{s.memory.native | enabled: false}}})
-    assert off =~ ~r/^native [\d.]+ \w+ in [\d_]+ blocks  tracking off: Mtrace.enable\/0$/m
+
+    assert off =~
+             ~r/^native [\d.]+ \w+ in [\d_]+ blocks  tracking switched off: Mtrace.enable\/0$/m
+
     assert off =~ "none can show: tracking is switched off"
     refute off =~ "none: no native memory"
   end

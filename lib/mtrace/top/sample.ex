@@ -28,7 +28,9 @@ defmodule Mtrace.Top.Sample do
 
   @doc """
   A sample, growth measured against `state` (`nil` the first time); `n`
-  rows of sites and processes at most.
+  rows of sites and processes at most. The processes in `viewers` (the
+  view's own, when it runs on the node it watches) and the caller are not
+  among the processes shown.
 
   ## Example
 
@@ -37,13 +39,13 @@ defmodule Mtrace.Top.Sample do
       second.secs > 0
       #=> true
   """
-  @spec take(map | nil, pos_integer) :: t
-  def take(state, n) do
+  @spec take(map | nil, pos_integer, [pid]) :: t
+  def take(state, n, viewers \\ []) do
     at = System.monotonic_time(:millisecond)
     secs = state && max(at - state.at_ms, 1) / 1000
     memory = Memory.read()
     mark = if memory.native, do: Native.mark()
-    procs = process_memory()
+    procs = process_memory([self() | viewers])
 
     %{
       node: node(),
@@ -80,8 +82,8 @@ defmodule Mtrace.Top.Sample do
   end
 
   # Every other process's memory: the watcher leaves itself out.
-  defp process_memory do
-    for pid <- Process.list(), pid != self(), into: %{} do
+  defp process_memory(viewers) do
+    for pid <- Process.list(), pid not in viewers, into: %{} do
       {pid, Procs.value(pid, :memory) || 0}
     end
   end

@@ -22,7 +22,8 @@ defmodule Mtrace.VM.Diagnosis do
 
   ## Example
 
-      iex> d = %Mtrace.VM.Diagnosis{verdict: :healthy, findings: [], node: :"app@host"}
+      iex> d = %Mtrace.VM.Diagnosis{verdict: :healthy, findings: [],
+      ...>                          node: :"app@host"}
       iex> inspect(d)
       "#Mtrace.VM.Diagnosis<app@host: healthy, no findings>"
   """
@@ -60,7 +61,9 @@ defmodule Mtrace.VM.Diagnosis do
 
   ## Example
 
-      Mtrace.VM.diagnose(print: false) |> Mtrace.VM.Diagnosis.render() |> IO.puts()
+      Mtrace.VM.diagnose(print: false)
+      |> Mtrace.VM.Diagnosis.render()
+      |> IO.puts()
   """
   @spec render(map) :: String.t()
   def render(result) do

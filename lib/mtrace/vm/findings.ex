@@ -20,19 +20,46 @@ defmodule Mtrace.VM.Findings do
   ## Thresholds
 
   `Mtrace.VM.Thresholds` lists them all with their defaults; option
-  `thresholds:` of `Mtrace.VM.diagnose/1` overrides any of them.
+  `thresholds:` of `Mtrace.VM.diagnose/1` overrides any of them. What
+  each kind of finding measures against them, by size and, when a window
+  was sampled, by growth:
 
-  | kind | size | growth over a window |
-  | --- | --- | --- |
-  | `:mailbox_buildup` | a process with `mailbox_len` messages waiting | one mailbox growing by `mailbox_growth` messages/s |
-  | `:process_leak` | processes at `process_share` of the limit, or `idle_group`+ idle processes (waiting, mailbox empty) sharing initial call and current function and making up `idle_share` of all processes | the process count growing by `process_growth`/s |
-  | `:monitor_leak` | a process holding `monitors` monitors | one process gaining `monitor_growth` monitors/s |
-  | `:ets_growth` | a table holding `ets_bytes`, or `ets_share_min`+ that is `ets_share` of the VM's memory, counting the binaries it references (estimated from 64 objects) | a table growing by `ets_growth`/s |
-  | `:binary_leak` | a forced GC freeing `binary_freed` of binaries, or `binary_freed_share` of the VM's memory if larger (without the GC, binaries holding half of the VM's memory score at most 45) | — |
-  | `:native_leak` | `native_bytes` (or the VM's own memory if larger) of native memory, or `native_vm_min`+ that is `native_vm_ratio` times what the VM accounts for: the tracer's live malloc bytes, or RSS outside the ERTS allocators when it is not preloaded | native memory growing *steadily* by `native_growth`/s: sampled `window_steps` times across the window, it went up in at least `native_steady` of the steps |
-  | `:native_heap` | with a window, the same sizes when native memory did not grow steadily: large, but not leaking while it was watched | — |
-  | `:nif_alloc_leak` | one NIF module holding `nif_bytes` in the VM's allocators (enif_alloc, resources, binaries: `Mtrace.VM.nif_memory/1`), or `nif_share_min`+ that is `nif_share` of the VM's memory | that memory growing by `nif_growth`/s |
-  | `:fragmentation` | an allocator type used below `frag_usage`, wasting `frag_wasted` | — |
+  * `:mailbox_buildup` — size: a process with `mailbox_len` messages
+    waiting; growth over a window: one mailbox growing by
+    `mailbox_growth` messages/s;
+  * `:process_leak` — size: processes at `process_share` of the limit,
+    or `idle_group`+ idle processes (waiting, mailbox empty) sharing
+    initial call and current function and making up `idle_share` of all
+    processes; growth over a window: the process count growing by
+    `process_growth`/s;
+  * `:monitor_leak` — size: a process holding `monitors` monitors;
+    growth over a window: one process gaining `monitor_growth`
+    monitors/s;
+  * `:ets_growth` — size: a table holding `ets_bytes`, or
+    `ets_share_min`+ that is `ets_share` of the VM's memory, counting
+    the binaries it references (estimated from 64 objects); growth over
+    a window: a table growing by `ets_growth`/s;
+  * `:binary_leak` — size: a forced GC freeing `binary_freed` of
+    binaries, or `binary_freed_share` of the VM's memory if larger
+    (without the GC, binaries holding half of the VM's memory score at
+    most 45);
+  * `:native_leak` — size: `native_bytes` (or the VM's own memory if
+    larger) of native memory, or `native_vm_min`+ that is
+    `native_vm_ratio` times what the VM accounts for: the tracer's live
+    malloc bytes, or RSS outside the ERTS allocators when it is not
+    preloaded; growth over a window: native memory growing *steadily* by
+    `native_growth`/s: sampled `window_steps` times across the window,
+    it went up in at least `native_steady` of the steps;
+  * `:native_heap` — size: with a window, the same sizes when native
+    memory did not grow steadily: large, but not leaking while it was
+    watched;
+  * `:nif_alloc_leak` — size: one NIF module holding `nif_bytes` in the
+    VM's allocators (enif_alloc, resources, binaries:
+    `Mtrace.VM.nif_memory/1`), or `nif_share_min`+ that is `nif_share`
+    of the VM's memory; growth over a window: that memory growing by
+    `nif_growth`/s;
+  * `:fragmentation` — size: an allocator type used below `frag_usage`,
+    wasting `frag_wasted`.
 
   Growth below a minimum over the whole window (`*_growth_min`) is ignored
   as noise; native growth is judged by its steadiness instead, so that a

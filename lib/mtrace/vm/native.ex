@@ -34,7 +34,7 @@ defmodule Mtrace.VM.Native do
   `:resource` (`enif_alloc_resource`, and binaries made with
   `enif_make_new_binary`: binary_alloc's `binary`), `:binary`
   (`enif_alloc_binary`: `drv_binary`); other tags keep their ERTS name
-  (`:driver`, `:port`, ...).
+  (`:drv_internal`, a port driver's own `driver_alloc` blocks; `:port`, ...).
   """
 
   import Bitwise, only: [<<<: 2]
@@ -45,7 +45,12 @@ defmodule Mtrace.VM.Native do
   @histogram_width 32
   @allocators [:driver_alloc, :binary_alloc]
   @kinds %{nif_internal: :enif_alloc, binary: :resource, drv_binary: :binary}
-  @nouns %{enif_alloc: "enif_alloc block", resource: "resource", binary: "binary"}
+  @nouns %{
+    enif_alloc: "enif_alloc block",
+    resource: "resource",
+    binary: "binary",
+    drv_internal: "driver_alloc block"
+  }
 
   @enable_hint "export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)"
 

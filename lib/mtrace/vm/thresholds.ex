@@ -4,41 +4,68 @@ defmodule Mtrace.VM.Thresholds do
   can be overridden with the `thresholds:` option, e.g.
   `Mtrace.VM.diagnose(window: 5_000, thresholds: [native_growth: 10 * 1024])`.
 
-  | key | default | what reaches it |
-  | --- | --- | --- |
-  | `mailbox_len` | 10_000 | messages waiting in one process |
-  | `mailbox_growth` | 500 | messages/s one mailbox grows by (over at least `mailbox_growth_min`) |
-  | `mailbox_growth_min` | 1_000 | messages of growth below which a window's mailbox growth is noise |
-  | `process_share` | 0.5 | processes as a share of the process limit |
-  | `idle_group` | 10_000 | idle processes sharing initial call and current function ... |
-  | `idle_share` | 0.5 | ... that are also this share of all processes |
-  | `process_growth` | 100 | processes/s the count grows by (over at least `process_growth_min`) |
-  | `process_growth_min` | 1_000 | processes of growth below which it is noise |
-  | `monitors` | 10_000 | monitors held by one process |
-  | `monitor_growth` | 100 | monitors/s one process gains (over at least `monitor_growth_min`) |
-  | `monitor_growth_min` | 1_000 | monitors of growth below which it is noise |
-  | `ets_bytes` | 100 MiB | one table, with the binaries it references |
-  | `ets_share` | 0.5 | one table's share of the VM's memory, when it holds `ets_share_min` or more |
-  | `ets_share_min` | 64 MiB | |
-  | `ets_growth` | 1 MiB | bytes/s one table grows by (over at least `ets_growth_min`) |
-  | `ets_growth_min` | 8 MiB | |
-  | `binary_freed` | 32 MiB | refc binaries a forced GC frees (or `binary_freed_share` of the VM's memory if more) |
-  | `binary_freed_share` | 0.25 | |
-  | `binary_gc_share` | 0.25 | binaries' share of the VM's memory that makes `gc: :auto` run the forced GC ... |
-  | `binary_gc_min` | 16 MiB | ... when they hold at least this much |
-  | `native_bytes` | 256 MiB | native memory (or the VM's own memory if larger) |
-  | `native_vm_ratio` | 2.0 | native memory this many times the VM's own ... |
-  | `native_vm_min` | 64 MiB | ... and at least this much: native memory dwarfs what the VM accounts for |
-  | `native_growth` | 50 KiB | bytes/s native memory grows by, steadily, over a window |
-  | `native_steady` | 0.75 | share of a window's steps (`window_steps`) in which native memory, or a NIF module's memory in the VM's allocators, grew for the growth to count as steady (churn goes up and down) |
-  | `window_steps` | 5 | samples of native memory taken across a window |
-  | `nif_bytes` | 64 MiB | one NIF module's memory in the VM's allocators (enif_alloc, resources, binaries) |
-  | `nif_share` | 0.25 | ... or this share of the VM's memory, when it is at least `nif_share_min` |
-  | `nif_share_min` | 16 MiB | |
-  | `nif_growth` | 50 KiB | bytes/s one module's memory there grows by, steadily (and by at least `nif_growth_min` over the window) |
-  | `nif_growth_min` | 1 MiB | |
-  | `frag_usage` | 0.5 | an allocator type used below this share ... |
-  | `frag_wasted` | 64 MiB | ... wasting at least this much |
+  Each key, its default, and what reaches it:
+
+  * `mailbox_len` (10_000) — messages waiting in one process;
+  * `mailbox_growth` (500) — messages/s one mailbox grows by (over at
+    least `mailbox_growth_min`);
+  * `mailbox_growth_min` (1_000) — messages of growth below which a
+    window's mailbox growth is noise;
+  * `process_share` (0.5) — processes as a share of the process limit;
+  * `idle_group` (10_000) — idle processes sharing initial call and
+    current function, when they are also `idle_share` of all processes;
+  * `idle_share` (0.5) — the share of all processes such a group makes;
+  * `process_growth` (100) — processes/s the count grows by (over at
+    least `process_growth_min`);
+  * `process_growth_min` (1_000) — processes of growth below which it is
+    noise;
+  * `monitors` (10_000) — monitors held by one process;
+  * `monitor_growth` (100) — monitors/s one process gains (over at least
+    `monitor_growth_min`);
+  * `monitor_growth_min` (1_000) — monitors of growth below which it is
+    noise;
+  * `ets_bytes` (100 MiB) — one table, with the binaries it references;
+  * `ets_share` (0.5) — one table's share of the VM's memory, when it
+    holds `ets_share_min` or more;
+  * `ets_share_min` (64 MiB) — the least a table must hold for
+    `ets_share` to count;
+  * `ets_growth` (1 MiB) — bytes/s one table grows by (over at least
+    `ets_growth_min`);
+  * `ets_growth_min` (8 MiB) — a table's growth over the window below
+    which it is noise;
+  * `binary_freed` (32 MiB) — refc binaries a forced GC frees (or
+    `binary_freed_share` of the VM's memory if more);
+  * `binary_freed_share` (0.25) — what a forced GC frees as a share of
+    the VM's memory, when that is more than `binary_freed`;
+  * `binary_gc_share` (0.25) — binaries' share of the VM's memory that
+    makes `gc: :auto` run the forced GC, when they hold `binary_gc_min`;
+  * `binary_gc_min` (16 MiB) — the least binaries hold for that;
+  * `native_bytes` (256 MiB) — native memory (or the VM's own memory if
+    larger);
+  * `native_vm_ratio` (2.0) — native memory this many times the VM's
+    own, and at least `native_vm_min`: it dwarfs what the VM accounts for;
+  * `native_vm_min` (64 MiB) — the least native memory for that ratio to
+    count;
+  * `native_growth` (50 KiB) — bytes/s native memory grows by, steadily,
+    over a window;
+  * `native_steady` (0.75) — share of a window's steps (`window_steps`)
+    in which native memory, or a NIF module's memory in the VM's
+    allocators, grew for the growth to count as steady (churn goes up
+    and down);
+  * `window_steps` (5) — samples of native memory taken across a window;
+  * `nif_bytes` (64 MiB) — one NIF module's memory in the VM's
+    allocators (enif_alloc, resources, binaries);
+  * `nif_share` (0.25) — or this share of the VM's memory, when it is
+    at least `nif_share_min`;
+  * `nif_share_min` (16 MiB) — the least a module must hold for
+    `nif_share` to count;
+  * `nif_growth` (50 KiB) — bytes/s one module's memory there grows by,
+    steadily (and by at least `nif_growth_min` over the window);
+  * `nif_growth_min` (1 MiB) — a module's growth over the window below
+    which it is noise;
+  * `frag_usage` (0.5) — an allocator type used below this share, when
+    it wastes at least `frag_wasted`;
+  * `frag_wasted` (64 MiB) — the least such a type wastes.
 
   ## Example
 
