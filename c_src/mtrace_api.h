@@ -133,6 +133,11 @@ struct mtrace_stats {
     uint32_t erlang_allowed;   /* 0 = MTRACE_ERLANG=0 turned them off */
     uint64_t erlang_stacks;    /* interned stacks that carry Erlang frames */
     uint64_t reset_ms;         /* now_ms of the last reset; 0 = never reset */
+    /* Stacks cut at the frames the fast walker found, where libunwind was
+     * to take over: another thread's walk stayed in it too long (it may be
+     * waiting for the loader's lock this thread holds), or a fork was
+     * under way. */
+    uint64_t unwind_cut;
 };
 
 /* A loaded object (the program, a shared library), as the dynamic loader

@@ -505,7 +505,9 @@ defmodule Mtrace do
   `est_live_count`/`est_live_bytes` are estimates of all live allocations,
   each sample weighted by the inverse of its chance to be sampled (without
   sampling they equal the exact figures). `fast_unwind` tells which stack
-  walker runs and `unwind_fallbacks` how many stacks it handed to libunwind;
+  walker runs and `unwind_fallbacks` how many stacks it handed to libunwind,
+  `unwind_cut` how many of those it kept cut at the frames it had found
+  (libunwind busy in another thread for milliseconds, or a fork under way);
   `config_errors` names the `MTRACE_` variables whose value was not
   understood and fell back to the default.
 

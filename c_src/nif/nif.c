@@ -175,6 +175,7 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put(env, &m, "erlang_frames_off", *why ? mt_nif_binary(env, why) : mt_atoms.nil);
     put_u64(env, &m, "erlang_stacks", s.erlang_stacks);
     put_u64(env, &m, "reset_ms", s.reset_ms);
+    put_u64(env, &m, "unwind_cut", s.unwind_cut);
     /* glibc's own view of the heap, as the seed reported it; other C
      * libraries do not report theirs (nil). */
 #if defined(__GLIBC__)

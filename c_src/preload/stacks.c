@@ -186,11 +186,6 @@ uint32_t mt_stack_intern_erl(const uintptr_t *ips, uint32_t depth, uint32_t erl)
     if (id)
         return id;
 
-    /* A new stack: its Erlang frames are named now, outside the lock. */
-    struct mtrace_erl_frame names[MTRACE_MAX_DEPTH];
-    for (uint32_t i = 0; i < erl; i++)
-        mt_erl_name(ips[depth + i], &names[i]);
-
     mt_lock(&insert_lock);
     rebuild_heads();
     id = find(atomic_load_explicit(bucket, memory_order_relaxed), hash, ips, depth, erl);
@@ -204,7 +199,11 @@ uint32_t mt_stack_intern_erl(const uintptr_t *ips, uint32_t depth, uint32_t erl)
             r->depth = depth;
             r->erl = erl;
             memcpy(r->ips, ips, (depth + erl) * sizeof(uintptr_t));
-            memcpy((void *)erl_names(r), names, erl * sizeof *names);
+            /* Named in place, not on the C stack (128 names are 5 KiB),
+             * once: new stacks with Erlang frames are few. */
+            struct mtrace_erl_frame *names = (struct mtrace_erl_frame *)erl_names(r);
+            for (uint32_t i = 0; i < erl; i++)
+                mt_erl_name(ips[depth + i], &names[i]);
             if (erl)
                 atomic_fetch_add_explicit(&erl_stacks, 1, memory_order_relaxed);
             *slot = r;
@@ -232,8 +231,17 @@ static __thread uint32_t last_got __attribute__((tls_model("initial-exec")));
  * answer for it: the repeat check below would only make theirs again. */
 static __thread int last_recent __attribute__((tls_model("initial-exec")));
 
+_Static_assert(MAX_OWN_FRAMES + 2 * MTRACE_MAX_DEPTH <= MT_UNWIND_SCRATCH,
+               "a walk and its Erlang frames fit the walker's scratch");
+
 static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at, uint32_t depth) {
-    void *buf[MAX_OWN_FRAMES + 2 * MTRACE_MAX_DEPTH];
+    /* Not on the C stack: 2 KiB there, under every allocation of a new
+     * stack, is more than a small thread stack can spare. */
+    void **buf = (void **)mt_unwind_scratch();
+    if (!buf) {
+        atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
+        return MTRACE_NO_STACK;
+    }
     int same = 0;
     int n = mt_state.fast_unwind
                 ? mt_unwind_check(at, (uintptr_t *)buf, (int)(depth + MAX_HOOK_FRAMES), &same)
@@ -341,14 +349,11 @@ void mt_stack_figures(struct mt_stack_figures *out) {
     out->erl_stacks = atomic_load_explicit(&erl_stacks, memory_order_relaxed);
 }
 
-void mt_stacks_thread_exit(void) { mt_recent_thread_exit(); }
-
-void mt_stacks_lock(void) {
-    mt_fallback_lock();
-    mt_lock(&insert_lock);
+void mt_stacks_thread_exit(void) {
+    mt_recent_thread_exit();
+    mt_unwind_thread_exit();
 }
 
-void mt_stacks_unlock(void) {
-    mt_unlock(&insert_lock);
-    mt_fallback_unlock();
-}
+void mt_stacks_lock(void) { mt_lock(&insert_lock); }
+
+void mt_stacks_unlock(void) { mt_unlock(&insert_lock); }

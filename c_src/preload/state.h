@@ -32,13 +32,13 @@ enum mt_gate {
 };
 
 struct mt_state {
-    _Atomic int gate;     /* enum mt_gate */
-    _Atomic int mode;     /* enum mt_mode */
-    _Atomic int enabled;  /* tracking on (set_enabled, MTRACE_ENABLED) */
-    int provisional;      /* configured before libc had set up the environment */
-    uint64_t sample_mean; /* MTRACE_SAMPLE_BYTES in effect; 0 = lossless */
-    int fast_unwind;      /* 1 = own walker first, 0 = libunwind only */
-    struct mt_config cfg; /* as read from the environment */
+    _Atomic int gate;          /* enum mt_gate */
+    _Atomic int mode;          /* enum mt_mode */
+    _Atomic int enabled;       /* tracking on (set_enabled, MTRACE_ENABLED) */
+    int provisional;           /* configured before libc had set up the environment */
+    uint64_t sample_mean;      /* MTRACE_SAMPLE_BYTES in effect; 0 = lossless */
+    int fast_unwind;           /* 1 = own walker first, 0 = libunwind only */
+    struct mt_config cfg;      /* as read from the environment */
     _Atomic uint64_t reset_ms; /* the table's clock at the last reset; 0 = none */
 };
 

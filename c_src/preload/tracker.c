@@ -268,9 +268,10 @@ void mt_tracker_code_unloaded(void) { mt_unwind_forget(); }
  * this thread out of the table meanwhile (fork itself may allocate). */
 static void fork_prepare(void) {
     mt_me.fork_saved_busy = mt_tracker_enter();
-    /* First: a lookup under way may wait in the loader for a thread whose
-     * allocation needs one of the locks below. */
+    /* First: a lookup or a libunwind walk under way may wait in the loader
+     * for a thread whose allocation needs one of the locks below. */
     mt_objects_close();
+    mt_fallback_close();
     mt_counts_lock();
     mt_stacks_lock();
     mt_table_fork_prepare();
@@ -285,6 +286,7 @@ static void unlock_rest(void) {
 static void fork_parent(void) {
     mt_table_fork_parent();
     unlock_rest();
+    mt_fallback_open();
     mt_objects_open();
 }
 
@@ -294,6 +296,7 @@ static void fork_child(void) {
     mt_erl_forked();
     mt_table_fork_child();
     unlock_rest();
+    mt_fallback_open_child();
     mt_objects_open_child();
 }
 

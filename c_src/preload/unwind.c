@@ -43,8 +43,9 @@ void mt_unwind_count_fallback(void) {
  * (independent loads, no hash probes) and finding them unchanged proves the
  * rest of the stack is the same.  bp (the frame pointer) only matters if a
  * later frame uses it before restoring it from the stack.  The previous walk
- * lives in TLS (4.5 KiB a thread, 4.3 KiB more for its checks); new frames above the match point
- * are collected on the C stack first, so the common case (same frames, same depth) copies none. */
+ * lives in the thread's walker memory (below); new frames above the match
+ * point are collected on the C stack first, so the common case (same
+ * frames, same depth) copies none. */
 /* The deepest walk asked for: MTRACE_DEPTH frames (at most
  * MTRACE_MAX_DEPTH) and the hooks' own few (stacks.c asks for depth + 2). */
 #define WALK_MAX (MTRACE_MAX_DEPTH + 8)
@@ -66,17 +67,49 @@ struct cols {
     uint8_t *flags;
 };
 
-static __thread struct frames last __attribute__((tls_model("initial-exec")));
+/* A thread's walker memory: 11 KiB in a mapping of its own, made on its
+ * first walk and unmapped as it exits.  Not in TLS, whose size glibc takes
+ * from the top of every thread's stack in every program the preload is in,
+ * traced or not: a thread made with a 16 KiB stack had 3 KiB left.  Nor on
+ * the C stack, for the same threads' sake. */
+struct walker {
+    struct frames last; /* the previous walk */
+    /* The previous walk as a list of checks, built once it has repeated:
+     * each stack word a frame of it read (return addresses, and saved bps
+     * a later frame uses), where and what.  A stack that keeps repeating
+     * is then proved the same by one tight loop of independent loads, with
+     * no rule to decode per frame.  chk_n < 0: no list (the previous walk
+     * changed since). */
+    struct mt_stack_check chk[2 * WALK_MAX];
+    uintptr_t scratch[MT_UNWIND_SCRATCH]; /* mt_unwind_scratch */
+};
+#define GONE ((struct walker *)1) /* none: the thread exited, or no memory */
+static __thread struct walker *w __attribute__((tls_model("initial-exec")));
+/* Only where last_n, chk_n or fresh_n says there is a walk, which only a
+ * walker's memory holds. */
+#define last (w->last)
+#define chk (w->chk)
+
+static struct walker *mine(void) {
+    if (w)
+        return w;
+    /* Populated: its pages are written at once (a page read before it is
+     * written maps the zero page, which the write then replaces with a
+     * flush of every other CPU's TLB). */
+    void *m = mmap(NULL, sizeof(struct walker), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    return w = m == MAP_FAILED ? GONE : m;
+}
+
+uintptr_t *mt_unwind_scratch(void) {
+    struct walker *m = mine();
+    return m == GONE ? NULL : m->scratch;
+}
+
 static __thread int last_n __attribute__((tls_model("initial-exec"))); /* 0 = none */
 static __thread uint64_t last_gen __attribute__((tls_model("initial-exec")));
 static __thread int last_max __attribute__((tls_model("initial-exec")));
 
-/* The previous walk as a list of checks, built once it has repeated: each
- * stack word a frame of it read (return addresses, and saved bps a later
- * frame uses), where and what.  A stack that keeps repeating is then proved
- * the same by one tight loop of independent loads, with no rule to decode
- * per frame.  chk_n < 0: no list (the previous walk changed since). */
-static __thread struct mt_stack_check chk[2 * WALK_MAX] __attribute__((tls_model("initial-exec")));
 static __thread int chk_n __attribute__((tls_model("initial-exec"))) = -1;
 /* Frames of the walk just made in last's columns, with their flags set,
  * for mt_unwind_prove; 0 when it made none (a repeat, or it gave up). */
@@ -219,6 +252,10 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
     uintptr_t ip = at->ip, sp = at->sp, bp = at->bp;
     uint64_t gen = atomic_load_explicit(&mt_rules_generation, memory_order_relaxed);
     chk_n = -1; /* whatever this walk finds, the list is rebuilt only on a repeat */
+    *same = 0;
+    fresh_n = 0;
+    if (mine() == GONE)
+        return -1;
     uintptr_t pre_ip[PREFIX_MAX], pre_sp[PREFIX_MAX], pre_bp[PREFIX_MAX];
     int32_t pre_bp_off[PREFIX_MAX], pre_ra_off[PREFIX_MAX];
     uint8_t pre_flags[PREFIX_MAX];
@@ -234,8 +271,6 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
     }
     if (max > WALK_MAX)
         max = WALK_MAX;
-    *same = 0;
-    fresh_n = 0;
     int n = 0, natural = 0, valid = -1; /* valid: frames from here on checked */
     uintptr_t top = top_of_stack(sp);
     if (!top)
@@ -375,4 +410,13 @@ MT_READS_STACK int mt_unwind_prove(struct mt_walk_proof *p, struct mt_stack_chec
     p->gen = last_gen;
     p->max = max;
     return 1;
+}
+
+void mt_unwind_thread_exit(void) {
+    struct walker *m = w;
+    last_n = fresh_n = 0;
+    chk_n = -1;
+    w = GONE; /* later walks of this thread (other exit handlers' mallocs) give up */
+    if (m && m != GONE)
+        munmap(m, sizeof *m);
 }

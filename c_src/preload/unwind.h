@@ -23,6 +23,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "mtrace_api.h" /* MTRACE_MAX_DEPTH */
 #include "unwind_rules.h"
 
 /* A walker reads other frames' stack words on purpose. */
@@ -61,6 +62,16 @@ int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, int max, int
 /* Only whether the stack from *at is the one walked last time (max as then). */
 int mt_unwind_repeats(const struct mt_walk_start *at, int max);
 void mt_unwind_last(uintptr_t *out, int n);
+
+/* A buffer of MT_UNWIND_SCRATCH addresses for a capture's frames, in the
+ * calling thread's walker memory (mapped on its first use, with room for
+ * the longest walk and as many Erlang frames); NULL when none could be
+ * mapped.  One a thread: a capture does not nest. */
+#define MT_UNWIND_SCRATCH (8 + 2 * MTRACE_MAX_DEPTH)
+uintptr_t *mt_unwind_scratch(void);
+
+/* The thread is exiting: its walker memory is given back. */
+void mt_unwind_thread_exit(void);
 
 /* A walk's proof, to be kept elsewhere (recent_stacks.c): its first frame
  * and each stack word the walk read (return addresses, and saved frame

@@ -2,18 +2,35 @@
 #define _GNU_SOURCE
 #include "unwind_fallback.h"
 
+#include <sched.h>
 #include <stdatomic.h>
 
+#include "clock.h"
 #include "spinlock.h"
 
-/* libunwind takes a global lock of its own (Debian's ignores the per-thread
- * cache setting) and blocks signals meanwhile: a fork while another thread
- * holds it would leave the child's first fallback waiting for ever.  fork
- * holds this lock too. */
-static mt_spinlock lock;
+/* One walk at a time goes into libunwind: it takes a global lock of its
+ * own there (Debian's ignores the per-thread cache setting) and holds it
+ * while it asks dl_iterate_phdr, that is while it waits for the loader's
+ * lock.  A thread that holds the loader's lock, inside a dl_iterate_phdr
+ * callback (other code's) that allocates, and so walks, must then not wait
+ * for libunwind's: it waits here instead, a few milliseconds at most, and
+ * keeps the frames its own walker found (mt_fallback_cut counts them).
+ * Nor may a fork happen while a walk is inside: the child would inherit
+ * libunwind's lock held.  So a fork closes the way in and waits for the
+ * walk under way to end; until it is done a walk gives up at once. */
+static _Atomic int inside;  /* 1 while a walk is in libunwind */
+static _Atomic int closing; /* forks under way */
+static _Atomic uint64_t cut;
 
-void mt_fallback_lock(void) { mt_lock(&lock); }
-void mt_fallback_unlock(void) { mt_unlock(&lock); }
+uint64_t mt_fallback_cut(void) { return atomic_load_explicit(&cut, memory_order_relaxed); }
+
+void mt_fallback_close(void) {
+    atomic_fetch_add(&closing, 1);
+    while (atomic_load(&inside))
+        sched_yield();
+}
+void mt_fallback_open(void) { atomic_fetch_sub(&closing, 1); }
+void mt_fallback_open_child(void) { atomic_store(&closing, 0); }
 
 #ifdef MT_NO_LIBUNWIND
 
@@ -37,6 +54,37 @@ int mt_fallback_backtrace(void **buf, int max) {
  * header's own macros spell them. */
 #define NAME_(x) #x
 #define NAME(x) NAME_(x)
+
+#define WAIT_MS 3 /* on the coarse clock: 3 to about 7 ms */
+
+static int enter(void) {
+    uint64_t deadline = 0;
+    for (int spins = 0;; spins++) {
+        int none = 0;
+        /* seq_cst: a fork sees this walk, or this walk sees the fork */
+        if (!atomic_load(&closing) && atomic_compare_exchange_weak(&inside, &none, 1)) {
+            if (!atomic_load(&closing))
+                return 1;
+            atomic_store(&inside, 0);
+        }
+        if (atomic_load(&closing))
+            break;
+        if (spins < 64) {
+            mt_cpu_relax();
+            continue;
+        }
+        uint64_t now = mt_now_ms();
+        if (!deadline)
+            deadline = now + WAIT_MS;
+        else if (now >= deadline)
+            break;
+        sched_yield();
+    }
+    atomic_fetch_add_explicit(&cut, 1, memory_order_relaxed);
+    return 0;
+}
+
+static void leave(void) { atomic_store_explicit(&inside, 0, memory_order_release); }
 
 typedef int (*backtrace_fn)(void **, int);
 typedef int (*policy_fn)(unw_addr_space_t, unw_caching_policy_t);
@@ -65,9 +113,10 @@ int mt_fallback_backtrace(void **buf, int max) {
     backtrace_fn bt = atomic_load_explicit(&backtrace_of, memory_order_acquire);
     if (!bt)
         return -1;
-    mt_lock(&lock);
+    if (!enter())
+        return -1;
     int n = bt(buf, max);
-    mt_unlock(&lock);
+    leave();
     return n;
 }
 

@@ -8,16 +8,22 @@
 #ifndef MT_UNWIND_FALLBACK_H
 #define MT_UNWIND_FALLBACK_H
 
+#include <stdint.h>
+
 /* Loads libunwind; once, from this library's constructor in a traced
  * process (dlopen is not safe inside a malloc hook). */
 void mt_fallback_load(void);
 
-/* unw_backtrace, under a lock that fork also holds; -1 when libunwind is
- * not loaded (not yet, not installed, or a build without it). */
+/* unw_backtrace; -1 when libunwind is not loaded (not yet, not installed,
+ * or a build without it), when another walk stayed inside it too long or
+ * a fork is under way (these two counted by mt_fallback_cut). */
 int mt_fallback_backtrace(void **buf, int max);
+uint64_t mt_fallback_cut(void);
 
-/* Around fork (see tracker.c). */
-void mt_fallback_lock(void);
-void mt_fallback_unlock(void);
+/* Around fork (see tracker.c): close waits for the walks inside libunwind
+ * to end and turns new ones away until open (the child's: _child). */
+void mt_fallback_close(void);
+void mt_fallback_open(void);
+void mt_fallback_open_child(void);
 
 #endif

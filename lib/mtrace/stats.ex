@@ -56,6 +56,7 @@ defmodule Mtrace.Stats do
                 :est_live_bytes,
                 :fast_unwind,
                 :unwind_fallbacks,
+                :unwind_cut,
                 :config_errors,
                 :erlang_frames,
                 :erlang_frames_off,
@@ -171,7 +172,11 @@ defmodule Mtrace.Stats do
           true -> "lossless"
         end,
         if(s.fast_unwind == false, do: "libunwind", else: "own stack walker") <>
-          if(s.unwind_fallbacks, do: " (#{Format.int(s.unwind_fallbacks)} to libunwind)", else: ""),
+          if(s.unwind_fallbacks, do: " (#{Format.int(s.unwind_fallbacks)} to libunwind)", else: "") <>
+          if(is_integer(s.unwind_cut) and s.unwind_cut > 0,
+            do: ", #{Format.count(s.unwind_cut, "stack")} cut short",
+            else: ""
+          ),
         case s.erlang_frames do
           true -> "Erlang frames on (#{count(s.erlang_stacks, "stack")})"
           _ -> "Erlang frames " <> (s.erlang_frames_off || "off")

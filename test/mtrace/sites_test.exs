@@ -106,6 +106,7 @@ defmodule Mtrace.SitesTest do
     assert Mtrace.sites(lib: @lib, min_size: 101, max_size: 299) == []
     assert Mtrace.sites(lib: @lib, min_age: 3600) == []
     assert length(Mtrace.sites(lib: @lib, max_age: 3600)) == 3
+
     assert_raise ArgumentError, ~r/nothing could match/, fn ->
       Mtrace.sites(lib: @lib, min_size: 500, max_size: 10)
     end
