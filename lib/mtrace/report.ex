@@ -218,15 +218,18 @@ defmodule Mtrace.Report do
   end
 
   # The lib is named only next to a symbol: without one, the frame's name
-  # already is the lib and an offset. Within 80 columns: a long source path
-  # gives way to its file name, then a long C++ name is shortened
-  # (Frame.fit/2), and only then is the line wrapped.
+  # already is the lib and an offset. A source path is shown as the
+  # compiler was given it when relative (most often from the project's
+  # root), else by its last two parts: the build machine's directories say
+  # little on the node. Within 80 columns: a long source path gives way to
+  # its file name, then a long C++ name is shortened (Frame.fit/2), and only
+  # then is the line wrapped.
   defp frame_line(frame) do
     name = frame |> Mtrace.Frame.name() |> with_address(frame[:addr])
     lib = if known?(frame[:symbol]) and known?(frame[:lib]), do: Path.basename(frame[:lib])
     inlined = if frame[:inlined], do: "[inlined]"
     line = &frame_text(&1, &2, lib, inlined)
-    full = line.(name, location(frame[:file], frame[:line]))
+    full = line.(name, location(source(frame[:file]), frame[:line]))
 
     if String.length(full) <= 80 do
       [full, "\n"]
@@ -254,6 +257,9 @@ defmodule Mtrace.Report do
   end
 
   defp known?(field), do: field not in [nil, ""]
+
+  defp source("/" <> _ = path), do: path |> Path.split() |> Enum.take(-2) |> Path.join()
+  defp source(path), do: path
 
   defp location(file, _line) when file in [nil, ""], do: nil
   defp location(file, nil), do: "(#{file})"
