@@ -54,7 +54,8 @@ STATE_SRC = c_src/preload/state.c c_src/preload/clock.c c_src/preload/config.c
 TABLE_PART_SRC = c_src/preload/table.c c_src/preload/table_grow.c c_src/preload/table_filter.c c_src/preload/table_mem.c c_src/preload/table_spill.c
 TABLE_SRC = $(TABLE_PART_SRC) c_src/preload/estimate.c $(STATE_SRC)
 ERLANG_FRAMES_SRC = c_src/preload/erlang_frames.c $(STATE_SRC)
-UNWIND_SRC = c_src/preload/unwind.c c_src/preload/recent_stacks.c c_src/preload/unwind_rules.c c_src/preload/eh_frame.c c_src/preload/objects.c
+UNWIND_SRC = c_src/preload/unwind.c c_src/preload/recent_stacks.c c_src/preload/unwind_rules.c c_src/preload/eh_frame.c c_src/preload/objects.c \
+	c_src/preload/clock.c
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 # The preload cannot run under ASan (both replace malloc), but it can under UBSan.
 UBSAN_FLAGS = -fsanitize=undefined -fno-omit-frame-pointer -fno-sanitize-recover=all

@@ -58,8 +58,12 @@ void mt_objects_close(void) {
 }
 
 void mt_objects_open(void) { atomic_fetch_sub(&closing, 1); }
+/* A lookup may have counted itself in for a moment as the fork took its
+ * copy (it saw the fork and went out, in the parent): none is under way
+ * here, and a later fork would wait for it for ever. */
 void mt_objects_open_child(void) {
     atomic_store(&forked, 1);
+    atomic_store(&inside, 0);
     atomic_store(&closing, 0);
 }
 

@@ -4,7 +4,9 @@
  * pthread mutexes would do, but the tracking path runs inside malloc of every
  * thread, including during fork and in code that must not block on futexes
  * taken by libc itself; the critical sections guarded here are a few hundred
- * nanoseconds long and never call into libc except mmap.
+ * nanoseconds long and never call into libc except mmap (the stack store's
+ * also names a new stack's Erlang frames, through the VM's lock-free code
+ * lookup, once per such stack).
  */
 #ifndef MT_SPINLOCK_H
 #define MT_SPINLOCK_H

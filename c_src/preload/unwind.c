@@ -31,6 +31,7 @@ void mt_unwind_count_fallback(void) {
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "mtrace_api.h" /* MTRACE_MAX_DEPTH */
 #include "unwind_rules.h"
 
@@ -90,15 +91,25 @@ static __thread struct walker *w __attribute__((tls_model("initial-exec")));
 #define last (w->last)
 #define chk (w->chk)
 
+/* When mapping it last failed, on the table's clock: a thread asks again a
+ * second later, not at every allocation meanwhile (nor never again). */
+static __thread uint64_t failed_ms __attribute__((tls_model("initial-exec")));
+
 static struct walker *mine(void) {
     if (w)
         return w;
+    if (failed_ms && mt_now_ms() - failed_ms < 1000)
+        return GONE;
     /* Populated: its pages are written at once (a page read before it is
      * written maps the zero page, which the write then replaces with a
      * flush of every other CPU's TLB). */
     void *m = mmap(NULL, sizeof(struct walker), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    return w = m == MAP_FAILED ? GONE : m;
+    if (m == MAP_FAILED) {
+        failed_ms = mt_now_ms() | 1; /* never 0 */
+        return GONE;
+    }
+    return w = m;
 }
 
 uintptr_t *mt_unwind_scratch(void) {
@@ -414,9 +425,14 @@ MT_READS_STACK int mt_unwind_prove(struct mt_walk_proof *p, struct mt_stack_chec
 
 void mt_unwind_thread_exit(void) {
     struct walker *m = w;
+    /* In this order, whatever a signal handler's malloc finds in between:
+     * no walk to reuse before the memory goes, which later walks of this
+     * thread (other exit handlers' mallocs) then do without. */
     last_n = fresh_n = 0;
     chk_n = -1;
-    w = GONE; /* later walks of this thread (other exit handlers' mallocs) give up */
+    atomic_signal_fence(memory_order_seq_cst);
+    w = GONE;
+    atomic_signal_fence(memory_order_seq_cst);
     if (m && m != GONE)
         munmap(m, sizeof *m);
 }

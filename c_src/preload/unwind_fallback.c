@@ -30,7 +30,12 @@ void mt_fallback_close(void) {
         sched_yield();
 }
 void mt_fallback_open(void) { atomic_fetch_sub(&closing, 1); }
-void mt_fallback_open_child(void) { atomic_store(&closing, 0); }
+/* A walk may have had inside at 1 for a moment as the fork took its copy
+ * (it saw the fork and gave up, in the parent): none is under way here. */
+void mt_fallback_open_child(void) {
+    atomic_store(&inside, 0);
+    atomic_store(&closing, 0);
+}
 
 #ifdef MT_NO_LIBUNWIND
 
