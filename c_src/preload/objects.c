@@ -7,6 +7,8 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
+#include "fork_gate.h"
+
 /* dl_iterate_phdr holds the loader's object list lock meanwhile, which a
  * fork child does not get back (glibc resets only its load lock): a fork
  * while a lookup was under way here would leave the child's first walks
@@ -18,8 +20,7 @@
  * would hang a thread whose dl_iterate_phdr callback (other code's)
  * allocates, and so walks, while another lookup waits for the loader's
  * lock that thread holds. */
-static _Atomic int inside;
-static _Atomic int closing; /* forks under way */
+static struct mt_fork_gate gate;
 /* In a fork child: glibc does not give back the loader's list lock there
  * either, and a thread of the parent other than the forking one may have
  * held it, in dl_iterate_phdr called by other code (libunwind, libgcc's
@@ -33,38 +34,29 @@ static __thread int mine __attribute__((tls_model("initial-exec")));
 static int enter(int wait) {
     for (;;) {
         /* seq_cst: a fork sees this lookup, or this lookup sees the fork */
-        atomic_fetch_add(&inside, 1);
-        if (mine || !atomic_load(&closing)) {
+        atomic_fetch_add(&gate.inside, 1);
+        if (mine || !atomic_load(&gate.closing)) {
             mine++;
             return 1;
         }
-        atomic_fetch_sub(&inside, 1);
+        atomic_fetch_sub(&gate.inside, 1);
         if (!wait)
             return 0;
-        while (atomic_load_explicit(&closing, memory_order_relaxed))
+        while (atomic_load_explicit(&gate.closing, memory_order_relaxed))
             sched_yield();
     }
 }
 
 static void leave(void) {
     mine--;
-    atomic_fetch_sub_explicit(&inside, 1, memory_order_release);
+    atomic_fetch_sub_explicit(&gate.inside, 1, memory_order_release);
 }
 
-void mt_objects_close(void) {
-    atomic_fetch_add(&closing, 1);
-    while (atomic_load(&inside))
-        sched_yield();
-}
-
-void mt_objects_open(void) { atomic_fetch_sub(&closing, 1); }
-/* A lookup may have counted itself in for a moment as the fork took its
- * copy (it saw the fork and went out, in the parent): none is under way
- * here, and a later fork would wait for it for ever. */
+void mt_objects_close(void) { mt_fork_gate_close(&gate); }
+void mt_objects_open(void) { mt_fork_gate_open(&gate); }
 void mt_objects_open_child(void) {
     atomic_store(&forked, 1);
-    atomic_store(&inside, 0);
-    atomic_store(&closing, 0);
+    mt_fork_gate_open_child(&gate);
 }
 
 int mt_objects_forked(void) { return atomic_load_explicit(&forked, memory_order_relaxed); }

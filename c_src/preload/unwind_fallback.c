@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 
 #include "clock.h"
+#include "fork_gate.h"
 #include "spinlock.h"
 
 /* One walk at a time goes into libunwind: it takes a global lock of its
@@ -18,24 +19,14 @@
  * Nor may a fork happen while a walk is inside: the child would inherit
  * libunwind's lock held.  So a fork closes the way in and waits for the
  * walk under way to end; until it is done a walk gives up at once. */
-static _Atomic int inside;  /* 1 while a walk is in libunwind */
-static _Atomic int closing; /* forks under way */
+static struct mt_fork_gate gate; /* inside: 1 while a walk is in libunwind */
 static _Atomic uint64_t cut;
 
 uint64_t mt_fallback_cut(void) { return atomic_load_explicit(&cut, memory_order_relaxed); }
 
-void mt_fallback_close(void) {
-    atomic_fetch_add(&closing, 1);
-    while (atomic_load(&inside))
-        sched_yield();
-}
-void mt_fallback_open(void) { atomic_fetch_sub(&closing, 1); }
-/* A walk may have had inside at 1 for a moment as the fork took its copy
- * (it saw the fork and gave up, in the parent): none is under way here. */
-void mt_fallback_open_child(void) {
-    atomic_store(&inside, 0);
-    atomic_store(&closing, 0);
-}
+void mt_fallback_close(void) { mt_fork_gate_close(&gate); }
+void mt_fallback_open(void) { mt_fork_gate_open(&gate); }
+void mt_fallback_open_child(void) { mt_fork_gate_open_child(&gate); }
 
 #ifdef MT_NO_LIBUNWIND
 
@@ -67,12 +58,12 @@ static int enter(void) {
     for (int spins = 0;; spins++) {
         int none = 0;
         /* seq_cst: a fork sees this walk, or this walk sees the fork */
-        if (!atomic_load(&closing) && atomic_compare_exchange_weak(&inside, &none, 1)) {
-            if (!atomic_load(&closing))
+        if (!atomic_load(&gate.closing) && atomic_compare_exchange_weak(&gate.inside, &none, 1)) {
+            if (!atomic_load(&gate.closing))
                 return 1;
-            atomic_store(&inside, 0);
+            atomic_store(&gate.inside, 0);
         }
-        if (atomic_load(&closing))
+        if (atomic_load(&gate.closing))
             break;
         if (spins < 64) {
             mt_cpu_relax();
@@ -89,7 +80,7 @@ static int enter(void) {
     return 0;
 }
 
-static void leave(void) { atomic_store_explicit(&inside, 0, memory_order_release); }
+static void leave(void) { atomic_store_explicit(&gate.inside, 0, memory_order_release); }
 
 typedef int (*backtrace_fn)(void **, int);
 typedef int (*policy_fn)(unw_addr_space_t, unw_caching_policy_t);
