@@ -256,8 +256,9 @@ defmodule Mtrace do
   Give the mark as `since:` to the queries to see only what was allocated
   after it and is still live: what grew since you looked, without `reset/0`
   forgetting the past. (A `reset/0` after the mark forgets what was
-  allocated since it too; `report/1` then says so.) Waits for the next tick of the table's coarse clock
-  (a few ms), so the line between before and after is exact.
+  allocated since it too; `report/1` then says so.) Waits for the next
+  tick of the table's coarse clock (a few ms), so the line between before
+  and after is exact.
 
       iex> mark = Mtrace.mark()
       iex> Mtrace.sites(since: mark, lib: "no-such-library")

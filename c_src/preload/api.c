@@ -14,9 +14,9 @@
 #include "stacks.h"
 #include "state.h"
 #include "table.h"
-#include "unwind_fallback.h"
 #include "tracker.h"
 #include "unwind.h"
+#include "unwind_fallback.h"
 
 /* The calls that take the tracker's locks run with the calling thread
  * marked busy (as reset and the switch do): a signal handler's malloc or

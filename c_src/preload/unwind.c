@@ -86,10 +86,8 @@ struct walker {
 };
 #define GONE ((struct walker *)1) /* none: the thread exited, or no memory */
 static __thread struct walker *w __attribute__((tls_model("initial-exec")));
-/* Only where last_n, chk_n or fresh_n says there is a walk, which only a
- * walker's memory holds. */
-#define last (w->last)
-#define chk (w->chk)
+/* w->last and w->chk are read only where last_n, chk_n or fresh_n says
+ * there is a walk, which only a walker's memory holds. */
 
 /* When mapping it last failed, on the table's clock: a thread asks again a
  * second later, not at every allocation meanwhile (nor never again). */
@@ -149,11 +147,11 @@ static inline uintptr_t return_address(uintptr_t word) {
 /* The stack words step j of the previous walk (frame j to j + 1) read:
  * the return address, and the saved bp when a later frame uses it. */
 static inline const uintptr_t *ra_slot(int j) {
-    return (const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.ra_off[j]);
+    return (const uintptr_t *)(w->last.sp[j + 1] + (intptr_t)w->last.ra_off[j]);
 }
 static inline const uintptr_t *bp_slot(int j) {
-    return (last.flags[j] & F_BP_SAVED) && (last.flags[j + 1] & F_NEEDS_BP)
-               ? (const uintptr_t *)(last.sp[j + 1] + (intptr_t)last.bp_off[j])
+    return (w->last.flags[j] & F_BP_SAVED) && (w->last.flags[j + 1] & F_NEEDS_BP)
+               ? (const uintptr_t *)(w->last.sp[j + 1] + (intptr_t)w->last.bp_off[j])
                : NULL;
 }
 
@@ -161,9 +159,9 @@ static MT_READS_STACK int valid_from(int c) {
     int from = c;
     for (int j = c; j + 1 < last_n; j++) {
         const uintptr_t *bp = bp_slot(j);
-        int same = return_address(*ra_slot(j)) == last.ip[j + 1];
+        int same = return_address(*ra_slot(j)) == w->last.ip[j + 1];
         if (bp)
-            same &= *bp == last.bp[j + 1];
+            same &= *bp == w->last.bp[j + 1];
         if (!same)
             from = j + 1;
     }
@@ -193,15 +191,15 @@ static MT_READS_STACK int collect_checks(int steps, struct mt_stack_check *c, in
  * before any other walk relies on them, and a node's stacks are often far
  * deeper than what is kept. */
 static MT_READS_STACK void build_checks(void) {
-    chk_n = collect_checks((last_n < last_max ? last_n : last_max) - 1, chk, 2 * WALK_MAX);
+    chk_n = collect_checks((last_n < last_max ? last_n : last_max) - 1, w->chk, 2 * WALK_MAX);
 }
 
 /* Whether the stack from (ip, sp, bp) is the previous walk's, by its checks. */
 static inline MT_READS_STACK int repeats(uintptr_t ip, uintptr_t sp, uintptr_t bp, int max) {
-    if (chk_n < 0 || last.sp[0] != sp || last.ip[0] != ip || max != last_max ||
-        ((last.flags[0] & F_NEEDS_BP) && last.bp[0] != bp))
+    if (chk_n < 0 || w->last.sp[0] != sp || w->last.ip[0] != ip || max != last_max ||
+        ((w->last.flags[0] & F_NEEDS_BP) && w->last.bp[0] != bp))
         return 0;
-    return !mt_checks_differ(chk, chk_n);
+    return !mt_checks_differ(w->chk, chk_n);
 }
 
 /* F_NEEDS_BP for frames [0, upto), given the flags of frame upto. */
@@ -235,7 +233,8 @@ static void copy_frames(struct cols *to, const struct cols *from, int n) {
 }
 
 static struct cols last_cols(void) {
-    return (struct cols){last.ip, last.sp, last.bp, last.bp_off, last.ra_off, last.flags};
+    return (struct cols){w->last.ip,     w->last.sp,     w->last.bp,
+                         w->last.bp_off, w->last.ra_off, w->last.flags};
 }
 
 /* Frames [0, n) of pre replace the previous walk's frames above c. */
@@ -244,12 +243,12 @@ static void splice(const struct cols *pre, int n, int c) {
     if (n + tail > WALK_MAX)
         tail = WALK_MAX - n;
     if (n != c) {
-        memmove(last.ip + n, last.ip + c, (size_t)tail * sizeof(uintptr_t));
-        memmove(last.sp + n, last.sp + c, (size_t)tail * sizeof(uintptr_t));
-        memmove(last.bp + n, last.bp + c, (size_t)tail * sizeof(uintptr_t));
-        memmove(last.bp_off + n, last.bp_off + c, (size_t)tail * sizeof(int32_t));
-        memmove(last.ra_off + n, last.ra_off + c, (size_t)tail * sizeof(int32_t));
-        memmove(last.flags + n, last.flags + c, (size_t)tail);
+        memmove(w->last.ip + n, w->last.ip + c, (size_t)tail * sizeof(uintptr_t));
+        memmove(w->last.sp + n, w->last.sp + c, (size_t)tail * sizeof(uintptr_t));
+        memmove(w->last.bp + n, w->last.bp + c, (size_t)tail * sizeof(uintptr_t));
+        memmove(w->last.bp_off + n, w->last.bp_off + c, (size_t)tail * sizeof(int32_t));
+        memmove(w->last.ra_off + n, w->last.ra_off + c, (size_t)tail * sizeof(int32_t));
+        memmove(w->last.flags + n, w->last.flags + c, (size_t)tail);
     }
     struct cols l = last_cols();
     copy_frames(&l, pre, n);
@@ -288,10 +287,10 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
         goto give_up;
     last_max = max;
     while (n < max) {
-        while (c < last_n && last.sp[c] < sp)
+        while (c < last_n && w->last.sp[c] < sp)
             c++;
-        if (c < last_n && last.sp[c] == sp && last.ip[c] == ip &&
-            (!(last.flags[c] & F_NEEDS_BP) || last.bp[c] == bp)) {
+        if (c < last_n && w->last.sp[c] == sp && w->last.ip[c] == ip &&
+            (!(w->last.flags[c] & F_NEEDS_BP) || w->last.bp[c] == bp)) {
             if (valid < 0)
                 valid = valid_from(c); /* once: the stack does not change meanwhile */
             if (c >= valid) {
@@ -308,7 +307,7 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
                 /* A plain loop: the block is short, and GCC's inline memcpy
                  * for it (rep movsq) costs more than the copy. */
                 for (int i = 0; i < give; i++)
-                    out[i] = last.ip[i];
+                    out[i] = w->last.ip[i];
                 return give;
             }
         }
@@ -402,7 +401,7 @@ MT_READS_STACK int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *ou
 
 void mt_unwind_last(uintptr_t *out, int n) {
     for (int i = 0; i < n && i < last_n; i++)
-        out[i] = last.ip[i];
+        out[i] = w->last.ip[i];
 }
 
 /* ---- proofs of a walk, kept elsewhere -------------------------------- */
@@ -414,10 +413,10 @@ MT_READS_STACK int mt_unwind_prove(struct mt_walk_proof *p, struct mt_stack_chec
     p->sp = 0; /* no stack's, until the proof is whole (a stack pointer is never 0) */
     if (!n || max != last_max || (p->n = collect_checks(n - 1, c, cap)) < 0)
         return 0;
-    p->ip = last.ip[0];
-    p->sp = last.sp[0];
-    p->bp = last.bp[0];
-    p->needs_bp = (last.flags[0] & F_NEEDS_BP) != 0;
+    p->ip = w->last.ip[0];
+    p->sp = w->last.sp[0];
+    p->bp = w->last.bp[0];
+    p->needs_bp = (w->last.flags[0] & F_NEEDS_BP) != 0;
     p->gen = last_gen;
     p->max = max;
     return 1;

@@ -105,14 +105,15 @@ defmodule Mtrace.Stats do
     def inspect(s, _opts) do
       [first | more] = live(s)
 
-      ["#Mtrace.Stats<" <> first | more]
-      |> Kernel.++([
+      rest = [
         "  calls: " <> calls(s),
         "  table: #{size(s.table_bytes)}; #{count(s.stacks, "stack")} in #{size(s.stack_bytes)}" <>
           "; depth #{s.depth}",
         "  tracking: " <> tracking(s),
         heap(s) <> ">"
-      ])
+      ]
+
+      (["#Mtrace.Stats<" <> first | more] ++ rest)
       |> Enum.flat_map(&Format.wrap/1)
       # line breaks of the algebra, not "\n": nested in a map or a tuple
       # (Mtrace.cluster/3), the lines are indented under their key
