@@ -135,8 +135,9 @@ struct mtrace_stats {
     uint64_t reset_ms;         /* now_ms of the last reset; 0 = never reset */
     /* Stacks cut at the frames the fast walker found, where libunwind was
      * to take over: another thread's walk stayed in it too long (it may be
-     * waiting for the loader's lock this thread holds), or a fork was
-     * under way. */
+     * waiting for the loader's lock this thread holds), a fork was under
+     * way, or the stack is not the thread's own (a coroutine's) and the
+     * walk reached the end of what was proved readable. */
     uint64_t unwind_cut;
 };
 

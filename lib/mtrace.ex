@@ -507,8 +507,9 @@ defmodule Mtrace do
   each sample weighted by the inverse of its chance to be sampled (without
   sampling they equal the exact figures). `fast_unwind` tells which stack
   walker runs and `unwind_fallbacks` how many stacks it handed to libunwind,
-  `unwind_cut` how many of those it kept cut at the frames it had found
-  (libunwind busy in another thread for milliseconds, or a fork under way);
+  `unwind_cut` how many stacks it kept cut at the frames it had found
+  (libunwind busy in another thread for milliseconds, a fork under way, or
+  a coroutine's stack whose frames point past its readable end);
   `config_errors` names the `MTRACE_` variables whose value was not
   understood and fell back to the default.
 

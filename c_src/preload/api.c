@@ -76,7 +76,7 @@ static enum mtrace_result api_stats(struct mtrace_stats *out, size_t size) {
     s.erlang_allowed = (uint32_t)allowed;
     s.erlang_stacks = k.erl_stacks;
     s.reset_ms = atomic_load(&mt_state.reset_ms);
-    s.unwind_cut = mt_fallback_cut();
+    s.unwind_cut = mt_fallback_cut() + mt_unwind_cut();
     memcpy(out, &s, size < sizeof s ? size : sizeof s);
     return MTRACE_OK;
 }

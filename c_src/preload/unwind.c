@@ -12,11 +12,12 @@
 
 #include <stdatomic.h>
 
-static _Atomic uint64_t fallbacks;
+static _Atomic uint64_t fallbacks, cut;
 
 uint64_t mt_unwind_fallbacks(void) {
     return atomic_load_explicit(&fallbacks, memory_order_relaxed);
 }
+uint64_t mt_unwind_cut(void) { return atomic_load_explicit(&cut, memory_order_relaxed); }
 void mt_unwind_count_fallback(void) {
     atomic_fetch_add_explicit(&fallbacks, 1, memory_order_relaxed);
 }
@@ -273,7 +274,12 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
     struct cols pre = {pre_ip, pre_sp, pre_bp, pre_bp_off, pre_ra_off, pre_flags},
                 in_last = last_cols();
     struct cols *f = &pre;
-    int c = (last_n && last_gen == gen) ? 0 : WALK_MAX;
+    /* On a stack not the thread's own, every frame is walked and none kept
+     * for later walks to reuse: it may be unmapped before they come. */
+    int own;
+    uintptr_t top = top_of_stack(sp, &own);
+    int bounded = !own;
+    int c = (!bounded && last_n && last_gen == gen) ? 0 : WALK_MAX;
     if (c) { /* nothing to reuse: write straight into last */
         f = &in_last;
         last_n = 0;
@@ -282,7 +288,6 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
     if (max > WALK_MAX)
         max = WALK_MAX;
     int n = 0, natural = 0, valid = -1; /* valid: frames from here on checked */
-    uintptr_t top = top_of_stack(sp);
     if (!top)
         goto give_up;
     last_max = max;
@@ -334,9 +339,19 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
         /* Stacks grow down, and end at top: a rule that says otherwise is
          * wrong.  The saved words lie below the CFA (ra_off, bp_off < 0) and
          * must lie in this frame too. */
-        if (cfa <= sp || cfa > top || cfa + (intptr_t)r.ra_off < sp ||
+        if (cfa <= sp || cfa + (intptr_t)r.ra_off < sp ||
             (r.bp_saved && cfa + (intptr_t)r.bp_off < sp))
             goto give_up;
+        if (cfa > top) {
+            if (!bounded)
+                goto give_up;
+            /* Off the end of another stack: on to the one the frame names
+             * (the thread's own, say), where it can be proved readable. */
+            intptr_t low = r.bp_saved && r.bp_off < r.ra_off ? r.bp_off : r.ra_off;
+            top = top_of_stack(cfa + (uintptr_t)low, &own);
+            if (!top || cfa > top)
+                goto give_up;
+        }
         f->flags[n - 1] = (r.cfa_bp ? F_CFA_BP : 0) | (r.bp_saved ? F_BP_SAVED : 0);
         f->bp_off[n - 1] = r.bp_off;
         f->ra_off[n - 1] = r.ra_off;
@@ -355,12 +370,24 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
     }
     /* A walk cut short by max cannot stand for a longer one, but its n
      * frames can stand for themselves (mt_unwind_prove). */
+    if (bounded) {
+        last_n = 0;
+        return n;
+    }
     last_n = natural ? n : 0;
     mark_needs(&in_last, n, n);
     fresh_n = n;
     return n;
 give_up:
     last_n = 0;
+    if (bounded) {
+        /* On a stack not the thread's own, only what was proved readable
+         * may be read: libunwind would read on.  The frames walked stand,
+         * counted as a stack cut short. */
+        fresh_n = 0;
+        atomic_fetch_add_explicit(&cut, 1, memory_order_relaxed);
+        return n;
+    }
     return -1 - n;
 }
 
@@ -385,7 +412,7 @@ MT_READS_STACK int mt_unwind_repeats(const struct mt_walk_start *at, int max) {
     /* Proved by the previous walk's checks, in the same thread stack (sp is
      * the walk's own). */
     return last_gen == atomic_load_explicit(&mt_rules_generation, memory_order_relaxed) &&
-           repeats(at->ip, at->sp, at->bp, max) && top_of_stack(at->sp);
+           repeats(at->ip, at->sp, at->bp, max) && top_of_stack(at->sp, &(int){0});
 }
 
 MT_READS_STACK int mt_unwind_check(const struct mt_walk_start *at, uintptr_t *out, int max,

@@ -120,5 +120,8 @@ void mt_unwind_forget(void);
  * libunwind were cut short), for stats. */
 uint64_t mt_unwind_fallbacks(void);
 void mt_unwind_count_fallback(void);
+/* Walks on a stack not the thread's own (a coroutine's) that stopped where
+ * readable memory did, short of the walk's natural end, for stats. */
+uint64_t mt_unwind_cut(void);
 
 #endif
