@@ -50,8 +50,10 @@ static _Atomic int no_probe;
 /* How many bytes from lo (page aligned) up to hi can be read: whole pages,
  * up to the first that cannot (unmapped, or a PROT_NONE guard).  The kernel
  * reads a word of each page and stops where a load of ours would fault.
- * -1 when it will not. */
+ * -1 when it will not (no_probe then says whether it ever will). */
 static __attribute__((noinline, unused)) long readable_bytes(uintptr_t lo, uintptr_t hi) {
+    if (atomic_load_explicit(&no_probe, memory_order_relaxed))
+        return -1;
     uintptr_t sink, at = lo;
     struct iovec local[PROBE_BATCH], remote[PROBE_BATCH];
     int saved = errno;
@@ -114,19 +116,15 @@ static __attribute__((noinline, unused)) uintptr_t find_top_of_stack(uintptr_t s
         stack_top = top;
         stack_low = top;
     }
-    long n = -1;
     /* The own stack: from sp up to where it was proved before. */
-    if (top && !atomic_load_explicit(&no_probe, memory_order_relaxed) &&
-        stack_low - lo <= PROBE_OTHER) {
-        n = readable_bytes(lo, stack_low);
-        if (n >= 0 && (uintptr_t)n >= stack_low - lo) {
-            stack_low = lo;
-            return top;
-        }
+    long n = top && stack_low - lo <= PROBE_OTHER ? readable_bytes(lo, stack_low) : 0;
+    if (top && n >= 0 && (uintptr_t)n >= stack_low - lo) {
+        stack_low = lo;
+        return top;
     }
     /* Unreadable pages between, or too far below to tell: another stack,
      * proved afresh each walk, for it may be unmapped at any time. */
-    if (!atomic_load_explicit(&no_probe, memory_order_relaxed))
+    if (n >= 0)
         n = readable_bytes(lo, lo + PROBE_OTHER);
     if (n > 0) {
         *own = 0;

@@ -348,7 +348,7 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
             /* Off the end of another stack: on to the one the frame names
              * (the thread's own, say), where it can be proved readable. */
             intptr_t low = r.bp_saved && r.bp_off < r.ra_off ? r.bp_off : r.ra_off;
-            top = top_of_stack(cfa + (uintptr_t)low, &own);
+            top = top_of_stack(cfa + (uintptr_t)low, &(int){0}); /* bounded still */
             if (!top || cfa > top)
                 goto give_up;
         }
