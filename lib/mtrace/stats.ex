@@ -164,10 +164,13 @@ defmodule Mtrace.Stats do
       end
     end
 
+    # An untraced program walks no stack: its walker and Erlang frames
+    # would only be the defaults, not something it did.
+    defp tracking(%{active: false}), do: "not traced (not a program MTRACE_PROGRAMS names)"
+
     defp tracking(s) do
       [
         cond do
-          s.active == false -> "not traced (not a program MTRACE_PROGRAMS names)"
           s.enabled == false -> "switched off"
           s.sampled -> "sampling every #{size(s.sample_bytes)}"
           true -> "lossless"

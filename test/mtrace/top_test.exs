@@ -143,7 +143,10 @@ defmodule Mtrace.TopTest do
       {:ok, _} = :erpc.call(node, Application, :ensure_all_started, [:mtrace])
       # loaded, but recording nothing
       assert :erpc.call(node, Mtrace, :preloaded?, [])
-      assert %{active: false} = Mtrace.stats(node: node)
+      assert %{active: false} = stats = Mtrace.stats(node: node)
+      # nothing walked: no walker or Erlang frames to speak of
+      assert inspect(stats) =~ "tracking: not traced"
+      refute inspect(stats) =~ "Erlang frames"
 
       for query <- [
             fn -> Mtrace.sites(node: node) end,
