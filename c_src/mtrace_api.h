@@ -112,7 +112,7 @@ struct mtrace_stats {
     uint64_t table_bytes;        /* memory mapped for the allocation table */
     uint64_t stacks;             /* distinct call stacks interned */
     uint64_t stack_bytes;        /* memory mapped for the stack store */
-    uint64_t stacks_dropped;     /* allocations recorded without a stack (store full) */
+    uint64_t stacks_dropped;     /* recorded without a stack: store full, walker gone */
     uint64_t now_ms;             /* CLOCK_MONOTONIC_COARSE, same clock as t_ms */
     uint32_t depth;              /* effective MTRACE_DEPTH */
     uint32_t enabled;            /* tracking currently on */
