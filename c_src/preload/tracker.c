@@ -6,6 +6,7 @@
 #include "tracker.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 
@@ -22,6 +23,10 @@ MT_TLS struct mt_thread mt_me;
 
 static pthread_key_t exit_key;
 static int exit_key_made;
+
+#ifndef PTHREAD_DESTRUCTOR_ITERATIONS
+#define PTHREAD_DESTRUCTOR_ITERATIONS 4 /* glibc's and musl's */
+#endif
 
 /* ---- the gate ------------------------------------------------------------ */
 
@@ -127,9 +132,21 @@ static inline int tracking(void) {
 /* ---- threads and counting ------------------------------------------------ */
 
 /* Thread exit (a pthread key destructor): fold this thread's counts, give
- * back its stacks' memory. */
-static void thread_exit(void *unused) {
-    (void)unused;
+ * back its stacks' memory.  The C library calls the keys' destructors in up
+ * to PTHREAD_DESTRUCTOR_ITERATIONS rounds, another round while one of them
+ * sets a key again.  This key, made in the constructor, comes before the
+ * keys of libraries loaded later, whose destructors may allocate: it sets
+ * itself again (its value counting the rounds) and lets go only in the
+ * last round, so that those allocations keep their stacks. */
+static void thread_exit(void *round) {
+    uintptr_t r = (uintptr_t)round;
+    if (r < PTHREAD_DESTRUCTOR_ITERATIONS) {
+        unsigned char was = mt_tracker_enter(); /* a high key's setspecific allocates */
+        int again = pthread_setspecific(exit_key, (void *)(r + 1)) == 0;
+        mt_tracker_leave(was);
+        if (again)
+            return;
+    }
     struct mt_counts *mine = mt_me.f.b.registered ? mt_me.counts : NULL;
     mt_me.counts_state = MT_COUNTS_SHARED; /* later calls count atomically */
     mt_me.f.b.registered = 0;

@@ -1,0 +1,89 @@
+/* Blocks allocated as a thread exits (run with the preload): the
+ * destructors of another library's thread keys run after the preload's own
+ * (its key is made first), in the round the C library calls them all or in
+ * a later one when they set their key again.  Their blocks keep their
+ * stacks: the preload lets go of the thread's walker only in the last
+ * round.  It once did in the first, and these blocks were recorded without
+ * a stack (stacks_dropped). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "mtrace_api.h"
+#include "queries.h"
+
+#define FIRST_ROUND 4099  /* bytes a destructor allocates in the first round */
+#define SECOND_ROUND 4111 /* and in the second, having set its key again */
+
+static const struct mtrace_api *api;
+static pthread_key_t key;
+static void *volatile made[2];
+
+static __attribute__((noinline)) void *allocate_on_exit(size_t n) {
+    void *p = malloc(n);
+    __asm__ volatile("" ::: "memory"); /* a call, not a jump: a frame of its own */
+    return p;
+}
+
+static void on_exit_of_thread(void *value) {
+    if ((uintptr_t)value == 1) {
+        made[0] = allocate_on_exit(FIRST_ROUND);
+        pthread_setspecific(key, (void *)2); /* once more, in the next round */
+    } else {
+        made[1] = allocate_on_exit(SECOND_ROUND);
+    }
+}
+
+static void *thread_main(void *unused) {
+    (void)unused;
+    free(malloc(64)); /* a counted call: the preload's key is set */
+    pthread_setspecific(key, (void *)1);
+    return NULL;
+}
+
+/* The stack of p, a live block of n bytes, starts in allocate_on_exit. */
+static void check_has_its_stack(void *p, uint64_t n) {
+    struct mtrace_query q = sized_query(n, n);
+    struct mtrace_alloc a[4];
+    size_t got = query_olds(api, &q, a, 4);
+    CHECK_EQ(got, 1);
+    if (got != 1)
+        return;
+    CHECK_EQ(a[0].addr, (uintptr_t)p);
+    uintptr_t ips[MTRACE_MAX_DEPTH];
+    uint32_t depth = api->stack(a[0].stack_id, ips, MTRACE_MAX_DEPTH);
+    CHECK(depth >= 2);
+    CHECK(depth > 0 && ips[0] > (uintptr_t)allocate_on_exit &&
+          ips[0] < (uintptr_t)allocate_on_exit + 128);
+}
+
+int main(void) {
+    api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
+    CHECK(api != NULL);
+    if (!api)
+        return check_summary();
+    CHECK(pthread_key_create(&key, on_exit_of_thread) == 0);
+    struct mtrace_stats before, after;
+    memset(&before, 0, sizeof before);
+    memset(&after, 0, sizeof after);
+    api->stats(&before, sizeof before);
+
+    pthread_t t;
+    int created = pthread_create(&t, NULL, thread_main, NULL) == 0;
+    CHECK(created);
+    if (created)
+        pthread_join(t, NULL);
+
+    api->stats(&after, sizeof after);
+    CHECK(made[0] != NULL && made[1] != NULL);
+    CHECK_EQ(after.stacks_dropped, before.stacks_dropped);
+    check_has_its_stack(made[0], FIRST_ROUND);
+    check_has_its_stack(made[1], SECOND_ROUND);
+    free(made[0]);
+    free(made[1]);
+    return check_summary();
+}
