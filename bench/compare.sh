@@ -12,7 +12,8 @@
 # spaces (so no path in them may hold one); the empty string runs bare.
 # churn (the default): ns a malloc/free pair of BUILD/churn (BUILD defaults
 # to _build/c: make bench-c builds it), 4,000,000 pairs a thread, with
-# MTRACE_PROGRAMS=churn.  boot: ms to boot and halt a node
+# MTRACE_PROGRAMS=churn; each round is one ring of all variants taking
+# turns (bench/lockstep.h, as bench/churn.sh), 40 turns of 100,000 pairs.  boot: ms to boot and halt a node
 # (erl -noshell -eval 'halt().').  release: ms to boot and halt a copy of
 # examples/leaky_app's release (built by bin/test) without its env.sh's
 # LD_PRELOAD line, as bench/vm.sh does.  For example:
@@ -82,7 +83,39 @@ run() { # run LABEL -> prints the variant's time
 }
 
 . "$here/rotate.sh"
-r=1
+. "$here/lockstep.sh"
+if [ "$work" = churn ]; then
+    # Each round a ring: every variant at once, taking turns (bench/lockstep.h;
+    # the 1-thread ones all on one processor).  A round's figure for a
+    # variant is the median of its ratios to the first in the same turn,
+    # times the first's median time, so that the ratios below are those.
+    slices=40
+    cpus=""
+    [ "$threads" = 1 ] && cpus=$(($(nproc 2>/dev/null || echo 1) - 1))
+    set --
+    for label in $labels; do set -- "$@" "$label=$(cat "$tmp/v.$label")"; done
+    r=1
+    while [ "$r" -le "$rounds" ]; do
+        CHURN_WARM=$((pairs / slices / 2)) BUILD=$(dirname "$churn") \
+            lockstep_ring "$tmp/ring" "$slices" "$threads" "$pairs" "$cpus" "$@"
+        awk -v r="$r" -v first="${1%%=*}" '
+        function median(a, n,    i, j, x) {
+            for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { x = a[j]; a[j] = a[j - 1]; a[j - 1] = x }
+            return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+        }
+        { t[$1, $2] = $3; if (!($2 in seen)) { seen[$2]; order[++nl] = $2 }; if ($1 > nt) nt = $1 }
+        END {
+            for (k = 1; k <= nt; k++) a[k] = t[k, first]
+            ref = median(a, nt)
+            for (l = 1; l <= nl; l++) {
+                for (k = 1; k <= nt; k++) a[k] = t[k, order[l]] / t[k, first]
+                print r, order[l], ref * median(a, nt)
+            }
+        }' "$tmp/ring" >>"$tmp/samples"
+        r=$((r + 1))
+    done
+fi
+[ "$work" = churn ] && r=$((rounds + 1)) || r=1
 while [ "$r" -le "$rounds" ]; do
     # shellcheck disable=SC2086
     for label in $(rotate "$r" $labels); do
@@ -107,7 +140,8 @@ function median(a, n,    b, i) {
 END {
     srand(1)
     nl = split(labels, name, " ")
-    printf "%d interleaved rounds; ratios to %s, with the 95%% interval of their median\n", rounds, name[1]
+    printf "%d %s; ratios to %s, with the 95%% interval of their median\n", rounds,
+        (unit == "ns a pair" ? "rounds in lockstep" : "interleaved rounds"), name[1]
     for (l = 1; l <= nl; l++) {
         for (r = 1; r <= rounds; r++) { x[r] = t[r, name[l]]; q[r] = x[r] / t[r, name[1]] }
         for (k = 1; k <= 2000; k++) {

@@ -3,8 +3,9 @@
 # machine, then markdown tables.  Figures are printed, never asserted.
 #   sh bench/run.sh BUILD PRIV      (make bench / bmake -f Makefile.bsd bench)
 # BENCH_ROUNDS (default 5) sets the interleaved rounds of the VM runs; the C
-# churn, whose rounds take seconds and whose runs vary by a tenth, runs three
-# times as many.
+# churn runs three times as many rounds in lockstep (bench/churn.sh), each
+# with new processes, since a process's memory layout alone moves its
+# figures by a few hundredths.
 set -eu
 build=$1 priv=$(cd "$2" && pwd)
 rounds=${BENCH_ROUNDS:-5}

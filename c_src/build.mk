@@ -325,7 +325,7 @@ $(BUILD)/leave-out/lock/mtrace.so: $(PRELOAD_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)/leave-out/lock
 	$(CC) $(CFLAGS_ALL) -DMT_LEAVE_OUT_LOCK $(PRELOAD_CFLAGS) -Ic_src $(SO_LDFLAGS) -o $@ $(PRELOAD_SRC) $(PRELOAD_LIBS)
 
-$(BUILD)/churn: bench/churn.c c_src/mtrace_api.h $(MAKEVARS)
+$(BUILD)/churn: bench/churn.c bench/lockstep.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-optimize-sibling-calls -Ic_src -Ic_src/preload -Ic_src/nif -o $@ bench/churn.c $(DL_LIBS) -lpthread
 
