@@ -22,12 +22,6 @@ set -eu
 build=$1 priv=$(cd "$2" && pwd)
 rounds=${3:-5} pairs=${4:-4000000}
 slices=40 # turns a round: 100,000 pairs a slice at the default
-# Each slice begins with half as many pairs again, untimed: the processes
-# between two turns of one take its lines out of the caches (10 processes
-# of 2-4 MB in a 32 MB cache), and slices timed cold read up to twice as
-# long and lossless at 2.2x instead of 3.0x.
-CHURN_WARM=$((pairs / slices / 2))
-export CHURN_WARM
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/mtrace-churn.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 here=$(cd "$(dirname "$0")" && pwd)

@@ -13,8 +13,8 @@
 # churn (the default): ns a malloc/free pair of BUILD/churn (BUILD defaults
 # to _build/c: make bench-c builds it), 4,000,000 pairs a thread, with
 # MTRACE_PROGRAMS=churn; each round is one ring of all variants taking
-# turns (bench/lockstep.h, as bench/churn.sh), 40 turns of 100,000 pairs.  boot: ms to boot and halt a node
-# (erl -noshell -eval 'halt().').  release: ms to boot and halt a copy of
+# turns (bench/lockstep.h, as bench/churn.sh), 40 turns of 100,000 pairs.
+# boot: ms to boot and halt a node (erl -noshell -eval 'halt().').  release: ms to boot and halt a copy of
 # examples/leaky_app's release (built by bin/test) without its env.sh's
 # LD_PRELOAD line, as bench/vm.sh does.  For example:
 #   sh bench/compare.sh -r 41 glibc= lossless="LD_PRELOAD=$PWD/priv/mtrace.so" \
@@ -96,8 +96,7 @@ if [ "$work" = churn ]; then
     for label in $labels; do set -- "$@" "$label=$(cat "$tmp/v.$label")"; done
     r=1
     while [ "$r" -le "$rounds" ]; do
-        CHURN_WARM=$((pairs / slices / 2)) BUILD=$(dirname "$churn") \
-            lockstep_ring "$tmp/ring" "$slices" "$threads" "$pairs" "$cpus" "$@"
+        BUILD=$(dirname "$churn") lockstep_ring "$tmp/ring" "$slices" "$threads" "$pairs" "$cpus" "$@"
         awk -v r="$r" -v first="${1%%=*}" '
         function median(a, n,    i, j, x) {
             for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] > a[j]; j--) { x = a[j]; a[j] = a[j - 1]; a[j - 1] = x }
@@ -114,17 +113,18 @@ if [ "$work" = churn ]; then
         }' "$tmp/ring" >>"$tmp/samples"
         r=$((r + 1))
     done
-fi
-[ "$work" = churn ] && r=$((rounds + 1)) || r=1
-while [ "$r" -le "$rounds" ]; do
-    # shellcheck disable=SC2086
-    for label in $(rotate "$r" $labels); do
-        t=$(run "$label")
-        [ -n "$t" ] || { echo "bench/compare.sh: $label printed no time" >&2; exit 1; }
-        echo "$r $label $t" >>"$tmp/samples"
+else
+    r=1
+    while [ "$r" -le "$rounds" ]; do
+        # shellcheck disable=SC2086
+        for label in $(rotate "$r" $labels); do
+            t=$(run "$label")
+            [ -n "$t" ] || { echo "bench/compare.sh: $label printed no time" >&2; exit 1; }
+            echo "$r $label $t" >>"$tmp/samples"
+        done
+        r=$((r + 1))
     done
-    r=$((r + 1))
-done
+fi
 
 unit=$([ "$work" = churn ] && echo "ns a pair" || echo "ms a boot")
 awk -v labels="$labels" -v rounds="$rounds" -v unit="$unit" '

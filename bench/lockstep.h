@@ -59,27 +59,17 @@ static int lockstep_open(struct lockstep *ls) {
     return 1;
 }
 
-/* The order of turn t (t >= 0): a shuffle of 0 .. n-1 drawn from t. */
+/* The order of turn t: 0 .. n-1 for the setup's (t = -1), else a shuffle
+ * of them drawn from t. */
 static void lockstep_order(int n, long t, int *order) {
     uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(t + 1) | 1;
     for (int i = 0; i < n; i++)
         order[i] = i;
-    for (int i = n - 1; i > 0; i--) {
+    for (int i = n - 1; t >= 0 && i > 0; i--) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         int j = (int)(s % (uint64_t)(i + 1)), x = order[i];
         order[i] = order[j], order[j] = x;
     }
-}
-
-static int lockstep_place(int n, long t, int who) {
-    int order[LOCKSTEP_MAX];
-    if (t < 0)
-        return who;
-    lockstep_order(n, t, order);
-    for (int i = 0; i < n; i++)
-        if (order[i] == who)
-            return i;
-    return -1;
 }
 
 /* A turn that does not come within this long will not come: a process of
@@ -106,17 +96,12 @@ static void lockstep_wait(const struct lockstep *ls) { lockstep_io(ls->fd[ls->me
 /* Ends this process's part of turn t: hands on to the next in its order,
  * or to the first of turn t + 1. */
 static void lockstep_hand_on(const struct lockstep *ls, long t) {
-    int order[LOCKSTEP_MAX], place = lockstep_place(ls->n, t, ls->me);
-    int next;
-    if (place + 1 < ls->n) {
-        if (t < 0)
-            next = place + 1;
-        else
-            lockstep_order(ls->n, t, order), next = order[place + 1];
-    } else {
-        lockstep_order(ls->n, t + 1, order);
-        next = order[0];
-    }
+    int order[LOCKSTEP_MAX], place = 0;
+    lockstep_order(ls->n, t, order);
+    while (order[place] != ls->me)
+        place++;
+    int next =
+        place + 1 < ls->n ? order[place + 1] : (lockstep_order(ls->n, t + 1, order), order[0]);
     lockstep_io(ls->fd[next], 1);
 }
 
