@@ -29,7 +29,7 @@ lockstep_ring() {
         *" MODE=disabled-after "*) ls_mode=disabled-after ;;
         *" MODE=disabled "*) ls_mode=disabled ;;
         esac
-        # shellcheck disable=SC2086 # the settings and the pinning are words on purpose
+        # shellcheck disable=SC2046,SC2086 # the settings and the pinning are words on purpose
         env MTRACE_PROGRAMS=churn CHURN_RING="$ls_dir $ls_n $ls_i" \
             CHURN_SLICES="$ls_slices" CHURN_WARM=$((ls_pairs / ls_slices / 2)) \
             $(echo "$ls_settings" | sed 's/MODE=[^ ]*//') $ls_pin \
