@@ -628,14 +628,15 @@ defmodule Mtrace.RobustnessTest do
 
         if :rand.uniform(5) == 1,
           do: {Mtrace, :export, [path]},
-          else: {Mtrace, :export, [path, opts_or_term(export_opts(ctx.mark))]}
+          else: {Mtrace, :export, [path, short_windows(opts_or_term(export_opts(ctx.mark)))]}
 
       "flamegraph/1,2" ->
         path = path_arg(ctx.dir)
 
         if :rand.uniform(5) == 1,
           do: {Mtrace, :flamegraph, [path]},
-          else: {Mtrace, :flamegraph, [path, opts_or_term(flamegraph_opts(ctx.mark))]}
+          else:
+            {Mtrace, :flamegraph, [path, short_windows(opts_or_term(flamegraph_opts(ctx.mark)))]}
 
       "cluster/1..3" ->
         fun =
