@@ -33,7 +33,8 @@ NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h $(SYM_HDR)
 # environment makes some of them run longer.
 INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_libc $(BUILD)/test_interpose_stress $(BUILD)/test_interpose_concurrent \
-	$(BUILD)/test_interpose_fork $(BUILD)/test_interpose_cost $(BUILD)/test_interpose_dlopen \
+	$(BUILD)/test_interpose_fork $(BUILD)/test_interpose_fork_loader $(BUILD)/test_interpose_cost \
+	$(BUILD)/test_interpose_dlopen \
 	$(BUILD)/test_interpose_growth $(BUILD)/test_interpose_limit $(BUILD)/test_interpose_foreign \
 	$(BUILD)/test_interpose_own_alloc $(BUILD)/test_interpose_nopie \
 	$(BUILD)/test_interpose_small_stacks $(BUILD)/test_interpose_loader_lock \
@@ -173,15 +174,21 @@ $(BUILD)/test_interpose_concurrent: test/c/test_interpose_concurrent.c test/c/ch
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_interpose_concurrent.c $(DL_LIBS) -lpthread
 
-$(BUILD)/test_interpose_fork: test/c/test_interpose_fork.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
+$(BUILD)/test_interpose_fork: test/c/test_interpose_fork.c test/c/check.h test/c/queries.h c_src/mtrace_api.h \
+		$(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_interpose_fork.c $(DL_LIBS) -lpthread
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_fork.c $(DL_LIBS) -lpthread
+
+$(BUILD)/test_interpose_fork_loader: test/c/test_interpose_fork_loader.c test/c/check.h test/c/queries.h \
+		c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_fork_loader.c $(DL_LIBS) -lpthread
 
 $(BUILD)/test_interpose_cost: test/c/test_interpose_cost.c test/c/check.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_cost.c
 
-$(BUILD)/test_interpose_dlopen: test/c/test_interpose_dlopen.c test/c/check.h c_src/mtrace_api.h \
+$(BUILD)/test_interpose_dlopen: test/c/test_interpose_dlopen.c test/c/check.h test/c/queries.h c_src/mtrace_api.h \
 		$(SYM_SRC) $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -fno-optimize-sibling-calls -Ic_src -Ic_src/preload -Ic_src/nif -o $@ \

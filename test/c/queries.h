@@ -27,6 +27,22 @@ static inline size_t query_olds(const struct mtrace_api *api, const struct mtrac
     return api->olds(&k, out, &written) == MTRACE_OK ? written : 0;
 }
 
+/* The live block p of exactly size bytes, looked for among the oldest n
+ * such blocks (buf has room for n): 1 with its entry in *found (when not
+ * NULL), 0 when it is not among them. */
+static inline int query_block(const struct mtrace_api *api, const void *p, uint64_t size,
+                              struct mtrace_alloc *buf, size_t n, struct mtrace_alloc *found) {
+    struct mtrace_query q = sized_query(size, size);
+    size_t k = query_olds(api, &q, buf, n);
+    for (size_t i = 0; i < k; i++)
+        if (buf[i].addr == (uintptr_t)p) {
+            if (found)
+                *found = buf[i];
+            return 1;
+        }
+    return 0;
+}
+
 /* The n top sites by order among the allocations q considers (NULL = all);
  * 0 for bad arguments, SIZE_MAX when out of memory. */
 static inline size_t query_sites(const struct mtrace_api *api, const struct mtrace_query *q,

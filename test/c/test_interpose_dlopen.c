@@ -54,15 +54,12 @@ static const struct mtrace_api *api;
 /* The stack recorded for the block p of this size; its depth, 0 if absent. */
 static uint32_t stack_of(const void *p, uint64_t size, uintptr_t *ips, uint32_t max, uint32_t *id) {
     static struct mtrace_alloc buf[1024];
-    struct mtrace_query f = sized_query(size, size);
-    size_t n = query_olds(api, &f, buf, sizeof buf / sizeof *buf);
-    for (size_t i = 0; i < n; i++)
-        if (buf[i].addr == (uintptr_t)p) {
-            if (id)
-                *id = buf[i].stack_id;
-            return api->stack(buf[i].stack_id, ips, max);
-        }
-    return 0;
+    struct mtrace_alloc a;
+    if (!query_block(api, p, size, buf, sizeof buf / sizeof *buf, &a))
+        return 0;
+    if (id)
+        *id = a.stack_id;
+    return api->stack(a.stack_id, ips, max);
 }
 
 /* Is this return address inside fn (the first 256 bytes of it)? */

@@ -35,12 +35,7 @@ static int recorded(void *p, size_t n) {
     if (!traced)
         return 1;
     struct mtrace_alloc a[64];
-    struct mtrace_query q = sized_query(n, n);
-    size_t k = query_olds(api, &q, a, 64);
-    for (size_t i = 0; i < k; i++)
-        if (a[i].addr == (uintptr_t)p)
-            return 1;
-    return 0;
+    return query_block(api, p, n, a, 64, NULL);
 }
 
 static void check_block(void *p, size_t n, const char *fn) {
