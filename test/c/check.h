@@ -39,6 +39,25 @@ static inline const char *check_emulator(void) {
     return e && *e ? e : NULL;
 }
 
+/* 1 when MTRACE_STRESS=1 asks for the longer variants of the tests. */
+static inline int check_stress(void) {
+    const char *s = getenv("MTRACE_STRESS");
+    return s && !strcmp(s, "1");
+}
+
+/* A test's count of rounds: n, ten times n under MTRACE_STRESS=1, and
+ * divided by emulator_div under an emulator (said on stdout), where each
+ * round takes many times as long. */
+static inline long check_rounds(long n, long emulator_div, const char *what) {
+    if (check_stress())
+        n *= 10;
+    if (check_emulator() && emulator_div > 1) {
+        n /= emulator_div;
+        printf("note: %ld %s under %s\n", n, what, check_emulator());
+    }
+    return n;
+}
+
 /* Starts this program again with args (args[0] its name); returns only if
  * that failed.  Under an emulator it is started through the emulator: without
  * binfmt_misc the kernel cannot start a foreign executable by itself. */

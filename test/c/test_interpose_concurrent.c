@@ -338,8 +338,7 @@ int main(void) {
     if (!api)
         return check_summary();
     in_range = sized_query(MIN_SIZE, MAX_SIZE);
-    const char *stress = getenv("MTRACE_STRESS");
-    if (stress && !strcmp(stress, "1"))
+    if (check_stress())
         rounds *= 10;
     printf("%d allocating threads, %u rounds of reset/enable/disable\n", ALLOCATORS, rounds);
     fflush(stdout);

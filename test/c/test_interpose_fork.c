@@ -300,15 +300,8 @@ int main(int argc, char **argv) {
     CHECK(api != NULL);
     if (!api)
         return check_summary();
-    int forks = 1000;
-    const char *stress = getenv("MTRACE_STRESS");
-    if (stress && !strcmp(stress, "1"))
-        forks *= 10;
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (check_emulator()) { /* a fifth: 1000 forks take 40 s there */
-        forks /= 5;
-        printf("note: %d forks under %s\n", forks, check_emulator());
-    }
+    int forks = (int)check_rounds(1000, 5, "forks"); /* 1000 take 40 s under qemu */
     test_child_knows_stacks();
     test_child_grows_table();
     test_storm(forks);

@@ -197,15 +197,8 @@ int main(void) {
     CHECK(api != NULL);
     if (!api)
         return check_summary();
-    int forks = 1000;
-    const char *stress = getenv("MTRACE_STRESS");
-    if (stress && !strcmp(stress, "1"))
-        forks *= 10;
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (check_emulator()) { /* a fifth, as test_interpose_fork does */
-        forks /= 5;
-        printf("note: %d forks under %s\n", forks, check_emulator());
-    }
+    int forks = (int)check_rounds(1000, 5, "forks"); /* as test_interpose_fork */
     test_fork_during_lookups(forks / 5);
     test_lookup_inside_loader_callback(forks * 2);
     test_fork_during_foreign_iteration(forks / 20);

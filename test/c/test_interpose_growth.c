@@ -349,8 +349,7 @@ int main(void) {
         return check_summary();
     dl_iterate_phdr(find_preload, (void *)(uintptr_t)api);
     CHECK(preload_hi > preload_lo);
-    const char *stress = getenv("MTRACE_STRESS");
-    int full = stress && !strcmp(stress, "1");
+    int full = check_stress();
     printf("mtrace.so at %#lx-%#lx\n", (unsigned long)preload_lo, (unsigned long)preload_hi);
     fflush(stdout);
     test_interposition();

@@ -249,14 +249,8 @@ int main(void) {
     CHECK(api != NULL);
     if (!api)
         return check_summary();
-    const char *stress = getenv("MTRACE_STRESS");
-    if (check_emulator()) { /* a quarter: the full count takes 20 s there */
-        ops_per_thread /= 4;
-        printf("note: %llu operations a thread under %s\n", (unsigned long long)ops_per_thread,
-               check_emulator());
-    }
-    if (stress && !strcmp(stress, "1"))
-        ops_per_thread *= 10;
+    /* A quarter under an emulator: the full count takes 20 s there. */
+    ops_per_thread = (uint64_t)check_rounds((long)ops_per_thread, 4, "operations a thread");
 
     printf("%d threads, %llu operations each\n", THREADS, (unsigned long long)ops_per_thread);
     fflush(stdout); /* stdio's buffer is allocated now, before the first snapshot */
