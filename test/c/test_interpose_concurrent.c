@@ -338,8 +338,7 @@ int main(void) {
     if (!api)
         return check_summary();
     in_range = sized_query(MIN_SIZE, MAX_SIZE);
-    if (check_stress())
-        rounds *= 10;
+    rounds = (unsigned)check_rounds(rounds, 1, "rounds");
     printf("%d allocating threads, %u rounds of reset/enable/disable\n", ALLOCATORS, rounds);
     fflush(stdout);
 
