@@ -451,6 +451,8 @@ defmodule Mtrace.VMTest do
       assert [%{kind: :process_leak, evidence: evidence} | _] = result.findings
       assert evidence.idle_group.count == 50_000
       assert evidence.idle_group.current_function == {@scenarios, :worker_loop, 0}
+      # Plain spawns, not proc_lib's init_p/5.
+      assert evidence.idle_group.started_as == {:erlang, :apply, 2}
       assert evidence.processes >= 50_000
     end
 
