@@ -81,14 +81,29 @@ defmodule Mtrace.DiagnoseGrowthTest do
     on_exit(fn -> Mtrace.enable() end)
     :ok = Mtrace.disable()
 
-    text =
-      Mtrace.VM.diagnose(print: false, gc: false, window: 300) |> Mtrace.VM.Diagnosis.render()
+    # thresholds this low make the node's own native heap a finding
+    result =
+      Mtrace.VM.diagnose(
+        print: false,
+        gc: false,
+        window: 300,
+        thresholds: [native_vm_min: 1, native_vm_ratio: 0.001]
+      )
 
+    text = Mtrace.VM.Diagnosis.render(result)
     flat = String.replace(text, ~r/\s+/, " ")
     assert flat =~ "tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0)", text
     assert flat =~ "native not measured: tracking is switched off", text
     refute flat =~ "the node looks healthy", text
     assert text |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), text
+
+    # the heap's finding says the figure stands still, not that it grew by +0 B/s
+    assert %{summary: summary, next: next} =
+             Enum.find(result.findings, &(&1.kind in [:native_heap, :native_leak]))
+
+    assert summary =~ "recorded before tracking was switched off", summary
+    refute summary =~ "window", summary
+    assert next =~ "Mtrace.enable()", next
   end
 
   test "thresholds are options: a lower native_growth flags slower growth" do

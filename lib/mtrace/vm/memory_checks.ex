@@ -189,7 +189,8 @@ defmodule Mtrace.VM.MemoryChecks do
   defp native(snap, secs, extra, th) do
     {bytes, what} = native_bytes(snap, extra)
     vm = vm_bytes(snap, extra)
-    growth = growth(extra[:native_series], secs)
+    # Switched off, the tracer's figures stand still: no growth to tell.
+    growth = unless tracking_off?(snap, extra), do: growth(extra[:native_series], secs)
 
     steady =
       if growth && growth.steadiness >= th.native_steady,
@@ -229,7 +230,10 @@ defmodule Mtrace.VM.MemoryChecks do
         native: snap.memory.native,
         outside_vm: snap.memory.outside_vm
       }),
-      native_next(extra, growth)
+      if(tracking_off?(snap, extra),
+        do: "Mtrace.enable() switches tracking back on, to see what grows",
+        else: native_next(extra, growth)
+      )
     )
   end
 
@@ -246,14 +250,22 @@ defmodule Mtrace.VM.MemoryChecks do
   # (Estimated from the samples when sampling: see Mtrace.VM.Memory.)
   # Without the tracer the figure is not native heap but all memory the ERTS
   # allocators do not explain, the emulator's own included: said as such.
-  defp native_bytes(snap, %{preloaded: true}),
-    do: {snap.memory.native[:live_bytes], "the native heap (live malloc allocations) holds"}
+  defp native_bytes(snap, %{preloaded: true} = extra) do
+    if tracking_off?(snap, extra),
+      do:
+        {snap.memory.native[:live_bytes],
+         "the native heap recorded before tracking was switched off holds"},
+      else: {snap.memory.native[:live_bytes], "the native heap (live malloc allocations) holds"}
+  end
 
   defp native_bytes(snap, _extra),
     do:
       {snap.memory.outside_vm,
        "memory outside the VM's allocators, untraced (the emulator itself, NIFs, " <>
          "drivers, libraries), is"}
+
+  defp tracking_off?(snap, %{preloaded: true}), do: match?(%{enabled: false}, snap.memory.native)
+  defp tracking_off?(_snap, _extra), do: false
 
   # What the VM accounts for: erlang:memory(total) with the tracer (native
   # memory is outside it), else what the ERTS allocators hold.
