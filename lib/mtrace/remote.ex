@@ -60,7 +60,7 @@ defmodule Mtrace.Remote do
       _ ->
         raise error(
                 :not_loaded,
-                "mtrace is not loaded on node #{inspect(node)} (#{inspect(mod)} is not " <>
+                "not loaded on node #{inspect(node)} (#{inspect(mod)} is not " <>
                   "in its code path): include mtrace in that node's release, or add its " <>
                   "ebin directory there with :code.add_paths/1"
               )
@@ -100,7 +100,7 @@ defmodule Mtrace.Remote do
   defp translate({:exception, :undef, [{mod, fun, _, _} | _]}, node, mod, fun, args, _) do
     error(
       :not_loaded,
-      "mtrace is not loaded on node #{inspect(node)} (#{inspect(mod)}.#{fun}/#{length(args)} " <>
+      "not loaded on node #{inspect(node)} (#{inspect(mod)}.#{fun}/#{length(args)} " <>
         "is undefined there): include mtrace in that node's release, or add its ebin " <>
         "directory there with :code.add_paths/1"
     )

@@ -86,7 +86,7 @@ defmodule Mtrace.RemoteTest do
     bare = start_peer(code: false, preload: true)
     error = assert_raise Mtrace.Error, fn -> Mtrace.sites(node: bare) end
     assert error.reason == :not_loaded
-    assert error.message =~ "not loaded on node #{inspect(bare)}"
+    assert error.message =~ "mtrace: not loaded on node #{inspect(bare)}"
 
     unpreloaded = start_peer(code: true, preload: false)
     error = assert_raise Mtrace.Error, fn -> Mtrace.sites(node: unpreloaded) end

@@ -538,7 +538,7 @@ defmodule Mtrace.VMTest do
 
       error = assert_raise Mtrace.Error, fn -> VM.diagnose(node: node, print: false) end
       assert error.reason == :not_loaded
-      assert error.message =~ "mtrace is not loaded on node #{inspect(node)}"
+      assert error.message =~ "mtrace: not loaded on node #{inspect(node)}"
     end
   end
 
