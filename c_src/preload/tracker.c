@@ -131,16 +131,35 @@ static inline int tracking(void) {
 
 /* ---- threads and counting ------------------------------------------------ */
 
+/* This thread's calls counted so far, 0 when it has no counters of its own. */
+static uint64_t own_calls(void) {
+    uint64_t n = 0;
+    if (mt_me.f.b.registered)
+        for (int f = 0; f < MT_FN_COUNT; f++)
+            n += atomic_load_explicit(&mt_me.counts->calls[f], memory_order_relaxed);
+    return n;
+}
+
+/* own_calls() when thread_exit last looked. */
+static MT_TLS uint64_t exit_calls;
+
 /* Thread exit (a pthread key destructor): fold this thread's counts, give
  * back its stacks' memory.  The C library calls the keys' destructors in up
  * to PTHREAD_DESTRUCTOR_ITERATIONS rounds, another round while one of them
  * sets a key again.  This key, made in the constructor, comes before the
  * keys of libraries loaded later, whose destructors may allocate: it sets
- * itself again (its value counting the rounds) and lets go only in the
- * last round, so that those allocations keep their stacks. */
+ * itself again (its value counting the rounds) and lets go when a whole
+ * round made no call of this thread's, or in the last round, so that those
+ * allocations keep their stacks.  Not only in the last: a thread whose
+ * first counted call is a destructor's sets this key in the middle of the
+ * rounds, and would never see its last (each such thread kept its walker
+ * and recent stacks, two mappings, until the process ran out of them). */
 static void thread_exit(void *round) {
     uintptr_t r = (uintptr_t)round;
-    if (r < PTHREAD_DESTRUCTOR_ITERATIONS) {
+    uint64_t calls = own_calls();
+    int quiet = r > 1 && mt_me.f.b.registered && calls == exit_calls;
+    exit_calls = calls;
+    if (r < PTHREAD_DESTRUCTOR_ITERATIONS && !quiet) {
         unsigned char was = mt_tracker_enter(); /* a high key's setspecific allocates */
         int again = pthread_setspecific(exit_key, (void *)(r + 1)) == 0;
         mt_tracker_leave(was);

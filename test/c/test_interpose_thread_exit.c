@@ -4,11 +4,14 @@
  * a later one when they set their key again.  Their blocks keep their
  * stacks: the preload lets go of the thread's walker only in the last
  * round.  It once did in the first, and these blocks were recorded without
- * a stack (stacks_dropped). */
+ * a stack (stacks_dropped).  And a thread whose only calls are a
+ * destructor's, which sets the preload's key in the middle of the rounds,
+ * still gives its memory back: once, each kept two mappings. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +46,46 @@ static void *thread_main(void *unused) {
     free(malloc(64)); /* a counted call: the preload's key is set */
     pthread_setspecific(key, (void *)1);
     return NULL;
+}
+
+static pthread_key_t late_key;
+
+static void late_exit_of_thread(void *value) {
+    (void)value;
+    free(allocate_on_exit(100)); /* this thread's first counted calls */
+}
+
+static void *late_thread_main(void *unused) {
+    (void)unused;
+    pthread_setspecific(late_key, (void *)1);
+    return NULL;
+}
+
+static int mappings(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f)
+        return -1;
+    int n = 0;
+    for (int c; (c = getc(f)) != EOF;)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+/* Threads one after another, each counted first by its destructor. */
+static void check_late_threads_give_back(void) {
+    CHECK(pthread_key_create(&late_key, late_exit_of_thread) == 0);
+    int threads = 200, before = mappings();
+    for (int i = 0; i < threads; i++) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, late_thread_main, NULL) == 0)
+            pthread_join(t, NULL);
+    }
+    int after = mappings();
+    CHECK(before > 0);
+    if (after - before >= threads / 10)
+        fprintf(stderr, "mappings %d -> %d over %d threads\n", before, after, threads);
+    CHECK(after - before < threads / 10);
 }
 
 /* The stack of p, a live block of n bytes, starts in allocate_on_exit. */
@@ -85,5 +128,6 @@ int main(void) {
     check_has_its_stack(made[1], SECOND_ROUND);
     free(made[0]);
     free(made[1]);
+    check_late_threads_give_back();
     return check_summary();
 }
