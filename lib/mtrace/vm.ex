@@ -101,7 +101,9 @@ defmodule Mtrace.VM do
     * `:monitors`, `:links` — how many the process holds.
 
   `info` is `[registered_name: name]` for a registered process, else
-  `[current_function: mfa, initial_call: mfa]`. Processes that exit during
+  `[current_function: mfa, initial_call: mfa]`, where `initial_call` is
+  what a GenServer, Agent or Task was started as (proc_lib's record, not
+  `:proc_lib.init_p/5`). Processes that exit during
   the scan are skipped, so fewer than `n` entries may come back.
 
   Cost: one `Process.info/2` per process; only `n` results are kept while
@@ -173,12 +175,12 @@ defmodule Mtrace.VM do
       Mtrace.VM.bin_leak(2)
       #=> %{top: [{#PID<0.4612.0>, -5580,
       #=>          [current_function: {:gen_server, :loop, 7},
-      #=>           initial_call: {:proc_lib, :init_p, 5}]},
+      #=>           initial_call: {MyApp.Cache, :init, 1}]},
       #=>         {#PID<0.1747.0>, -3724, [registered_name: :router]}],
       #=>   top_bytes: [{#PID<0.1747.0>, 380_000_000, [registered_name: :router]},
       #=>               {#PID<0.4612.0>, 2_000_000,
       #=>                [current_function: {:gen_server, :loop, 7},
-      #=>                 initial_call: {:proc_lib, :init_p, 5}]}],
+      #=>                 initial_call: {MyApp.Cache, :init, 1}]}],
       #=>   freed: 9400, binary_before: 412_000_000, binary_after: 21_000_000}
   """
   @spec bin_leak(pos_integer) :: %{

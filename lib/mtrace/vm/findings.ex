@@ -437,19 +437,11 @@ defmodule Mtrace.VM.Findings do
     end
   end
 
-  # What a proc_lib process says it was started as, else the VM's initial
-  # call: :proc_lib.translate_initial_call/1 answers :proc_lib.init_p/5 for
-  # every process not started through proc_lib, the plain spawns that leak.
+  # The VM's initial call, for Procs.started_as/2.
   defp started_as(pid) do
-    case Process.info(pid, [:initial_call, :dictionary]) do
-      [initial_call: initial, dictionary: dict] ->
-        case List.keyfind(dict, :"$initial_call", 0) do
-          {_, {_, _, _} = mfa} -> mfa
-          _ -> initial
-        end
-
-      _ ->
-        nil
+    case :erlang.process_info(pid, :initial_call) do
+      {:initial_call, initial} -> Procs.started_as(pid, initial)
+      _ -> nil
     end
   catch
     _, _ -> nil

@@ -129,8 +129,8 @@ defmodule Mtrace.VM.Format do
   ## Example
 
       iex> pid = :erlang.list_to_pid(~c"<0.42.0>")
-      iex> Mtrace.VM.Format.process(pid, current_function: {:gen_server, :loop, 7}, initial_call: {:proc_lib, :init_p, 5})
-      "#PID<0.42.0> (in :gen_server.loop/7, started as :proc_lib.init_p/5)"
+      iex> Mtrace.VM.Format.process(pid, current_function: {:gen_server, :loop, 7}, initial_call: {MyApp.Cache, :init, 1})
+      "#PID<0.42.0> (in :gen_server.loop/7, started as MyApp.Cache.init/1)"
   """
   @spec process(pid, keyword | nil) :: String.t()
   def process(pid, [registered_name: name] ++ _), do: "#{inspect(pid)} (#{inspect(name)})"

@@ -107,10 +107,19 @@ defmodule Mtrace.VM.Procs do
   @doc """
   How a process is named in results, or `nil` when it is gone.
 
-  ## Example
+  `initial_call` is what the process was started as: for a process started
+  through `proc_lib` (a GenServer, an Agent, a Task) the function it named,
+  not `:proc_lib.init_p/5`, which the VM records for every one of them; for
+  a plain spawn, the VM's own (`{:erlang, :apply, 2}` for a fun).
+
+  ## Examples
 
       iex> Mtrace.VM.Procs.info(Process.whereis(:init))
       [registered_name: :init]
+
+      iex> {:ok, pid} = Agent.start_link(Map, :new, [])
+      iex> Mtrace.VM.Procs.info(pid)[:initial_call]
+      {Map, :new, 0}
   """
   @spec info(pid) :: info | nil
   def info(pid) do
@@ -119,10 +128,37 @@ defmodule Mtrace.VM.Procs do
         [registered_name: name]
 
       [registered_name: _, current_function: mfa, initial_call: init] ->
-        [current_function: mfa, initial_call: init]
+        [current_function: mfa, initial_call: started_as(pid, init)]
 
       _ ->
         nil
+    end
+  end
+
+  @doc """
+  What a process was started as: proc_lib's record of it
+  (`$initial_call` in its dictionary) when it has one, else `initial`, the
+  VM's initial call. Unlike `:proc_lib.translate_initial_call/1`, a plain
+  spawn keeps its own (`:proc_lib.init_p/5` would name every process not
+  started through proc_lib).
+
+  ## Example
+
+      iex> {:ok, pid} = Agent.start_link(Map, :new, [])
+      iex> Mtrace.VM.Procs.started_as(pid, {:proc_lib, :init_p, 5})
+      {Map, :new, 0}
+  """
+  @spec started_as(pid, mfa | nil) :: mfa | nil
+  def started_as(pid, initial) do
+    case :erlang.process_info(pid, :dictionary) do
+      {:dictionary, dict} ->
+        case List.keyfind(dict, :"$initial_call", 0) do
+          {_, {m, f, a}} when is_atom(m) and is_atom(f) and is_integer(a) -> {m, f, a}
+          _ -> initial
+        end
+
+      _ ->
+        initial
     end
   end
 
