@@ -10,8 +10,7 @@ defmodule Mtrace.Error do
 
       iex> e = Mtrace.Error.not_preloaded()
       iex> inspect(e)
-      "#Mtrace.Error<:not_preloaded: mtrace: the tracer library is not " <>
-        "preloaded ...>"
+      "#Mtrace.Error<:not_preloaded: the tracer library is not preloaded ...>"
       iex> Exception.message(e) =~ "LD_PRELOAD="
       true
   """
@@ -167,9 +166,12 @@ defmodule Mtrace.Error do
           [first, _rest] -> {first, true}
         end
 
-      # the whole inspection within 78 columns
+      # the whole inspection within 72 columns: in iex's 80 it still fits
+      # as a value of a map of nodes, indented and followed by "}," (as
+      # Mtrace.cluster/2 returns); the struct's name already says "mtrace:"
       prefix = "#Mtrace.Error<#{Kernel.inspect(reason)}: "
-      {first, cut?} = shorten(String.trim(first), max(78 - String.length(prefix) - 5, 20))
+      first = first |> String.trim() |> String.replace(~r/^(on node \S+: )?mtrace: /, "\\1")
+      {first, cut?} = shorten(first, max(72 - String.length(prefix) - 5, 20))
       tail = if more? or cut?, do: " ...", else: ""
       prefix <> first <> tail <> ">"
     end

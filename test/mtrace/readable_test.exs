@@ -56,7 +56,7 @@ defmodule Mtrace.ReadableTest do
     message = "on node :\"worker@host\": " <> Mtrace.Error.not_preloaded().message
     e = %Mtrace.Error{reason: :not_preloaded, message: message}
     [line] = Regex.run(~r/#Mtrace.Error<.*?>(?=})/, inspect(%{worker@host: {:error, e}}))
-    assert line =~ ~r/^#Mtrace.Error<:not_preloaded: on node :"worker@host": mtrace: .* \.\.\.>$/
+    assert line =~ ~r/^#Mtrace.Error<:not_preloaded: on node :"worker@host": the .* \.\.\.>$/
     assert String.length(line) <= 78 and not String.contains?(line, "\\n")
     text = Exception.message(e)
     assert String.split(text) == String.split(message)
@@ -66,7 +66,29 @@ defmodule Mtrace.ReadableTest do
     end
 
     short = %Mtrace.Error{reason: :nodedown, message: "mtrace: cannot connect to node :a@b"}
-    assert inspect(short) == "#Mtrace.Error<:nodedown: mtrace: cannot connect to node :a@b>"
+    assert inspect(short) == "#Mtrace.Error<:nodedown: cannot connect to node :a@b>"
+  end
+
+  test "Mtrace.cluster/2's map of nodes, diagnoses and errors, fits iex's 80 columns" do
+    finding = %{kind: :process_leak, score: 100.0, summary: "", evidence: %{}, next: ""}
+    findings = [finding, finding, %{finding | score: 30.0}]
+    long = :"my_app@ip-10-0-12-34.eu-west-1.compute.internal"
+    diagnosis = %Mtrace.VM.Diagnosis{verdict: :process_leak, node: :a@b, findings: findings}
+    error = Mtrace.Error.not_preloaded()
+
+    results = %{
+      a@b: {:ok, diagnosis},
+      b@c: {:error, %{error | message: "on node :b@c: " <> Mtrace.Error.not_preloaded().message}},
+      "#{long}": {:ok, %{diagnosis | node: long}}
+    }
+
+    text = inspect(results, pretty: true, width: 80)
+    assert text |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), text
+    assert text =~ "#Mtrace.VM.Diagnosis<a@b:"
+    assert text =~ "process_leak (score 100.0), 2 findings, 1 below 50>"
+
+    # not pretty (a log line): one line, whatever its length
+    refute inspect(%{diagnosis | node: long}) =~ "\n"
   end
 
   test "sort: :growth ranks what grew over a window, with each site's rate" do

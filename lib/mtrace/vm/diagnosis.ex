@@ -271,7 +271,9 @@ defmodule Mtrace.VM.Diagnosis do
   end
 
   defimpl Inspect do
-    def inspect(%{verdict: verdict, findings: findings, node: node}, _opts) do
+    import Inspect.Algebra
+
+    def inspect(%{verdict: verdict, findings: findings, node: node}, opts) do
       top =
         case findings do
           [%{score: score} | _] when verdict != :healthy -> " (score #{score})"
@@ -288,7 +290,15 @@ defmodule Mtrace.VM.Diagnosis do
           _ -> "#{count(problems)}, #{length(leads)} below 50"
         end
 
-      "#Mtrace.VM.Diagnosis<#{node}: #{verdict}#{top}, #{listed}>"
+      head = "#Mtrace.VM.Diagnosis<#{node}:"
+      rest = "#{verdict}#{top}, #{listed}>"
+
+      # One line where it fits, else the node on the first and the rest
+      # below. The layout does not count what follows a value (the "}," of
+      # a map of nodes, as Mtrace.cluster/2 returns): room is left for it.
+      if opts.pretty and String.length(head) + 1 + String.length(rest) > opts.width - 4,
+        do: concat([head, nest(concat(line(), rest), 2)]),
+        else: group(concat([head, nest(concat(break(" "), rest), 2)]))
     end
 
     defp count(findings), do: Mtrace.VM.Format.count(length(findings), "finding")
