@@ -18,6 +18,7 @@ defmodule Mtrace.Export do
   @type site :: Mtrace.site()
 
   @frame_fields [:lib, :symbol, :file, :line, :addr, :inlined, :offset]
+  @erlang_fields @frame_fields ++ [:module, :function, :arity]
   @site_fields [:count, :bytes, :est_count, :est_bytes, :oldest, :newest]
 
   @doc """
@@ -84,7 +85,10 @@ defmodule Mtrace.Export do
   `stats` is `Mtrace.stats/0`; `meta` gives `:node` and `:generated_at` (a
   `DateTime`, written in ISO 8601). `total` sums the sites given. Each frame
   also carries its display `name` (`Mtrace.Frame.name/1`), so readers need not
-  repeat the rule. Keys are written sorted. Raises `ArgumentError` if
+  repeat the rule. An Erlang frame also has `"module"`, `"function"` and
+  `"arity"`, the atoms as the VM writes them (`"Elixir.Ledger"`, `"ets"`;
+  null where the VM named no function), so a reader can match them without
+  parsing the name. Keys are written sorted. Raises `ArgumentError` if
   something cannot be encoded (see `Mtrace.JSON`).
 
   ## Example
@@ -123,8 +127,10 @@ defmodule Mtrace.Export do
   end
 
   defp frame_object(frame) do
+    fields = if Mtrace.Frame.erlang?(frame), do: @erlang_fields, else: @frame_fields
+
     frame
-    |> Map.take(@frame_fields)
+    |> Map.take(fields)
     |> Map.put(:name, Mtrace.Frame.name(frame))
   end
 end

@@ -187,6 +187,33 @@ defmodule Mtrace.ExportTest do
              ]
     end
 
+    test "an Erlang frame carries its module, function and arity" do
+      erlang = %{
+        module: Ledger,
+        function: :append,
+        arity: 2,
+        symbol: "Ledger.append/2",
+        file: "lib/ledger.ex",
+        line: 7,
+        addr: 0x7F00_0000_2000,
+        lib: nil,
+        inlined: false,
+        offset: 0
+      }
+
+      unnamed = %{erlang | module: nil, function: nil, arity: nil, symbol: nil, file: nil}
+      site = site(1, 64, [frame("enif_alloc"), erlang, unnamed])
+
+      [%{"frames" => [native, named, unknown]}] =
+        decode!(Export.json([site], %{}, @meta))["sites"]
+
+      refute Map.has_key?(native, "module")
+      assert %{"name" => "Ledger.append/2", "line" => 7} = named
+      assert %{"module" => "Elixir.Ledger", "function" => "append", "arity" => 2} = named
+      assert %{"module" => nil, "function" => nil, "arity" => nil} = unknown
+      assert unknown["name"] == "?? (Erlang code)"
+    end
+
     test "fields sites may gain later are not exported" do
       site = Map.put(site(1, 1, [Map.put(frame("f"), :cache_slot, {1, 2})]), :internal, self())
       [decoded] = decode!(Export.json([site], %{}, @meta))["sites"]
