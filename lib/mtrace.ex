@@ -513,8 +513,10 @@ defmodule Mtrace do
   `config_errors` names the `MTRACE_` variables whose value was not
   understood and fell back to the default.
 
-  `reset_ms` is the table's time of the last `reset/0` (0 if none), on
-  the clock of `Mtrace.Mark`'s `t_ms`.
+  `reset_ms` is the table's time of the last `reset/0` (0 if none), and
+  `now_ms` its time when these figures were read, on the clock of
+  `Mtrace.Mark`'s `t_ms`; inspected, the figures say how long ago the reset
+  was.
 
   `erlang_frames` says whether stacks of allocations made by NIFs carry the
   Erlang frames of the calling process; when it is `false`,
@@ -535,7 +537,11 @@ defmodule Mtrace do
   @spec stats([{:node, node()} | {:timeout, timeout()}]) :: Mtrace.Stats.t()
   def stats(opts \\ []) do
     o = Options.parse_remote!(opts, "stats/1")
-    remote(o, :stats, [drop_node(opts)], fn -> Mtrace.Stats.new(call(&Native.stats/0)) end)
+
+    remote(o, :stats, [drop_node(opts)], fn ->
+      stats = call(&Native.stats/0)
+      Mtrace.Stats.new(Map.put(stats, :now_ms, call(&Native.now_ms/0)))
+    end)
   end
 
   @doc """

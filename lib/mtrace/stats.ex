@@ -17,6 +17,8 @@ defmodule Mtrace.Stats do
       "#Mtrace.Stats<12.0 KiB live in 3 blocks, 0 dropped"
       iex> inspect(%{stats | enabled: false}) |> String.split("\\n") |> hd()
       "#Mtrace.Stats<tracking switched off (Mtrace.enable/0)"
+      iex> inspect(%{stats | reset_ms: 1_000, now_ms: 188_000}) |> String.split("\\n") |> hd()
+      "#Mtrace.Stats<12.0 KiB live in 3 blocks since a reset 3m 07s ago, 0 dropped"
   """
 
   @behaviour Access
@@ -62,6 +64,7 @@ defmodule Mtrace.Stats do
                 :erlang_frames_off,
                 :erlang_stacks,
                 :reset_ms,
+                :now_ms,
                 :allocated_bytes,
                 :used_bytes,
                 :free_bytes,
@@ -134,12 +137,21 @@ defmodule Mtrace.Stats do
 
     defp figures(%{sampled: true} = s) do
       "about #{size(s.est_live_bytes)} live in about #{count(s.est_live_count, "block")} " <>
-        "(a sample of #{count(s.live_count, "block")}, #{size(s.live_bytes)}), " <>
+        "(a sample of #{count(s.live_count, "block")}, #{size(s.live_bytes)})#{reset(s)}, " <>
         losses(s)
     end
 
     defp figures(s),
-      do: "#{size(s.live_bytes)} live in #{count(s.live_count, "block")}, " <> losses(s)
+      do:
+        "#{size(s.live_bytes)} live in #{count(s.live_count, "block")}#{reset(s)}, " <> losses(s)
+
+    # After Mtrace.reset/0 the figures count only what came since: said,
+    # so that a small figure does not read as a node that holds little.
+    defp reset(%{reset_ms: reset, now_ms: now})
+         when is_integer(reset) and reset > 0 and is_integer(now) and now >= reset,
+         do: " since a reset #{Format.age(div(now - reset, 1000))} ago"
+
+    defp reset(_s), do: ""
 
     defp losses(s) do
       [

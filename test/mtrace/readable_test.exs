@@ -29,7 +29,9 @@ defmodule Mtrace.ReadableTest do
              "  glibc heap: " <> _
            ] = groups
 
-    assert live =~ ~r/^[\d.]+ (B|KiB|MiB|GiB) live in [\d_]+ blocks?, [\d_]+ dropped/
+    assert live =~
+             ~r/^[\d.]+ (B|KiB|MiB|GiB) live in [\d_]+ blocks?( since a reset \S+ ago)?, [\d_]+ dropped/
+
     assert calls =~ ~r/\d malloc/
     assert on =~ "lossless" and on =~ "Erlang frames on"
     assert Enum.all?(lines, &(String.length(&1) <= 80)), text
@@ -50,6 +52,13 @@ defmodule Mtrace.ReadableTest do
                is_nil(value),
              "#{key}: #{inspect(value)}"
     end
+  end
+
+  test "after a reset, the stats' first line says how long ago it was" do
+    LeakyNif.fresh_table(&on_exit/1)
+    LeakyNif.leak(:malloc, 2, 4096)
+    [first | _] = Mtrace.stats() |> inspect() |> String.split("\n")
+    assert first =~ ~r/^#Mtrace.Stats<.* live in .* since a reset \d+s ago, /, first
   end
 
   test "an error inspects as one short line: reason and first words; the message keeps every word, in 80 columns" do
