@@ -15,6 +15,12 @@ defmodule Mtrace.Report do
           nif_lookup (nif.c:41) cache_nif.so
           ... 9 more
 
+  Two sites are two distinct stacks; when they would read the same (calls
+  from two places in a function built without line numbers), their frames
+  without a line give their offset in the object (`libcache.so+0x1a2b`),
+  and when the stacks differ only below the frames shown, the later site
+  says which one it reads as.
+
   Sites and frames are maps as `Mtrace.sites/1` returns them.
   """
 
@@ -177,12 +183,37 @@ defmodule Mtrace.Report do
 
   defp body([], _max_frames, _boot), do: "No live allocations match.\n"
 
+  # Sites are distinct stacks, yet two may read the same: calls from two
+  # places in one function without line numbers, or stacks that part below
+  # the frames shown. Such sites show where in its object each such frame
+  # is, and if they still read the same, which site they read like.
   defp body(sites, max_frames, _boot) do
+    plain = Enum.map(sites, &frame_lines(&1.frames, max_frames, false))
+    alike = plain |> Enum.map(&IO.iodata_to_binary/1) |> Enum.frequencies()
+
     sites
+    |> Enum.zip(plain)
     |> Enum.with_index(1)
-    |> Enum.map(fn {site, rank} ->
-      [site_line(site, rank), vm_note(site.frames), frame_lines(site.frames, max_frames)]
+    |> Enum.map_reduce(%{}, fn {{site, lines}, rank}, seen ->
+      lines =
+        if alike[IO.iodata_to_binary(lines)] > 1,
+          do: frame_lines(site.frames, max_frames, true),
+          else: lines
+
+      text = IO.iodata_to_binary(lines)
+
+      same =
+        case seen do
+          %{^text => first} ->
+            fit("    (reads as ##{first}: the two stacks differ below the frames shown)")
+
+          _ ->
+            []
+        end
+
+      {[site_line(site, rank), vm_note(site.frames), lines, same], Map.put_new(seen, text, rank)}
     end)
+    |> elem(0)
   end
 
   defp site_line(site, rank) do
@@ -211,10 +242,10 @@ defmodule Mtrace.Report do
 
   defp blocks(n), do: Format.count(n, "block")
 
-  defp frame_lines(frames, max_frames) do
+  defp frame_lines(frames, max_frames, offsets?) do
     {shown, cut} = Enum.split(frames, max_frames)
     more = if cut == [], do: [], else: ["    ... #{length(cut)} more\n"]
-    Enum.map(shown, &frame_line/1) ++ more
+    Enum.map(shown, &frame_line(&1, offsets?)) ++ more
   end
 
   # The lib is named only next to a symbol: without one, the frame's name
@@ -224,9 +255,10 @@ defmodule Mtrace.Report do
   # little on the node. Within 80 columns: a long source path gives way to
   # its file name, then a long C++ name is shortened (Frame.fit/2), and only
   # then is the line wrapped.
-  defp frame_line(frame) do
+  defp frame_line(frame, offsets?) do
     name = frame |> Mtrace.Frame.name() |> with_address(frame[:addr])
     lib = if known?(frame[:symbol]) and known?(frame[:lib]), do: Path.basename(frame[:lib])
+    lib = if lib && offsets? && !frame[:line], do: lib <> offset(frame[:offset]), else: lib
     inlined = if frame[:inlined], do: "[inlined]"
     line = &frame_text(&1, &2, lib, inlined)
     full = line.(name, location(source(frame[:file]), frame[:line]))
@@ -251,6 +283,9 @@ defmodule Mtrace.Report do
     do: "?? 0x#{String.downcase(Integer.to_string(addr, 16))} (JIT or unloaded code)"
 
   defp with_address(name, _addr), do: name
+
+  defp offset(n) when is_integer(n), do: "+0x" <> String.downcase(Integer.to_string(n, 16))
+  defp offset(_n), do: ""
 
   defp frame_text(name, location, lib, inlined) do
     "    " <> ([name, location, lib, inlined] |> Enum.reject(&is_nil/1) |> Enum.join(" "))

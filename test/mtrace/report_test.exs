@@ -140,6 +140,35 @@ defmodule Mtrace.ReportTest do
            ] = lines(sites, @exact)
   end
 
+  test "sites that would read the same are told apart" do
+    # two calls in one function, no line numbers: where in the object each is
+    here = [frame("cache_put", offset: 0x1A2B), frame("main")]
+    there = [frame("cache_put", offset: 0x1A40), frame("main")]
+    other = [frame("other")]
+    sites = [site(300, 3, 9, 1, here), site(200, 2, 9, 1, other), site(100, 1, 9, 1, there)]
+
+    assert [
+             _header,
+             "#1  300 B in 3 blocks  oldest 9s  newest 1s",
+             "    cache_put libcache.so.2+0x1a2b",
+             "    main libcache.so.2+0x2000",
+             "#2  200 B in 2 blocks  oldest 9s  newest 1s",
+             "    other libcache.so.2",
+             "#3  100 B in 1 block  oldest 9s  newest 1s",
+             "    cache_put libcache.so.2+0x1a40",
+             "    main libcache.so.2+0x2000"
+           ] = lines(sites, @exact)
+
+    # stacks that part below the frames shown: the later one says so
+    deep = [frame("a"), frame("b", offset: 1)]
+    deeper = [frame("a"), frame("b", offset: 2)]
+
+    assert [_, _, "    a libcache.so.2+0x2000", "    ... 1 more", _, _, _, note] =
+             lines([site(2, 2, 1, 1, deep), site(1, 1, 1, 1, deeper)], @exact, frames: 1)
+
+    assert note == "    (reads as #1: the two stacks differ below the frames shown)"
+  end
+
   test "frames are cut at :frames (default 8) with the number left out" do
     frames = for i <- 1..11, do: frame("f#{i}")
     [_header, _site | default] = lines([site(1, 1, 1, 1, frames)], @exact)
