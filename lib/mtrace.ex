@@ -118,7 +118,9 @@ defmodule Mtrace do
     * `lib: "substring"` — only stacks with a frame in an object (shared
       library or executable) whose path contains the substring;
     * `boot: false` — leaves out what was allocated before the mtrace
-      application started (VM boot, code loading);
+      application started (VM boot, code loading). The default is `true`
+      (everything, as the table holds it), except in `report/1`, which is
+      read by people: it sums those blocks in one line unless `boot: true`;
     * `demangle: false` — C++ names left mangled (they are demangled by default);
     * `node: node` — run on that node over distributed Erlang (a query
       given a mark from another node runs there);
