@@ -301,6 +301,15 @@ defmodule Mtrace do
   def report(opts \\ []) do
     o = Options.parse!(opts, @site_defaults ++ [frames: 8, boot: false], "report/1")
     filter = filter_words(o)
+
+    say =
+      Mtrace.VM.Format.waiting(
+        o[:window],
+        "Recording what #{Options.target(o)} allocates",
+        "report"
+      )
+
+    if say, do: IO.puts(say)
     {o, opts} = after_window(o, opts, "report/1")
     snap = snapshot(o, Keyword.put_new(opts, :boot, false), [:frames])
 

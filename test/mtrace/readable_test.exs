@@ -117,7 +117,7 @@ defmodule Mtrace.ReadableTest do
 
     report =
       ExUnit.CaptureIO.capture_io(fn ->
-        Mtrace.report(sort: :growth, window: 300, lib: "leaky_nif", frames: 4)
+        Mtrace.report(sort: :growth, window: 1_000, lib: "leaky_nif", frames: 4)
       end)
 
     Process.exit(leaker, :kill)
@@ -128,6 +128,9 @@ defmodule Mtrace.ReadableTest do
     refute Enum.any?(sites, fn s -> Enum.any?(s.frames, &(&1[:function] == :audit)) end)
     # about 2 blocks of 1000 bytes every 50 ms
     assert rate > 10_000 and rate < 80_000, "#{rate} B/s"
+
+    # a window of a second or more is said before it is waited for
+    assert report =~ ~r/\ARecording what .* allocates for 1s; the report follows.\n/
 
     # the report shows the rate next to the size, and the Erlang caller
     assert report =~ ~r/^#1  .* in \d+ blocks  \+[\d.]+ KiB\/s \(\+[\d.]+ MiB\/h\)/m

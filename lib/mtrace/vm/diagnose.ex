@@ -54,6 +54,9 @@ defmodule Mtrace.VM.Diagnose do
     o = Mtrace.Options.parse!(opts, @defaults, "VM.diagnose/1", @rules)
     o = Map.put(o, :th, Thresholds.merge!(o.thresholds))
 
+    say = o.print && Format.waiting(o.window, "Watching #{o.node || node()}", "diagnosis")
+    if say, do: IO.puts(say)
+
     result =
       if o.node in [nil, node()],
         do: local(o),

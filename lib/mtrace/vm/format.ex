@@ -141,6 +141,24 @@ defmodule Mtrace.VM.Format do
   def process(pid, _), do: "#{inspect(pid)} (exited since)"
 
   @doc """
+  The line said before a wait of `ms` of a second or more, so that a shell
+  that prints nothing for a minute does not look hung; `nil` for a shorter
+  wait or none.
+
+  ## Example
+
+      iex> Mtrace.VM.Format.waiting(60_000, "Watching a@host", "diagnosis")
+      "Watching a@host for 1m 00s; the diagnosis follows."
+      iex> Mtrace.VM.Format.waiting(300, "Watching a@host", "diagnosis")
+      nil
+  """
+  @spec waiting(non_neg_integer() | nil, String.t(), String.t()) :: String.t() | nil
+  def waiting(ms, what, result) when is_integer(ms) and ms >= 1000,
+    do: "#{what} for #{duration_ms(ms)}; the #{result} follows."
+
+  def waiting(_ms, _what, _result), do: nil
+
+  @doc """
   A `{module, function, arity}` as Elixir prints it.
 
   ## Example
