@@ -221,6 +221,19 @@ defmodule Mtrace.VMTest do
       assert native.evidence.outside_vm == snap.memory.outside_vm
     end
 
+    test "untraced, growth and sizes are named as on the memory lines" do
+      for tracer <- [Mtrace.VMTest.NoTracer, Mtrace.VMTest.InactiveTracer] do
+        use_native(tracer)
+        {_result, output} = with_io(fn -> VM.diagnose(gc: false, window: 300) end)
+        flat = String.replace(output, ~r/\s+/, " ")
+        # RSS outside the allocators is not the tracer's native heap
+        assert flat =~ ~r/ outside the VM (grew|shrank|held)/, output
+        refute output =~ ~r/^\s+native (grew|shrank|held)/m, output
+        # and what it is compared with is the allocators', not erlang:memory's
+        refute flat =~ "the VM accounts for", output
+      end
+    end
+
     test "a tracer that raises reads as one without figures" do
       use_native(Mtrace.VMTest.BrokenTracer)
 
@@ -653,6 +666,11 @@ defmodule Mtrace.VMTest.MarkingTracer do
 
   def mark, do: :mark
   def sites(opts), do: if(opts[:since] == :mark, do: FakeTracer.sites([]), else: [])
+end
+
+defmodule Mtrace.VMTest.NoTracer do
+  # Not preloaded: native figures are RSS outside the ERTS allocators.
+  def preloaded?, do: false
 end
 
 defmodule Mtrace.VMTest.InactiveTracer do

@@ -74,7 +74,11 @@ defmodule Mtrace.VM.Diagnosis do
       native_lines(result.native, result.window),
       nif_lines(Map.get(result, :nif)),
       window_line(result.window),
-      growth_lines(Map.get(result, :growth), tracking_off?(result.native)),
+      growth_lines(
+        Map.get(result, :growth),
+        tracking_off?(result.native),
+        traced?(result.native)
+      ),
       "",
       finding_lines(result.findings, tracking_off?(result.native))
     ]
@@ -156,6 +160,11 @@ defmodule Mtrace.VM.Diagnosis do
     ]
   end
 
+  # Whether the native figures are the tracer's.
+  defp traced?(%{preloaded: true, program_traced: false}), do: false
+  defp traced?(%{preloaded: true, stats: %{}}), do: true
+  defp traced?(_native), do: false
+
   # Tracking switched off: native memory is still read, but cannot grow.
   defp tracking_off?(%{stats: %{enabled: false}}), do: true
   defp tracking_off?(_native), do: false
@@ -201,9 +210,11 @@ defmodule Mtrace.VM.Diagnosis do
   defp nif_lines({:error, reason}), do: ["nif     " <> Native.nif_explain(reason)]
   defp nif_lines(_), do: []
 
-  defp growth_lines(nil, _off), do: []
+  defp growth_lines(nil, _off, _traced), do: []
 
-  defp growth_lines(g, off) do
+  # Untraced, the native series is RSS outside the ERTS allocators: named
+  # as on the memory line, not as the tracer's native heap.
+  defp growth_lines(g, off, traced) do
     vm =
       [:total, :processes, :binary, :ets, :code, :atom]
       |> Enum.filter(&is_number(g[&1]))
@@ -212,7 +223,8 @@ defmodule Mtrace.VM.Diagnosis do
     native =
       case g[:native] do
         _ when off -> ["        native not measured: tracking is switched off"]
-        %{} = n -> ["        native " <> Findings.describe_growth(n)]
+        %{} = n when traced -> ["        native " <> Findings.describe_growth(n)]
+        %{} = n -> ["        outside the VM " <> Findings.describe_growth(n)]
         _ -> []
       end
 

@@ -205,7 +205,7 @@ defmodule Mtrace.VM.MemoryChecks do
 
     times_vm =
       if is_integer(bytes) and vm > 0 and bytes >= vm,
-        do: ", #{Float.round(bytes / vm, 1)}× the #{Format.bytes(vm)} the VM accounts for",
+        do: ", #{Float.round(bytes / vm, 1)}× the #{Format.bytes(vm)} #{vm_words(extra)}",
         else: ""
 
     over_window =
@@ -271,6 +271,10 @@ defmodule Mtrace.VM.MemoryChecks do
   # memory is outside it), else what the ERTS allocators hold.
   defp vm_bytes(snap, %{preloaded: true}), do: snap.memory.total || 0
   defp vm_bytes(snap, _extra), do: snap.memory.allocated || 0
+
+  # vm_bytes/2 in the words of the memory line it is on.
+  defp vm_words(%{preloaded: true}), do: "the VM accounts for"
+  defp vm_words(_extra), do: "the ERTS allocators hold"
 
   defp projection(g, steady_ratio, limit, snap) when steady_ratio > 0 and is_map(limit) do
     case Findings.time_to(g, limit.bytes - (snap.memory.rss || 0)) do
