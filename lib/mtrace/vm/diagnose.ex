@@ -93,15 +93,17 @@ defmodule Mtrace.VM.Diagnose do
         {nil, first, nil, nil, %{series: nil, now: Native.nif_memory()}}
       end
 
+    # The sites are read with the snapshot, before a forced collection can
+    # run NIF resources' destructors: both tell of the same moment.
+    secs = prev && max(snap.at_ms - prev.at_ms, 1) / 1000
+    sites = if traced, do: Native.sites(@keep, mark, secs), else: []
+
     bin_leak =
       case o.gc do
         true -> Procs.bin_leak(@keep)
         false -> nil
         :auto -> if MemoryChecks.bin_leak_worth_it?(snap, th), do: Procs.bin_leak(@keep)
       end
-
-    secs = prev && max(snap.at_ms - prev.at_ms, 1) / 1000
-    sites = if traced, do: Native.sites(@keep, mark, secs), else: []
 
     findings =
       Findings.judge(prev, snap, %{
