@@ -285,7 +285,7 @@ defmodule Mtrace.VM do
 
       Mtrace.VM.nif_memory(window: 10_000, limit: 2)
       #=> [%{module: :leaky_nif, kind: :enif_alloc, count: 10240,
-      #=>    bytes: 81_264_640, growth_per_s: 819_200.0, count_delta: 1024,
+      #=>    bytes: 125_829_120, growth_per_s: 1_258_291.2, count_delta: 1024,
       #=>    ...},
       #=>  %{module: :leaky_nif, kind: :resource, count: 1000,
       #=>    bytes: 12_288_000, ...}]
