@@ -103,8 +103,9 @@ defmodule Mtrace.VM do
   `info` is `[registered_name: name]` for a registered process, else
   `[current_function: mfa, initial_call: mfa]`, where `initial_call` is
   what a GenServer, Agent or Task was started as (proc_lib's record, not
-  `:proc_lib.init_p/5`). Processes that exit during
-  the scan are skipped, so fewer than `n` entries may come back.
+  `:proc_lib.init_p/5`). Processes where `attr` is 0 (an empty mailbox)
+  and processes that exit during the scan are left out, so fewer than `n`
+  entries may come back.
 
   Cost: one `Process.info/2` per process; only `n` results are kept while
   scanning, so memory use does not grow with the number of processes (beyond
@@ -117,8 +118,7 @@ defmodule Mtrace.VM do
       #=> [{#PID<0.312.0>, 100_000,
       #=>   [current_function: {MyApp.Sink, :loop, 1},
       #=>    initial_call: {:erlang, :apply, 2}]},
-      #=>  {#PID<0.45.0>, 2, [registered_name: :logger]},
-      #=>  {#PID<0.1.0>, 0, [registered_name: :erts_code_purger]}]
+      #=>  {#PID<0.45.0>, 2, [registered_name: :logger]}]
   """
   @spec top(attr, pos_integer) :: [{pid, non_neg_integer, proc_info}]
   def top(attr, n \\ 10) do
@@ -129,8 +129,9 @@ defmodule Mtrace.VM do
   Like `top/2`, ranked by how much `attr` changed over `ms` milliseconds.
 
   Samples every process, sleeps `ms`, samples again. Processes born in
-  between count from 0; processes that died are skipped. Values can be
-  negative when everything shrank.
+  between count from 0; processes that died, and processes where `attr`
+  did not change, are left out. Values can be negative when everything
+  shrank.
 
   Cost: the first sample keeps one entry per process (with a non-zero
   value), and the caller blocks for `ms`.

@@ -161,6 +161,22 @@ defmodule Mtrace.ReadableTest do
     assert Enum.any?(tuples.(Mtrace.olds(n, false)), &String.starts_with?(&1, "_Z"))
   end
 
+  test "VM rankings leave out processes with nothing to rank" do
+    busy = spawn(fn -> receive do: (:never -> :ok) end)
+    on_exit(fn -> Process.exit(busy, :kill) end)
+    send(busy, :a)
+    send(busy, :b)
+
+    top = Mtrace.VM.top(:message_queue_len, 100_000)
+    assert Enum.any?(top, &match?({^busy, 2, _}, &1))
+    refute Enum.any?(top, &match?({_, 0, _}, &1)), inspect(top)
+
+    spawn(fn -> Process.sleep(20) && send(busy, :c) end)
+    window = Mtrace.VM.window(:message_queue_len, 100_000, 200)
+    assert Enum.any?(window, &match?({^busy, 1, _}, &1))
+    refute Enum.any?(window, &match?({_, 0, _}, &1)), inspect(window)
+  end
+
   test "VM queries leave out the process that asks" do
     # a process with more memory than any other: this one
     hoard = :binary.copy("x", 32 * 1024 * 1024) |> :binary.bin_to_list() |> Enum.take(2_000_000)

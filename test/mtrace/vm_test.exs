@@ -316,7 +316,9 @@ defmodule Mtrace.VMTest do
       ]
 
       for {attr, {pid, info}} <- expect do
-        assert [{^pid, value, ^info}, {_, second, _}] = top(node, attr, 2)
+        # the second is left out where its value is 0 (no other mailbox)
+        assert [{^pid, value, ^info} | rest] = top(node, attr, 2)
+        second = with [{_, second, _}] <- rest, do: second, else: ([] -> 0)
         assert value > second, "#{attr}: #{value} vs #{second}"
         now = :erpc.call(node, VM.Procs, :value, [pid, attr])
         # Handling the first process_info request counts as a reduction.
@@ -352,8 +354,9 @@ defmodule Mtrace.VMTest do
       newborn = :erpc.call(node, Process, :whereis, [:mtrace_newborn])
 
       assert [{^target, 1_000, _}, {^newborn, 700, _}] = result
-      # A growth window over a process that did not change reads 0.
-      assert [{_, 0, _}] = :erpc.call(node, VM, :window, [:message_queue_len, 1, 10])
+      # A process that did not change is left out, not ranked with 0.
+      unchanged = :erpc.call(node, VM, :window, [:message_queue_len, 10, 10])
+      refute Enum.any?(unchanged, &match?({_, 0, _}, &1)), inspect(unchanged)
     end
 
     test "counts/0 reports the limits the peer was started with", %{node: node} do

@@ -163,7 +163,9 @@ defmodule Mtrace.VM.Procs do
   end
 
   @doc """
-  The `n` processes with the largest `attr`, largest first.
+  The `n` processes with the largest `attr`, largest first; processes
+  where it is 0 (an empty mailbox, no monitors) are left out, so fewer than
+  `n` may come back.
 
   ## Example
 
@@ -175,6 +177,7 @@ defmodule Mtrace.VM.Procs do
     |> Enum.reduce(ranking(n), fn pid, acc ->
       case value(pid, attr) do
         nil -> acc
+        0 -> acc
         v -> rank(acc, pid, v)
       end
     end)
@@ -182,7 +185,8 @@ defmodule Mtrace.VM.Procs do
   end
 
   @doc """
-  The `n` processes whose `attr` grew most over `ms` milliseconds.
+  The `n` processes whose `attr` grew most over `ms` milliseconds;
+  processes where it did not change are left out.
 
   ## Example
 
@@ -207,11 +211,14 @@ defmodule Mtrace.VM.Procs do
     |> Enum.reduce(ranking(n), fn pid, acc ->
       case value(pid, attr) do
         nil -> acc
-        v -> rank(acc, pid, v - Map.get(before, pid, 0))
+        v -> rank_change(acc, pid, v - Map.get(before, pid, 0))
       end
     end)
     |> with_info()
   end
+
+  defp rank_change(acc, _pid, 0), do: acc
+  defp rank_change(acc, pid, delta), do: rank(acc, pid, delta)
 
   @doc """
   Garbage-collects every process and reports which let go of the most refc
