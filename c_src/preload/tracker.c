@@ -282,11 +282,19 @@ void mt_realloc_begin(struct mt_realloc *r, void *p, enum mtrace_fn fn) {
     r->had = forget(p, &r->old);
 }
 
+/* realloc(p, 0): glibc frees p and returns NULL; musl and the BSDs return
+ * a smallest block, so there a NULL is a failure that left p allocated. */
+#ifdef __GLIBC__
+#define MT_REALLOC_ZERO_FREES 1
+#else
+#define MT_REALLOC_ZERO_FREES 0
+#endif
+
 void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n) {
     if (q) {
         if (r->track && mt_sample_take(&mt_me.sampler, n))
             mt_record_now(q, n);
-    } else if (r->had && n != 0) { /* failed: p is still allocated (n == 0 freed it) */
+    } else if (r->had && (n != 0 || !MT_REALLOC_ZERO_FREES)) { /* failed: p is still allocated */
         int saved = errno;
         unsigned char was = mt_me.f.b.busy;
         insert(r->old.addr, r->old.size, r->old.t_ms, r->old.stack);

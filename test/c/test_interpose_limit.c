@@ -25,12 +25,39 @@ struct limited {
 
 #define LIMITED_MAX (8u << 20)
 
+/* realloc(p, 0) out of memory: glibc frees p and returns NULL, its answer
+ * to a size of 0; musl (and the BSDs) allocate a smallest block instead,
+ * and a NULL is a failure that left p allocated, so p stays recorded.
+ * Returns 0 when the table holds what the C library does (p freed here). */
+static int realloc_to_zero(char *p) {
+    struct mtrace_stats before, after;
+    api->stats(&before, sizeof before);
+    void *r = realloc(p, 0);
+    api->stats(&after, sizeof after);
+#ifdef __GLIBC__
+    int kept = 0;
+#else
+    int kept = r == NULL;
+#endif
+    /* a block kept and re-recorded, or counted as dropped if it could not be */
+    uint64_t live = after.live_count + (after.dropped - before.dropped);
+    int ok = live == before.live_count - (r == NULL && !kept);
+    if (r)
+        free(r);
+    else if (kept)
+        free(p);
+    return ok ? 0 : 1;
+}
+
 static int limited_child(struct limited *out) {
     void **blocks = mmap(NULL, LIMITED_MAX * sizeof *blocks, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (blocks == MAP_FAILED)
         return 29;
     struct mtrace_stats s0, s1;
+    char *keep = malloc(4000); /* for realloc(keep, 0) once memory is out */
+    if (!keep)
+        return 29;
     api->stats(&s0, sizeof s0);
     struct rlimit lim, was;
     long vm = check_status_kib("VmSize");
@@ -62,7 +89,14 @@ static int limited_child(struct limited *out) {
     out->dropped = s1.dropped - s0.dropped;
     if (out->recorded + out->dropped != n || wrong_errno)
         return 34;
-    for (size_t i = 0; i < n; i++)
+    /* The smallest blocks too, so that realloc(keep, 0) has none left. */
+    size_t all = n;
+    while (all < LIMITED_MAX && (blocks[all] = malloc(1)) != NULL)
+        all++;
+    if (realloc_to_zero(keep) != 0)
+        return 38;
+    s0.live_count--; /* keep is gone */
+    for (size_t i = 0; i < all; i++)
         free(blocks[i]);
     api->stats(&s1, sizeof s1);
     if (s1.live_count != s0.live_count)
