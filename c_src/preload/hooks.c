@@ -63,7 +63,7 @@ EXPORT void free(void *p) {
 
 EXPORT void *realloc(void *p, size_t n) {
     struct mt_realloc r;
-    mt_realloc_begin(&r, p, MT_FN_REALLOC);
+    mt_realloc_begin(&r, p, n, MT_FN_REALLOC);
     return mt_realloc_end(&r, libc_realloc(p, n), n);
 }
 
@@ -75,7 +75,7 @@ EXPORT void *reallocarray(void *p, size_t n, size_t size) {
         return NULL;
     }
     struct mt_realloc r;
-    mt_realloc_begin(&r, p, MT_FN_REALLOCARRAY);
+    mt_realloc_begin(&r, p, bytes, MT_FN_REALLOCARRAY);
     return mt_realloc_end(&r, libc_realloc(p, bytes), bytes);
 }
 

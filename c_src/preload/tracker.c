@@ -131,9 +131,13 @@ static inline int tracking(void) {
 
 /* ---- threads and counting ------------------------------------------------ */
 
-/* This thread's calls counted so far, 0 when it has no counters of its own. */
+/* Calls of this thread counted in the shared counters (the registry was
+ * full, or it exited): thread_exit tells a quiet round by them too. */
+static MT_TLS uint64_t shared_calls;
+
+/* This thread's calls counted so far. */
 static uint64_t own_calls(void) {
-    uint64_t n = 0;
+    uint64_t n = shared_calls;
     if (mt_me.f.b.registered)
         for (int f = 0; f < MT_FN_COUNT; f++)
             n += atomic_load_explicit(&mt_me.counts->calls[f], memory_order_relaxed);
@@ -157,7 +161,7 @@ static MT_TLS uint64_t exit_calls;
 static void thread_exit(void *round) {
     uintptr_t r = (uintptr_t)round;
     uint64_t calls = own_calls();
-    int quiet = r > 1 && mt_me.f.b.registered && calls == exit_calls;
+    int quiet = r > 1 && calls == exit_calls;
     exit_calls = calls;
     if (r < PTHREAD_DESTRUCTOR_ITERATIONS && !quiet) {
         unsigned char was = mt_tracker_enter(); /* a high key's setspecific allocates */
@@ -195,6 +199,7 @@ static inline void count_as(enum mtrace_fn fn, int may_register) {
             register_thread();
         if (!mt_me.f.b.registered) {
             mt_counts_shared_add(fn);
+            shared_calls++;
             return;
         }
     }
@@ -272,8 +277,17 @@ __attribute__((noinline)) void mt_free_slow(void *p) {
     forget(p, NULL);
 }
 
-void mt_realloc_begin(struct mt_realloc *r, void *p, enum mtrace_fn fn) {
+/* realloc(p, 0) returns NULL both when it freed p (glibc, jemalloc's
+ * default) and when it failed to allocate a smallest block (musl, the BSDs,
+ * any allocator out of memory), p then still allocated: only errno tells,
+ * ENOMEM for a failure.  So it is cleared around such a call, and the
+ * caller's put back unless the call failed. */
+void mt_realloc_begin(struct mt_realloc *r, void *p, size_t n, enum mtrace_fn fn) {
     r->track = r->had = 0;
+    if (n == 0) {
+        r->saved_errno = errno;
+        errno = 0;
+    }
     if (!ready())
         return;
     r->track = tracking();
@@ -282,19 +296,14 @@ void mt_realloc_begin(struct mt_realloc *r, void *p, enum mtrace_fn fn) {
     r->had = forget(p, &r->old);
 }
 
-/* realloc(p, 0): glibc frees p and returns NULL; musl and the BSDs return
- * a smallest block, so there a NULL is a failure that left p allocated. */
-#ifdef __GLIBC__
-#define MT_REALLOC_ZERO_FREES 1
-#else
-#define MT_REALLOC_ZERO_FREES 0
-#endif
-
 void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n) {
+    int failed = !q && (n != 0 || errno == ENOMEM);
+    if (n == 0 && !failed)
+        errno = r->saved_errno;
     if (q) {
         if (r->track && mt_sample_take(&mt_me.sampler, n))
             mt_record_now(q, n);
-    } else if (r->had && (n != 0 || !MT_REALLOC_ZERO_FREES)) { /* failed: p is still allocated */
+    } else if (r->had && failed) { /* p is still allocated */
         int saved = errno;
         unsigned char was = mt_me.f.b.busy;
         insert(r->old.addr, r->old.size, r->old.t_ms, r->old.stack);

@@ -157,10 +157,10 @@ static inline void mt_forget_counted(void *p) {
 /* A realloc moves a block: its old entry is taken out before the call and
  * put back if the call fails (the block is then still allocated). */
 struct mt_realloc {
-    int track, had;
+    int track, had, saved_errno;
     struct mt_entry old;
 };
-void mt_realloc_begin(struct mt_realloc *r, void *p, enum mtrace_fn fn);
+void mt_realloc_begin(struct mt_realloc *r, void *p, size_t n, enum mtrace_fn fn);
 void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n);
 
 /* Code was unloaded (dlclose): its unwind rules must not be used again. */

@@ -28,11 +28,14 @@ struct limited {
 /* realloc(p, 0) out of memory: glibc frees p and returns NULL, its answer
  * to a size of 0; musl (and the BSDs) allocate a smallest block instead,
  * and a NULL is a failure that left p allocated, so p stays recorded.
- * Returns 0 when the table holds what the C library does (p freed here). */
+ * errno is the caller's unless the call failed.  Returns 0 when the table
+ * holds what the C library does (p freed here). */
 static int realloc_to_zero(char *p) {
     struct mtrace_stats before, after;
     api->stats(&before, sizeof before);
+    errno = EDOM; /* the caller's, which only a failure may change */
     void *r = realloc(p, 0);
+    int err = errno;
     api->stats(&after, sizeof after);
 #ifdef __GLIBC__
     int kept = 0;
@@ -41,7 +44,7 @@ static int realloc_to_zero(char *p) {
 #endif
     /* a block kept and re-recorded, or counted as dropped if it could not be */
     uint64_t live = after.live_count + (after.dropped - before.dropped);
-    int ok = live == before.live_count - (r == NULL && !kept);
+    int ok = live == before.live_count - (r == NULL && !kept) && err == (kept ? ENOMEM : EDOM);
     if (r)
         free(r);
     else if (kept)

@@ -2,11 +2,12 @@
  * destructors of another library's thread keys run after the preload's own
  * (its key is made first), in the round the C library calls them all or in
  * a later one when they set their key again.  Their blocks keep their
- * stacks: the preload lets go of the thread's walker only in the last
- * round.  It once did in the first, and these blocks were recorded without
- * a stack (stacks_dropped).  And a thread whose only calls are a
- * destructor's, which sets the preload's key in the middle of the rounds,
- * still gives its memory back: once, each kept two mappings. */
+ * stacks: the preload lets go of the thread's walker only after a round
+ * with no call of the thread's, or in the last.  It once did in the first,
+ * and these blocks were recorded without a stack (stacks_dropped).  And a
+ * thread whose only calls are a destructor's, which sets the preload's key
+ * in the middle of the rounds, still gives its memory back, with the
+ * counter registry full as well: once, each kept two mappings. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -74,7 +75,6 @@ static int mappings(void) {
 
 /* Threads one after another, each counted first by its destructor. */
 static void check_late_threads_give_back(void) {
-    CHECK(pthread_key_create(&late_key, late_exit_of_thread) == 0);
     int threads = 200, before = mappings();
     for (int i = 0; i < threads; i++) {
         pthread_t t;
@@ -104,6 +104,49 @@ static void check_has_its_stack(void *p, uint64_t n) {
           ips[0] < (uintptr_t)allocate_on_exit + 128);
 }
 
+/* Threads that hold every struct of the preload's counter registry: the
+ * threads after them count in the shared counters. */
+#define HOLDERS 1024
+static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cond = PTHREAD_COND_INITIALIZER;
+static int holding, released;
+
+static void *holder_main(void *unused) {
+    (void)unused;
+    free(malloc(64)); /* registers */
+    pthread_mutex_lock(&hold_lock);
+    holding++;
+    pthread_cond_broadcast(&hold_cond);
+    while (!released)
+        pthread_cond_wait(&hold_cond, &hold_lock);
+    pthread_mutex_unlock(&hold_lock);
+    return NULL;
+}
+
+/* Late threads give back what they took with the registry full too. */
+static void check_late_threads_give_back_unregistered(void) {
+    static pthread_t holders[HOLDERS];
+    pthread_attr_t attr;
+    CHECK(pthread_attr_init(&attr) == 0);
+    CHECK(pthread_attr_setstacksize(&attr, 64 << 10) == 0);
+    int n = 0;
+    while (n < HOLDERS && pthread_create(&holders[n], &attr, holder_main, NULL) == 0)
+        n++;
+    CHECK_EQ(n, HOLDERS);
+    pthread_mutex_lock(&hold_lock);
+    while (holding < n)
+        pthread_cond_wait(&hold_cond, &hold_lock);
+    pthread_mutex_unlock(&hold_lock);
+    check_late_threads_give_back();
+    pthread_mutex_lock(&hold_lock);
+    released = 1;
+    pthread_cond_broadcast(&hold_cond);
+    pthread_mutex_unlock(&hold_lock);
+    for (int i = 0; i < n; i++)
+        pthread_join(holders[i], NULL);
+    pthread_attr_destroy(&attr);
+}
+
 int main(void) {
     api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
     CHECK(api != NULL);
@@ -128,6 +171,8 @@ int main(void) {
     check_has_its_stack(made[1], SECOND_ROUND);
     free(made[0]);
     free(made[1]);
+    CHECK(pthread_key_create(&late_key, late_exit_of_thread) == 0);
     check_late_threads_give_back();
+    check_late_threads_give_back_unregistered();
     return check_summary();
 }
