@@ -302,15 +302,11 @@ defmodule Mtrace do
     o = Options.parse!(opts, @site_defaults ++ [frames: 8, boot: false], "report/1")
     filter = filter_words(o)
 
-    say =
-      Mtrace.VM.Format.waiting(
-        o[:window],
-        "Recording what #{Options.target(o)} allocates",
-        "report"
-      )
+    say = fn ms ->
+      Mtrace.VM.Format.waiting(ms, "Recording what #{Options.target(o)} allocates", "report")
+    end
 
-    if say, do: IO.puts(say)
-    {o, opts} = after_window(o, opts, "report/1")
+    {o, opts} = after_window(o, opts, "report/1", say)
     snap = snapshot(o, Keyword.put_new(opts, :boot, false), [:frames])
 
     IO.write(
@@ -614,21 +610,25 @@ defmodule Mtrace do
 
   # window: ms takes a mark where the table is, waits, and queries since it;
   # sort: :growth needs a mark to measure growth from.
-  defp after_window(%{window: ms} = o, opts, where) when is_integer(ms) do
+  # say: what to print (a line of Format.waiting/3) once the window starts.
+  defp after_window(o, opts, where, say \\ fn _ms -> nil end)
+
+  defp after_window(%{window: ms} = o, opts, where, say) when is_integer(ms) do
     if o[:since], do: raise(ArgumentError, "#{where}: give either :since or :window, not both")
     mark = mark(Keyword.take(opts, [:node, :timeout]))
+    if line = say.(ms), do: IO.puts(line)
     Process.sleep(ms)
     opts = opts |> Keyword.delete(:window) |> Keyword.put(:since, mark)
     {o |> Map.put(:since, mark) |> Map.put(:window, nil), opts}
   end
 
-  defp after_window(%{sort: :growth} = o, _opts, where) when not is_map_key(o, :since) do
+  defp after_window(%{sort: :growth} = o, _opts, where, _say) when not is_map_key(o, :since) do
     raise ArgumentError,
           "#{where}: sort: :growth measures growth since a mark: give since: Mtrace.mark() " <>
             "or window: ms"
   end
 
-  defp after_window(o, opts, _where), do: {o, opts}
+  defp after_window(o, opts, _where, _say), do: {o, opts}
 
   # The data of an output, taken where the table is; render-only options
   # stay here.

@@ -18,8 +18,9 @@ defmodule Mtrace.Report do
   Two sites are two distinct stacks; when they would read the same (calls
   from two places in a function built without line numbers), their frames
   without a line give their offset in the object (`libcache.so+0x1a2b`),
-  and when the stacks differ only below the frames shown, the later site
-  says which one it reads as.
+  then, if they still do (two calls on one line), every frame does; when
+  the stacks differ only below the frames shown, the later site says which
+  one it reads as.
 
   Sites and frames are maps as `Mtrace.sites/1` returns them.
   """
@@ -184,37 +185,42 @@ defmodule Mtrace.Report do
   defp body([], _max_frames, _boot), do: "No live allocations match.\n"
 
   # Sites are distinct stacks, yet two may read the same: calls from two
-  # places in one function without line numbers, or stacks that part below
-  # the frames shown. Such sites show where in its object each such frame
-  # is, and if they still read the same, which site they read like.
+  # places in one function without line numbers, two calls on one line, or
+  # stacks that part below the frames shown. Such sites show where in its
+  # object each frame without a line is, then each frame, and if they still
+  # read the same, which site they read like.
   defp body(sites, max_frames, _boot) do
-    plain = Enum.map(sites, &frame_lines(&1.frames, max_frames, false))
-    alike = plain |> Enum.map(&IO.iodata_to_binary/1) |> Enum.frequencies()
+    plain = Enum.map(sites, &IO.iodata_to_binary(frame_lines(&1.frames, max_frames, nil)))
+
+    texts =
+      Enum.reduce([:unlined, :all], plain, fn offsets, texts ->
+        more = Enum.map(sites, &IO.iodata_to_binary(frame_lines(&1.frames, max_frames, offsets)))
+        tells = Enum.zip(texts, more) |> Enum.uniq() |> Enum.frequencies_by(&elem(&1, 0))
+        alike = Enum.frequencies(texts)
+
+        # a group that reads the same takes the offsets if they tell it apart
+        Enum.zip_with(texts, more, fn text, with_offsets ->
+          if alike[text] > 1 and tells[text] > 1, do: with_offsets, else: text
+        end)
+      end)
 
     sites
-    |> Enum.zip(plain)
+    |> Enum.zip(texts)
     |> Enum.with_index(1)
-    |> Enum.map_reduce(%{}, fn {{site, lines}, rank}, seen ->
-      lines =
-        if alike[IO.iodata_to_binary(lines)] > 1,
-          do: frame_lines(site.frames, max_frames, true),
-          else: lines
-
-      text = IO.iodata_to_binary(lines)
-
+    |> Enum.map_reduce(%{}, fn {{site, text}, rank}, seen ->
       same =
-        case seen do
-          %{^text => first} ->
-            fit("    (reads as ##{first}: the two stacks differ below the frames shown)")
+        if first = seen[text], do: reads_as(first, length(site.frames) > max_frames), else: []
 
-          _ ->
-            []
-        end
-
-      {[site_line(site, rank), vm_note(site.frames), lines, same], Map.put_new(seen, text, rank)}
+      {[site_line(site, rank), vm_note(site.frames), text, same], Map.put_new(seen, text, rank)}
     end)
     |> elem(0)
   end
+
+  defp reads_as(first, true = _cut),
+    do: fit("    (reads as ##{first}: the two stacks differ below the frames shown)")
+
+  defp reads_as(first, false),
+    do: fit("    (reads as ##{first}: the two stacks differ at an address not shown)")
 
   defp site_line(site, rank) do
     growth = if site[:growth_per_s], do: "  #{Format.rate(site.growth_per_s)}", else: ""
@@ -242,10 +248,12 @@ defmodule Mtrace.Report do
 
   defp blocks(n), do: Format.count(n, "block")
 
-  defp frame_lines(frames, max_frames, offsets?) do
+  # offsets: nil, or which frames with a symbol also give their place in
+  # their object, :unlined (those without a line) or :all.
+  defp frame_lines(frames, max_frames, offsets) do
     {shown, cut} = Enum.split(frames, max_frames)
     more = if cut == [], do: [], else: ["    ... #{length(cut)} more\n"]
-    Enum.map(shown, &frame_line(&1, offsets?)) ++ more
+    Enum.map(shown, &frame_line(&1, offsets)) ++ more
   end
 
   # The lib is named only next to a symbol: without one, the frame's name
@@ -255,10 +263,11 @@ defmodule Mtrace.Report do
   # little on the node. Within 80 columns: a long source path gives way to
   # its file name, then a long C++ name is shortened (Frame.fit/2), and only
   # then is the line wrapped.
-  defp frame_line(frame, offsets?) do
+  defp frame_line(frame, offsets) do
     name = frame |> Mtrace.Frame.name() |> with_address(frame[:addr])
     lib = if known?(frame[:symbol]) and known?(frame[:lib]), do: Path.basename(frame[:lib])
-    lib = if lib && offsets? && !frame[:line], do: lib <> offset(frame[:offset]), else: lib
+    at? = offsets == :all or (offsets == :unlined and !frame[:line])
+    lib = if lib && at?, do: lib <> offset(frame[:offset]), else: lib
     inlined = if frame[:inlined], do: "[inlined]"
     line = &frame_text(&1, &2, lib, inlined)
     full = line.(name, location(source(frame[:file]), frame[:line]))

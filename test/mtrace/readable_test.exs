@@ -98,6 +98,7 @@ defmodule Mtrace.ReadableTest do
 
     # not pretty (a log line): one line, whatever its length
     refute inspect(%{diagnosis | node: long}) =~ "\n"
+    refute inspect(%{diagnosis | node: long}, pretty: true, width: :infinity) =~ "\n"
   end
 
   test "sort: :growth ranks what grew over a window, with each site's rate" do
@@ -129,8 +130,24 @@ defmodule Mtrace.ReadableTest do
     # about 2 blocks of 1000 bytes every 50 ms
     assert rate > 10_000 and rate < 80_000, "#{rate} B/s"
 
-    # a window of a second or more is said before it is waited for
+    # a window of a second or more is said before it is waited for, and
+    # not when the call fails first
     assert report =~ ~r/\ARecording what .* allocates for 1s; the report follows.\n/
+
+    failed = fn call ->
+      ExUnit.CaptureIO.capture_io(fn ->
+        assert_raise(ArgumentError, call)
+      end)
+    end
+
+    assert failed.(fn -> Mtrace.report(window: 1_000, since: Mtrace.mark()) end) == ""
+
+    unreachable = fn call ->
+      ExUnit.CaptureIO.capture_io(fn -> assert_raise(Mtrace.Error, call) end)
+    end
+
+    assert unreachable.(fn -> Mtrace.report(window: 1_000, node: :none@nowhere) end) == ""
+    assert unreachable.(fn -> Mtrace.VM.diagnose(window: 1_000, node: :none@nowhere) end) == ""
 
     # the report shows the rate next to the size, and the Erlang caller
     assert report =~ ~r/^#1  .* in \d+ blocks  \+[\d.]+ KiB\/s \(\+[\d.]+ MiB\/h\)/m
@@ -171,8 +188,8 @@ defmodule Mtrace.ReadableTest do
     assert Enum.any?(top, &match?({^busy, 2, _}, &1))
     refute Enum.any?(top, &match?({_, 0, _}, &1)), inspect(top)
 
-    spawn(fn -> Process.sleep(20) && send(busy, :c) end)
-    window = Mtrace.VM.window(:message_queue_len, 100_000, 200)
+    spawn(fn -> Process.sleep(100) && send(busy, :c) end)
+    window = Mtrace.VM.window(:message_queue_len, 100_000, 500)
     assert Enum.any?(window, &match?({^busy, 1, _}, &1))
     refute Enum.any?(window, &match?({_, 0, _}, &1)), inspect(window)
   end

@@ -159,14 +159,38 @@ defmodule Mtrace.ReportTest do
              "    main libcache.so.2+0x2000"
            ] = lines(sites, @exact)
 
-    # stacks that part below the frames shown: the later one says so
+    # stacks that part below the frames shown: offsets would not tell them
+    # apart, the later one says which it reads as
     deep = [frame("a"), frame("b", offset: 1)]
     deeper = [frame("a"), frame("b", offset: 2)]
 
-    assert [_, _, "    a libcache.so.2+0x2000", "    ... 1 more", _, _, _, note] =
+    assert [_, _, "    a libcache.so.2", "    ... 1 more", _, _, _, note] =
              lines([site(2, 2, 1, 1, deep), site(1, 1, 1, 1, deeper)], @exact, frames: 1)
 
     assert note == "    (reads as #1: the two stacks differ below the frames shown)"
+
+    # two calls on one line: every frame gives its offset, and no note
+    once = [frame("put", file: "c.c", line: 9, offset: 0x10), frame("main", line: 2)]
+    twice = [frame("put", file: "c.c", line: 9, offset: 0x18), frame("main", line: 2)]
+
+    assert [
+             _,
+             _,
+             "    put (c.c:9) libcache.so.2+0x10",
+             "    main libcache.so.2+0x2000",
+             _,
+             "    put (c.c:9) libcache.so.2+0x18",
+             "    main libcache.so.2+0x2000"
+           ] = lines([site(2, 2, 1, 1, once), site(1, 1, 1, 1, twice)], @exact)
+
+    # stacks that differ in no frame shown, none cut (two addresses in one
+    # Erlang function): the later one says so, and no offsets are added
+    erl = fn addr -> %{symbol: "m:f/1", lib: nil, file: nil, line: nil, addr: addr} end
+
+    assert [_, _, "    m:f/1", _, "    m:f/1", note] =
+             lines([site(2, 2, 1, 1, [erl.(1)]), site(1, 1, 1, 1, [erl.(2)])], @exact)
+
+    assert note == "    (reads as #1: the two stacks differ at an address not shown)"
   end
 
   test "frames are cut at :frames (default 8) with the number left out" do

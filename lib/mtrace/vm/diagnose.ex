@@ -54,16 +54,22 @@ defmodule Mtrace.VM.Diagnose do
     o = Mtrace.Options.parse!(opts, @defaults, "VM.diagnose/1", @rules)
     o = Map.put(o, :th, Thresholds.merge!(o.thresholds))
 
-    say = o.print && Format.waiting(o.window, "Watching #{o.node || node()}", "diagnosis")
-    if say, do: IO.puts(say)
-
     result =
-      if o.node in [nil, node()],
-        do: local(o),
-        else: remote(o)
+      if o.node in [nil, node()] do
+        waiting(o)
+        local(o)
+      else
+        remote(o)
+      end
 
     if o.print, do: IO.puts(Diagnosis.render(result))
     result
+  end
+
+  # Said once the window can start: after the checks that may raise.
+  defp waiting(o) do
+    say = o.print && Format.waiting(o.window, "Watching #{o.node || node()}", "diagnosis")
+    if say, do: IO.puts(say)
   end
 
   defp local(o) do
@@ -290,6 +296,7 @@ defmodule Mtrace.VM.Diagnose do
   # (reason :nodedown, :timeout, :not_loaded, ...) as Mtrace's queries do.
   defp remote(%{node: target} = o) do
     Mtrace.Remote.reachable!(target, Mtrace.VM, 15_000)
+    waiting(o)
     timeout = if o.timeout == :infinity, do: :infinity, else: o.timeout + (o.window || 0)
     opts = [print: false, window: o.window, gc: o.gc, thresholds: o.thresholds]
     result = erpc(target, Mtrace.VM, :diagnose, [opts], timeout)

@@ -308,9 +308,10 @@ defmodule Mtrace.VM.Diagnosis do
       # One line where it fits, else the node on the first and the rest
       # below. The layout does not count what follows a value (the "}," of
       # a map of nodes, as Mtrace.cluster/2 returns): room is left for it.
-      if opts.pretty and String.length(head) + 1 + String.length(rest) > opts.width - 4,
-        do: concat([head, nest(concat(line(), rest), 2)]),
-        else: group(concat([head, nest(concat(break(" "), rest), 2)]))
+      if opts.pretty and is_integer(opts.width) and
+           String.length(head) + 1 + String.length(rest) > opts.width - 4,
+         do: concat([head, nest(concat(line(), rest), 2)]),
+         else: group(concat([head, nest(concat(break(" "), rest), 2)]))
     end
 
     defp count(findings), do: Mtrace.VM.Format.count(length(findings), "finding")
