@@ -128,7 +128,8 @@ static void check_late_threads_give_back_unregistered(void) {
     static pthread_t holders[HOLDERS];
     pthread_attr_t attr;
     CHECK(pthread_attr_init(&attr) == 0);
-    CHECK(pthread_attr_setstacksize(&attr, 64 << 10) == 0);
+    /* small, but not below aarch64's smallest (128 KiB) */
+    CHECK(pthread_attr_setstacksize(&attr, 256 << 10) == 0);
     int n = 0;
     while (n < HOLDERS && pthread_create(&holders[n], &attr, holder_main, NULL) == 0)
         n++;
