@@ -194,14 +194,18 @@ defmodule Mtrace.Report do
 
     texts =
       Enum.reduce([:unlined, :all], plain, fn offsets, texts ->
-        more = Enum.map(sites, &IO.iodata_to_binary(frame_lines(&1.frames, max_frames, offsets)))
-        tells = Enum.zip(texts, more) |> Enum.uniq() |> Enum.frequencies_by(&elem(&1, 0))
         alike = Enum.frequencies(texts)
 
+        more =
+          Enum.zip_with(sites, texts, fn site, text ->
+            if alike[text] > 1,
+              do: IO.iodata_to_binary(frame_lines(site.frames, max_frames, offsets)),
+              else: text
+          end)
+
         # a group that reads the same takes the offsets if they tell it apart
-        Enum.zip_with(texts, more, fn text, with_offsets ->
-          if alike[text] > 1 and tells[text] > 1, do: with_offsets, else: text
-        end)
+        tells = Enum.zip(texts, more) |> Enum.uniq() |> Enum.frequencies_by(&elem(&1, 0))
+        Enum.zip_with(texts, more, &if(tells[&1] > 1, do: &2, else: &1))
       end)
 
     sites
