@@ -134,20 +134,15 @@ defmodule Mtrace.ReadableTest do
     # not when the call fails first
     assert report =~ ~r/\ARecording what .* allocates for 1s; the report follows.\n/
 
-    failed = fn call ->
-      ExUnit.CaptureIO.capture_io(fn ->
-        assert_raise(ArgumentError, call)
-      end)
-    end
+    said = fn error, call -> ExUnit.CaptureIO.capture_io(fn -> assert_raise(error, call) end) end
 
-    assert failed.(fn -> Mtrace.report(window: 1_000, since: Mtrace.mark()) end) == ""
+    assert said.(ArgumentError, fn -> Mtrace.report(window: 1_000, since: Mtrace.mark()) end) ==
+             ""
 
-    unreachable = fn call ->
-      ExUnit.CaptureIO.capture_io(fn -> assert_raise(Mtrace.Error, call) end)
-    end
+    assert said.(Mtrace.Error, fn -> Mtrace.report(window: 1_000, node: :none@nowhere) end) == ""
 
-    assert unreachable.(fn -> Mtrace.report(window: 1_000, node: :none@nowhere) end) == ""
-    assert unreachable.(fn -> Mtrace.VM.diagnose(window: 1_000, node: :none@nowhere) end) == ""
+    assert said.(Mtrace.Error, fn -> Mtrace.VM.diagnose(window: 1_000, node: :none@nowhere) end) ==
+             ""
 
     # the report shows the rate next to the size, and the Erlang caller
     assert report =~ ~r/^#1  .* in \d+ blocks  \+[\d.]+ KiB\/s \(\+[\d.]+ MiB\/h\)/m
