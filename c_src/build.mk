@@ -38,7 +38,8 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_growth $(BUILD)/test_interpose_limit $(BUILD)/test_interpose_foreign \
 	$(BUILD)/test_interpose_own_alloc $(BUILD)/test_interpose_nopie \
 	$(BUILD)/test_interpose_small_stacks $(BUILD)/test_interpose_loader_lock \
-	$(BUILD)/test_interpose_coroutine $(BUILD)/test_interpose_thread_exit
+	$(BUILD)/test_interpose_coroutine $(BUILD)/test_interpose_thread_exit \
+	$(BUILD)/test_interpose_signals
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
 	$(BUILD)/test_elf_symtab \
 	$(BUILD)/test_unwind $(BUILD)/test_unwind_rules $(BUILD)/test_recent_stacks \
@@ -247,6 +248,11 @@ $(BUILD)/test_interpose_thread_exit: test/c/test_interpose_thread_exit.c test/c/
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_thread_exit.c \
 		$(DL_LIBS) -lpthread
+
+$(BUILD)/test_interpose_signals: test/c/test_interpose_signals.c test/c/check.h test/c/queries.h \
+		c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_signals.c $(DL_LIBS)
 
 $(BUILD)/foreign_alloc.so: test/c/foreign_alloc.c $(MAKEVARS)
 	@mkdir -p $(BUILD)

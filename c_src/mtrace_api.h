@@ -102,12 +102,14 @@ struct mtrace_query {
 #define MTRACE_QUERY_ALL(order_, limit_)                                                           \
     ((struct mtrace_query){0, UINT64_MAX, 0, UINT64_MAX, NULL, 0, (limit_), (order_), 0})
 
-/* Every figure the preload keeps; cheap to read (no table scan). */
+/* Every figure the preload keeps; cheap to read (no table scan).  dropped:
+ * no memory for the table, or a signal handler's block allocated while its
+ * thread was inside the tracker (which may hold a lock the record needs). */
 struct mtrace_stats {
     uint64_t calls[MT_FN_COUNT]; /* hooked calls seen while tracking */
     uint64_t live_count;         /* allocations in the table */
     uint64_t live_bytes;         /* their requested sizes, summed */
-    uint64_t dropped;            /* allocations that could not be recorded */
+    uint64_t dropped;            /* allocations that could not be recorded (above) */
     uint64_t replaced;           /* entries overwritten by a re-used address (missed free) */
     uint64_t table_bytes;        /* memory mapped for the allocation table */
     uint64_t stacks;             /* distinct call stacks interned */

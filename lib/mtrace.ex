@@ -502,7 +502,8 @@ defmodule Mtrace do
   `reallocarray`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc`) count calls
   seen while tracking was on. `live_count`/`live_bytes` describe the table;
   `dropped` counts allocations that could not be recorded (no memory for the
-  table), `replaced` entries overwritten because a free was missed,
+  table, or a signal handler's while its thread was inside the tracer),
+  `replaced` entries overwritten because a free was missed,
   `stacks_dropped` allocations recorded without a stack. `enabled`, `active`
   (this executable is traced) and `depth` are the effective settings.
   `allocated_bytes`, `used_bytes`, `free_bytes`, `mmap_chunks` and

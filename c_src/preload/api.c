@@ -54,7 +54,7 @@ static enum mtrace_result api_stats(struct mtrace_stats *out, size_t size) {
     mt_stack_figures(&k);
     s.live_count = t.live_count;
     s.live_bytes = t.live_bytes;
-    s.dropped = t.dropped;
+    s.dropped = t.dropped + mt_tracker_dropped();
     s.replaced = t.replaced;
     s.table_bytes = t.table_bytes;
     s.stacks = k.stacks;

@@ -133,9 +133,9 @@ EXPORT char *strndup(const char *s, size_t n) { return dup_bytes(s, strnlen(s, n
  * them to whatever is mapped at those addresses next. */
 EXPORT int dlclose(void *handle) {
     if (!mt_libc.dlclose) {
-        unsigned char was = mt_tracker_enter();
+        unsigned char was = mt_tracker_call_out(); /* dlsym may allocate */
         mt_libc_resolve();
-        mt_tracker_leave(was);
+        mt_tracker_call_back(was);
     }
     int r = mt_libc.dlclose ? mt_libc.dlclose(handle) : -1;
     mt_tracker_code_unloaded();

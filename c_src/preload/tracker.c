@@ -83,9 +83,9 @@ static void configure(void) {
     if (mt_state.cfg.active) { /* what only a traced process needs */
         mt_stacks_init();
         mt_clock_init();
-        unsigned char was = mt_tracker_enter();
+        unsigned char was = mt_tracker_call_out();
         mt_objects_init(); /* dlsym may allocate */
-        mt_tracker_leave(was);
+        mt_tracker_call_back(was);
     }
     atomic_store(&mt_state.mode, mt_state.cfg.active ? MT_MODE_ACTIVE : MT_MODE_INERT);
     update_gate();
@@ -99,11 +99,11 @@ static void setup(void) {
             sched_yield();
         return;
     }
-    mt_me.f.b.busy = MT_BUSY_LOCKED;
-    mt_libc_resolve(); /* before this first call reaches libc */
+    unsigned char was = mt_tracker_call_out(); /* dlsym may allocate */
+    mt_libc_resolve();                         /* before this first call reaches libc */
     mt_state.provisional = (__environ == NULL);
     configure();
-    mt_me.f.b.busy = MT_BUSY_NO;
+    mt_tracker_call_back(was);
 }
 
 /* Whether this process is traced; the first call configures it. */
@@ -164,9 +164,9 @@ static void thread_exit(void *round) {
     int quiet = r > 1 && calls == exit_calls;
     exit_calls = calls;
     if (r < PTHREAD_DESTRUCTOR_ITERATIONS && !quiet) {
-        unsigned char was = mt_tracker_enter(); /* a high key's setspecific allocates */
+        unsigned char was = mt_tracker_call_out(); /* a high key's setspecific allocates */
         int again = pthread_setspecific(exit_key, (void *)(r + 1)) == 0;
-        mt_tracker_leave(was);
+        mt_tracker_call_back(was);
         if (again)
             return;
     }
@@ -181,13 +181,13 @@ static void thread_exit(void *round) {
 
 static __attribute__((noinline)) void register_thread(void) {
     unsigned char was =
-        mt_tracker_enter(); /* a high key number makes pthread_setspecific allocate */
+        mt_tracker_call_out(); /* a high key number makes pthread_setspecific allocate */
     mt_me.counts = mt_counts_register();
     mt_me.counts_state = mt_me.counts ? MT_COUNTS_REGISTERED : MT_COUNTS_SHARED;
     mt_me.f.b.registered = mt_me.counts != NULL;
     if (exit_key_made) /* registered or not: its stacks' memory goes back too */
         pthread_setspecific(exit_key, (void *)1);
-    mt_tracker_leave(was);
+    mt_tracker_call_back(was);
 }
 
 /* A thread registers on its first counted call, but not for a free(NULL):
@@ -208,15 +208,48 @@ static inline void count_as(enum mtrace_fn fn, int may_register) {
 
 static inline void count(enum mtrace_fn fn) { count_as(fn, 1); }
 
+/* ---- a signal handler's calls while its thread is inside the tracker ---- */
+
+/* Blocks allocated then, which cannot be recorded (mt_record_now). */
+static _Atomic uint64_t handler_dropped;
+
+uint64_t mt_tracker_dropped(void) {
+    return atomic_load_explicit(&handler_dropped, memory_order_relaxed);
+}
+
+/* A call tracking() turned away because this thread is inside the tracker,
+ * but neither the tracker's own (it allocates nothing there) nor made by
+ * code it called out to (mt_tracker_call_out, a libunwind walk): a signal
+ * handler's, which interrupted it.  Such a call is counted, atomically, as
+ * the handler may have interrupted the thread's own counting. */
+static inline int in_handler(void) {
+    return mt_me.f.b.busy && !mt_me.f.b.calling_out && !mt_me.f.b.ignored &&
+           mt_gate() >= MT_GATE_TRACK && !mt_fallback_running();
+}
+
+static __attribute__((noinline)) void handler_call(enum mtrace_fn fn) { mt_counts_shared_add(fn); }
+
+/* Out of the way of a record's path, which tests for it first. */
+static __attribute__((cold, noinline)) void handler_block(void) {
+    atomic_fetch_add_explicit(&handler_dropped, 1, memory_order_relaxed);
+}
+
 void mt_seen(enum mtrace_fn fn) {
     if (tracking())
         count(fn);
+    else if (mt_unlikely(in_handler()))
+        handler_call(fn);
 }
 
+/* A handler's allocation goes on as any other (sampling may choose it);
+ * mt_record_now then counts its block as dropped. */
 int mt_will_record_slow(enum mtrace_fn fn, size_t n) {
-    if (!tracking())
+    if (tracking())
+        count(fn);
+    else if (mt_unlikely(in_handler()))
+        handler_call(fn);
+    else
         return 0;
-    count(fn);
     return mt_sample_take(&mt_me.sampler, n);
 }
 
@@ -227,6 +260,17 @@ unsigned char mt_tracker_enter(void) {
 }
 
 void mt_tracker_leave(unsigned char was) { mt_me.f.b.busy = was; }
+
+/* A count, not a flag: calls out nest (setup configures). */
+unsigned char mt_tracker_call_out(void) {
+    mt_me.f.b.calling_out++;
+    return mt_tracker_enter();
+}
+
+void mt_tracker_call_back(unsigned char was) {
+    mt_tracker_leave(was);
+    mt_me.f.b.calling_out--;
+}
 
 /* ---- record and forget --------------------------------------------------- */
 
@@ -244,6 +288,8 @@ static void insert(uint64_t addr, uint64_t size, uint64_t t_ms, uint32_t stack) 
 /* The walk starts in the hook that called this (or the tracker function
  * between them): its frame and the caller of malloc are all that is walked. */
 __attribute__((noinline)) void mt_record_now(void *p, size_t size) {
+    if (mt_unlikely(mt_me.f.b.busy)) /* a signal handler's block (in_handler) */
+        return handler_block();
     struct mt_walk_start at = MT_WALK_START_CALLER();
     int *err = &errno, saved = *err; /* unwinding and mmap must not disturb what libc set */
     mt_me.f.b.busy = MT_BUSY_UNWINDING;
@@ -274,6 +320,8 @@ __attribute__((noinline)) void mt_free_slow(void *p) {
         return;
     if (g > MT_GATE_LIBC && tracking())
         count_as(MT_FN_FREE, p != NULL);
+    else if (mt_unlikely(in_handler()))
+        handler_call(MT_FN_FREE);
     forget(p, NULL);
 }
 
@@ -293,6 +341,10 @@ void mt_realloc_begin(struct mt_realloc *r, void *p, size_t n, enum mtrace_fn fn
     r->track = tracking();
     if (r->track)
         count(fn);
+    else if (mt_unlikely(in_handler())) {
+        handler_call(fn);
+        r->track = 1; /* its block counted as dropped (mt_record_now) */
+    }
     r->had = forget(p, &r->old);
 }
 
@@ -320,7 +372,7 @@ void mt_tracker_code_unloaded(void) { mt_unwind_forget(); }
 /* fork: hold every lock so the child inherits a consistent table, and keep
  * this thread out of the table meanwhile (fork itself may allocate). */
 static void fork_prepare(void) {
-    mt_me.fork_saved_busy = mt_tracker_enter();
+    mt_me.fork_saved_busy = mt_tracker_call_out(); /* others' fork handlers allocate */
     /* First: a lookup or a libunwind walk under way may wait in the loader
      * for a thread whose allocation needs one of the locks below. */
     mt_objects_close();
@@ -333,7 +385,7 @@ static void fork_prepare(void) {
 static void unlock_rest(void) {
     mt_stacks_unlock();
     mt_counts_unlock();
-    mt_tracker_leave(mt_me.fork_saved_busy);
+    mt_tracker_call_back(mt_me.fork_saved_busy);
 }
 
 static void fork_parent(void) {
@@ -358,10 +410,10 @@ __attribute__((constructor)) static void on_load(void) {
         setup();
     else if (mt_state.provisional)
         configure(); /* the environment is readable now */
-    unsigned char was = mt_tracker_enter();
+    unsigned char was = mt_tracker_call_out();
     if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE)
-        mt_fallback_load(); /* allocates: inside enter/leave */
-    mt_tracker_leave(was);
+        mt_fallback_load(); /* allocates */
+    mt_tracker_call_back(was);
     if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE) {
         pthread_atfork(fork_prepare, fork_parent, fork_child);
         exit_key_made = pthread_key_create(&exit_key, thread_exit) == 0;

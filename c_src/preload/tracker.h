@@ -43,10 +43,10 @@ enum mt_busy {
  * with a single compare against MT_THREAD_FAST. */
 union mt_thread_flags {
     struct {
-        unsigned char busy;    /* enum mt_busy */
-        unsigned char ignored; /* mt_thread_ignore */
-        unsigned char spare;
-        unsigned char registered; /* counts visible to stats */
+        unsigned char busy;        /* enum mt_busy */
+        unsigned char ignored;     /* mt_thread_ignore */
+        unsigned char calling_out; /* mt_tracker_call_out */
+        unsigned char registered;  /* counts visible to stats */
     } b;
     uint32_t any;
 };
@@ -166,10 +166,24 @@ void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n);
 /* Code was unloaded (dlclose): its unwind rules must not be used again. */
 void mt_tracker_code_unloaded(void);
 
-/* Keeps the calling thread out of the table while it calls code that may
- * allocate (dlsym); returns what mt_tracker_leave must restore. */
+/* Keeps the calling thread out of the table while it holds the tracker's
+ * locks or works on its own; returns what mt_tracker_leave must restore.
+ * Nothing of the tracker's allocates meanwhile, so a call made then is a
+ * signal handler's (counted, and its block as dropped: the thread may hold
+ * a lock the record needs). */
 unsigned char mt_tracker_enter(void);
 void mt_tracker_leave(unsigned char was);
+
+/* The same around calls into others' code that may allocate (dlsym, a
+ * key's pthread_setspecific, loading libunwind, other libraries' fork
+ * handlers): what it allocates is the tracer's doing, passed to libc and
+ * not counted.  Returns what mt_tracker_call_back must restore. */
+unsigned char mt_tracker_call_out(void);
+void mt_tracker_call_back(unsigned char was);
+
+/* Blocks allocated by a signal handler while its thread was inside the
+ * tracker, which could not be recorded (part of stats' dropped). */
+uint64_t mt_tracker_dropped(void);
 
 /* For the contract (api.c): tracking switch, reader threads, counters. */
 int mt_tracker_active(void); /* configures on the first call */

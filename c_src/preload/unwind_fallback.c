@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "unwind_fallback.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 
@@ -21,6 +22,13 @@
  * walk under way to end; until it is done a walk gives up at once. */
 static struct mt_fork_gate gate; /* inside: 1 while a walk is in libunwind */
 static _Atomic uint64_t cut;
+/* The thread whose walk is inside (pthread_self), 0 for none: what libunwind
+ * allocates for it is the tracer's doing (mt_fallback_running). */
+static _Atomic uintptr_t walker;
+
+int mt_fallback_running(void) {
+    return atomic_load_explicit(&walker, memory_order_relaxed) == (uintptr_t)pthread_self();
+}
 
 uint64_t mt_fallback_cut(void) { return atomic_load_explicit(&cut, memory_order_relaxed); }
 
@@ -111,7 +119,9 @@ int mt_fallback_backtrace(void **buf, int max) {
         return -1;
     if (!enter())
         return -1;
+    atomic_store_explicit(&walker, (uintptr_t)pthread_self(), memory_order_relaxed);
     int n = bt(buf, max);
+    atomic_store_explicit(&walker, 0, memory_order_relaxed);
     leave();
     return n;
 }

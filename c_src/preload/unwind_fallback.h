@@ -20,6 +20,9 @@ void mt_fallback_load(void);
 int mt_fallback_backtrace(void **buf, int max);
 uint64_t mt_fallback_cut(void);
 
+/* 1 while the calling thread's walk is inside libunwind. */
+int mt_fallback_running(void);
+
 /* Around fork (see tracker.c): close waits for the walks inside libunwind
  * to end and turns new ones away until open (the child's: _child). */
 void mt_fallback_close(void);
