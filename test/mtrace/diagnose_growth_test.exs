@@ -46,7 +46,7 @@ defmodule Mtrace.DiagnoseGrowthTest do
         end,
         static_heap: fn node ->
           :ok = :erpc.call(node, LeakyNif, :leak, [:malloc, 100, 1024 * 1024])
-          {diagnose(node, []), diagnose(node, window: 2_000)}
+          {diagnose(node, []), diagnose(node, window: 2_000), diagnose(node, window: 400)}
         end
       )
 
@@ -71,10 +71,13 @@ defmodule Mtrace.DiagnoseGrowthTest do
 
     # a static heap of 100 MiB, some times what the VM accounts for: a
     # finding without a window, and with one not a leak
-    {no_window, window} = results.static_heap
+    {no_window, window, short} = results.static_heap
     assert %{kind: :native_leak, score: score, summary: summary} = native_finding(no_window)
     assert score >= 50 and summary =~ "× the"
     assert window.verdict == :native_heap, Mtrace.VM.Diagnosis.render(window)
+    assert native_finding(window).summary =~ "over the 2s window"
+    # a window under a second is named as asked for, as the report's other lines do
+    assert native_finding(short).summary =~ "over the 400 ms window"
   end
 
   test "tracking switched off: said, and native growth not judged as none" do

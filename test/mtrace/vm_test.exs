@@ -164,6 +164,21 @@ defmodule Mtrace.VMTest do
       assert text =~ "add to rel/env.sh.eex:\n          export LD_PRELOAD=$(ls $RELEASE_ROOT"
       so = Path.join(to_string(:code.priv_dir(:mtrace)), "mtrace.so")
       assert text =~ "or start the node (iex -S mix, erl) with:\n          LD_PRELOAD=#{so}\n"
+      assert d.native.so == so
+    end
+
+    test "untraced, the line for any node names the diagnosed node's path, not this one's" do
+      d = VM.diagnose(print: false, gc: false)
+
+      remote = %{
+        preloaded: false,
+        stats: nil,
+        sites: [],
+        so: "/srv/app/lib/mtrace-0.1.0/priv/mtrace.so"
+      }
+
+      text = VM.Diagnosis.render(%{d | node: :app@elsewhere, native: remote})
+      assert text =~ "\n          LD_PRELOAD=/srv/app/lib/mtrace-0.1.0/priv/mtrace.so\n"
     end
 
     test "the VM's own sites of one kind read as one line, with how many they are" do
@@ -234,12 +249,21 @@ defmodule Mtrace.VMTest do
       end
     end
 
+    test "a short window takes at most one step per 20 ms, however many are asked for" do
+      th = [window_steps: 2_000]
+      result = VM.diagnose(gc: false, print: false, window: 100, thresholds: th)
+      # native memory read 5 times after the first
+      assert result.growth.native.steps == 5
+      result = VM.diagnose(gc: false, print: false, window: 100, thresholds: [window_steps: 3])
+      assert result.growth.native.steps == 3
+    end
+
     test "a tracer that raises reads as one without figures" do
       use_native(Mtrace.VMTest.BrokenTracer)
 
       assert VM.memory().native == nil
       {result, output} = with_io(fn -> VM.diagnose(gc: false) end)
-      assert result.native == %{preloaded: true, program_traced: true, stats: nil, sites: []}
+      assert %{preloaded: true, program_traced: true, stats: nil, sites: []} = result.native
       refute Enum.any?(result.findings, &match?(%{kind: :native_leak, evidence: %{sites: _}}, &1))
       assert output =~ "preloaded but its figures could not be read"
     end
@@ -273,7 +297,8 @@ defmodule Mtrace.VMTest do
         {fn -> VM.diagnose(print: :maybe) end, "option :print"},
         {fn -> VM.diagnose(gc: :sometimes) end, "option :gc"},
         {fn -> VM.diagnose(node: "peer@host") end, "option :node"},
-        {fn -> VM.diagnose(timeout: -1) end, "option :timeout"}
+        {fn -> VM.diagnose(timeout: -1) end, "option :timeout"},
+        {fn -> VM.diagnose(timeout: 4_294_967_296) end, "option :timeout"}
       ]
 
       for {fun, text} <- cases do
@@ -514,7 +539,8 @@ defmodule Mtrace.VMTest do
       # far over 500 a second.
       sink = :erpc.call(node, @scenarios, :mailbox_flood, [50, 3_000])
 
-      result = diagnose(node, window: 1_000)
+      # the largest timeout, plus the window, is still one erpc takes
+      result = diagnose(node, window: 1_000, timeout: 4_294_967_295)
       assert result.verdict == :mailbox_buildup
       assert [%{kind: :mailbox_buildup, evidence: evidence} | _] = result.findings
       assert evidence.pid == sink
@@ -568,7 +594,7 @@ defmodule Mtrace.VMTest do
   defp top(node, attr, n), do: :erpc.call(node, VM, :top, [attr, n], 60_000)
 
   defp diagnose(node, opts \\ []) do
-    VM.diagnose([node: node, print: false, timeout: 60_000] ++ opts)
+    VM.diagnose(Keyword.merge([node: node, print: false, timeout: 60_000], opts))
   end
 
   # Peers run without the malloc tracer unless asked (`env: []` keeps this

@@ -35,12 +35,15 @@ defmodule Mtrace.VM.Diagnose do
     window: {:or, {:ms, 100}, nil},
     node: {:or, :node, nil},
     gc: {:one_of, [:auto, true, false]},
-    timeout: {:or, :pos_int, :infinity}
+    timeout: {:or, {:ms, 1}, :infinity}
   ]
 
   # How many processes and native sites are kept as evidence (and processes
   # per ranking in a snapshot): enough for evidence, small enough to print.
   @keep 5
+
+  # The shortest step of a window (see sample/3).
+  @min_step 20
 
   @doc """
   Validates `opts` and runs the diagnosis. See `Mtrace.VM.diagnose/1`.
@@ -119,6 +122,7 @@ defmodule Mtrace.VM.Diagnose do
         sites: sites,
         thresholds: th,
         native_series: series,
+        window: o.window,
         limit: Memory.limit(),
         nif: nif
       })
@@ -134,6 +138,7 @@ defmodule Mtrace.VM.Diagnose do
       native: %{
         preloaded: preloaded,
         program_traced: program_traced,
+        so: preload_path(),
         stats: snap.memory.native,
         sites: sites
       },
@@ -141,19 +146,34 @@ defmodule Mtrace.VM.Diagnose do
     }
   end
 
+  # This node's own path to the tracer, for a report printed on another
+  # node; nil where the application's directory is not found.
+  defp preload_path do
+    case :code.priv_dir(:mtrace) do
+      {:error, _} -> nil
+      dir -> Path.join(to_string(dir), "mtrace.so")
+    end
+  end
+
   defp ok_rows({:ok, rows}), do: rows
   defp ok_rows(_), do: nil
 
   # The native figure and the NIF memory rows at the start and after each
   # of `steps` even steps.
+  # Reads native and NIF memory at the window's start and at each of its
+  # steps, on time: a read (a few ms) does not push the next step later,
+  # and steps come at most one per @min_step ms, so that many steps cannot
+  # stretch a short window.
   defp sample(traced, window, steps) do
-    step = max(div(window, steps), 1)
+    steps = min(steps, max(div(window, @min_step), 1))
     read = fn -> {Memory.native_sample(traced), Native.nif_memory()} end
+    start = System.monotonic_time(:millisecond)
     first = read.()
 
     rest =
-      for _ <- 1..steps do
-        Process.sleep(step)
+      for k <- 1..steps do
+        due = start + div(window * k, steps)
+        Process.sleep(max(due - System.monotonic_time(:millisecond), 0))
         read.()
       end
 
@@ -297,7 +317,12 @@ defmodule Mtrace.VM.Diagnose do
   defp remote(%{node: target} = o) do
     Mtrace.Remote.reachable!(target, Mtrace.VM, 15_000)
     waiting(o)
-    timeout = if o.timeout == :infinity, do: :infinity, else: o.timeout + (o.window || 0)
+    # erpc takes at most 2^32 - 1 ms
+    timeout =
+      if o.timeout == :infinity,
+        do: :infinity,
+        else: min(o.timeout + (o.window || 0), 0xFFFFFFFF)
+
     opts = [print: false, window: o.window, gc: o.gc, thresholds: o.thresholds]
     result = erpc(target, Mtrace.VM, :diagnose, [opts], timeout)
     %{result | findings: Enum.map(result.findings, &here(&1, target))}

@@ -149,8 +149,9 @@ defmodule Mtrace.VM.Diagnosis do
     ] ++ off ++ Enum.map(Mtrace.VMSites.merge(sites), &site_line(&1, window))
   end
 
-  defp native_lines(_native, _window) do
-    so = Path.join(to_string(:code.priv_dir(:mtrace)), "mtrace.so")
+  defp native_lines(native, _window) do
+    # The diagnosed node's path: the report may be printed on another node.
+    so = native[:so] || Path.join(to_string(:code.priv_dir(:mtrace)), "mtrace.so")
 
     [
       "native  not traced; to see what native code holds memory, add to rel/env.sh.eex:",

@@ -7,7 +7,8 @@ defmodule Mtrace.VM.MemoryChecks do
   `Mtrace.VM.Native`). Scores are those of `Mtrace.VM.Findings`;
   thresholds are listed in `Mtrace.VM.Thresholds`. `extra` may carry them
   as `:thresholds`, with `:native_series` (native bytes sampled across the
-  window), `:limit` (`Mtrace.VM.Memory.limit/0`) and `:nif` (see `nif/4`).
+  window), `:window` (its length as asked for, in ms), `:limit`
+  (`Mtrace.VM.Memory.limit/0`) and `:nif` (see `nif/4`).
   """
 
   import Mtrace.VM.Findings,
@@ -211,7 +212,7 @@ defmodule Mtrace.VM.MemoryChecks do
     over_window =
       if growth,
         do:
-          "; over the #{Format.age(secs)} window it " <>
+          "; over the #{window(extra, secs)} window it " <>
             describe_growth(growth) <> projection(growth, steady, extra[:limit], snap),
         else: ""
 
@@ -275,6 +276,11 @@ defmodule Mtrace.VM.MemoryChecks do
   # vm_bytes/2 in the words of the memory line it is on.
   defp vm_words(%{preloaded: true}), do: "the VM accounts for"
   defp vm_words(_extra), do: "the ERTS allocators hold"
+
+  # The window as asked for (ms), as the report's other lines give it; else
+  # as measured.
+  defp window(%{window: ms}, _secs) when is_integer(ms), do: Format.duration_ms(ms)
+  defp window(_extra, secs), do: Format.duration_ms(round(secs * 1000))
 
   defp projection(g, steady_ratio, limit, snap) when steady_ratio > 0 and is_map(limit) do
     case Findings.time_to(g, limit.bytes - (snap.memory.rss || 0)) do

@@ -52,7 +52,8 @@ defmodule Mtrace.VM.Thresholds do
     in which native memory, or a NIF module's memory in the VM's
     allocators, grew for the growth to count as steady (churn goes up
     and down);
-  * `window_steps` (5) — samples of native memory taken across a window;
+  * `window_steps` (5) — samples of native memory taken across a window,
+    at most one per 20 ms of it;
   * `nif_bytes` (64 MiB) — one NIF module's memory in the VM's
     allocators (enif_alloc, resources, binaries);
   * `nif_share` (0.25) — or this share of the VM's memory, when it is
