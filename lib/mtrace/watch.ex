@@ -90,7 +90,8 @@ defmodule Mtrace.Watch do
            enabled: enabled?(stats, true),
            streak: 0,
            since: nil,
-           warnings: 0
+           warnings: 0,
+           about: ""
          }}
     end
   end
@@ -118,7 +119,10 @@ defmodule Mtrace.Watch do
     enabled = enabled?(stats, s.enabled)
 
     {:noreply,
-     s |> step(bytes) |> Map.merge(%{last_bytes: bytes, last_mark: mark, enabled: enabled})}
+     s
+     |> Map.put(:about, if(stats[:sampled], do: "about ", else: ""))
+     |> step(bytes)
+     |> Map.merge(%{last_bytes: bytes, last_mark: mark, enabled: enabled})}
   end
 
   # Tracking switched off or on since the last sample is said once: while it
@@ -152,33 +156,52 @@ defmodule Mtrace.Watch do
 
       true ->
         {mark, start_bytes} = s.since || {s.last_mark, s.last_bytes}
-        warn(s.o, mark, start_bytes, bytes)
+        warn(s.o, mark, start_bytes, bytes, s.about)
         %{s | streak: 0, since: nil, warnings: s.warnings + 1}
     end
   end
 
-  defp warn(o, mark, from, to) do
+  defp warn(o, mark, from, to, about) do
     sites = Mtrace.sites(since: mark, limit: o.limit, demangle: true) |> Mtrace.VMSites.merge()
+    Logger.warning(warning(o, sites, from, to, about))
+  end
 
+  # The warning's text, 80 columns wide, from live bytes `from` to `to` and
+  # the sites that grew; sampling (about = "about "), the figures are
+  # estimates, as in report/1.
+  @doc false
+  @spec warning(map, [map], non_neg_integer, non_neg_integer, String.t()) :: String.t()
+  def warning(o, sites, from, to, about) do
     # A short first line, for the logger's prefix (time, level) before it.
     head = [
       "mtrace: native live memory keeps growing",
-      "  +#{Format.bytes(to - from)} in #{o.intervals} consecutive intervals of " <>
-        "#{Format.duration_ms(o.interval)}, to #{Format.bytes(to)} live; sites that grew " <>
-        "most since then:"
+      "  #{about}+#{Format.bytes(to - from)} in #{o.intervals} consecutive intervals of " <>
+        "#{Format.duration_ms(o.interval)}, to #{about}#{Format.bytes(to)} live; sites that " <>
+        "grew most since then:"
     ]
 
     lines = head ++ Enum.map(Enum.with_index(sites, 1), &site_line/1)
     # 80 columns: wrapped at spaces, continuations indented (VM.Format.wrap/2)
-    Logger.warning(lines |> Enum.flat_map(&Format.wrap/1) |> Enum.join("\n"))
+    lines |> Enum.flat_map(&Format.wrap/1) |> Enum.join("\n")
   end
 
   defp site_line({site, i}) do
-    "  ##{i}  +#{Format.bytes(site.bytes)} in #{Format.count(site.count, "block")}" <>
+    "  ##{i}  " <>
+      grew(site) <>
       Mtrace.VMSites.at_sites(site) <>
       ": " <>
       Mtrace.VMSites.one_line(site.frames)
   end
+
+  # What the site's new blocks hold: estimated from the sampled ones when
+  # sampling (the estimates differ from the recorded figures).
+  defp grew(%{est_bytes: bytes, est_count: count} = site)
+       when bytes != site.bytes or count != site.count do
+    "about +#{Format.bytes(bytes)} in about #{Format.count(count, "block")}" <>
+      " (#{Format.int(site.count)} sampled)"
+  end
+
+  defp grew(site), do: "+#{Format.bytes(site.bytes)} in #{Format.count(site.count, "block")}"
 
   defp live_bytes(stats) do
     if stats[:sampled], do: stats.est_live_bytes, else: stats.live_bytes

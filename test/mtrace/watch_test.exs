@@ -65,6 +65,24 @@ defmodule Mtrace.WatchTest do
     assert log =~ "tracking is on again"
   end
 
+  test "sampling, the warning gives the estimates, said to be estimates" do
+    site = %{
+      count: 12,
+      bytes: 49_152,
+      est_count: 1_500,
+      est_bytes: 6_144_000,
+      frames: [%{symbol: "leak", lib: "/opt/leaky.so", file: nil, line: nil, offset: 0}]
+    }
+
+    o = %{intervals: 2, interval: 300}
+    text = Mtrace.Watch.warning(o, [site], 1_000_000, 7_291_456, "about ")
+    assert text =~ "about +6.0 MiB in 2 consecutive intervals of 300 ms, to about 7.0 MiB live"
+    assert text =~ "#1  about +5.9 MiB in about 1_500 blocks (12 sampled): leak"
+    # lossless, the recorded figures, as they are
+    exact = %{site | est_count: 12, est_bytes: 49_152}
+    assert Mtrace.Watch.warning(o, [exact], 0, 49_152, "") =~ "#1  +48.0 KiB in 12 blocks: leak"
+  end
+
   test "info/1 without a watcher says so" do
     assert_raise ArgumentError, ~r/no watcher is running as :no_such_watch/, fn ->
       Mtrace.Watch.info(:no_such_watch)
