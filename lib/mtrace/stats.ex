@@ -105,7 +105,7 @@ defmodule Mtrace.Stats do
         "#{size(s.free_bytes)} free; #{size(s.mmap_bytes)} in #{count(s.mmap_chunks, "mmap chunk")}"
     end
 
-    def inspect(s, _opts) do
+    def inspect(s, opts) do
       [first | more] = live(s)
 
       rest = [
@@ -116,13 +116,10 @@ defmodule Mtrace.Stats do
         heap(s) <> ">"
       ]
 
-      (["#Mtrace.Stats<" <> first | more] ++ rest)
-      |> Enum.flat_map(&Format.wrap/1)
       # line breaks of the algebra, not "\n": nested in a map or a tuple
-      # (Mtrace.cluster/3), the lines are indented under their key
-      |> Enum.map(&Inspect.Algebra.string/1)
-      |> Enum.intersperse(Inspect.Algebra.line())
-      |> Inspect.Algebra.concat()
+      # (Mtrace.cluster/3), the lines are indented under their key, and
+      # pretty, broken where they would pass the width from there
+      Format.doc(["#Mtrace.Stats<" <> first | more] ++ rest, opts)
     end
 
     # What matters most first: a node that records nothing says so before

@@ -42,6 +42,16 @@ defmodule Mtrace.ReadableTest do
     assert length(rest) >= 4
     assert Enum.all?(rest, &String.starts_with?(&1, "     ")), nested
 
+    # as IEx shows Mtrace.cluster(:stats): 80 columns however deep the value
+    # starts, an error beside it included
+    error = %Mtrace.Error{reason: :not_loaded, message: String.duplicate("mtrace ", 30)}
+    key = String.to_atom("app-with-a-long-name@" <> String.duplicate("h", 30))
+    iex = inspect(%{key => stats, node() => {:error, error}}, pretty: true, width: 80)
+    assert Enum.all?(String.split(iex, "\n"), &(String.length(&1) <= 80)), iex
+
+    assert inspect(stats, pretty: true, width: 80) |> String.replace(~r/\n    (?=\S)/, " ") ==
+             Enum.join(groups, "\n")
+
     # for programs: fields, Access, pattern matching, a plain map of values
     assert is_integer(stats.live_bytes) and stats[:live_bytes] == stats.live_bytes
     assert %{live_count: n} = stats

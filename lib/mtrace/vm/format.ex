@@ -319,6 +319,59 @@ defmodule Mtrace.VM.Format do
     |> Enum.reverse()
   end
 
+  @doc """
+  Lines as a document for `Inspect`. Pretty (as IEx inspects), each is
+  broken at spaces where it would pass the width `Inspect` is given, from
+  the column it starts at, so lines still fit when the value is nested in
+  a map or a tuple (as `Mtrace.cluster/2` returns); otherwise each is
+  wrapped at 80 columns (`wrap/2`). Continuations are indented as by
+  `wrap/2`.
+
+  ## Example
+
+      iex> lines = ["calls: 5 mallocs, 3 frees", "table: 1.0 KiB"]
+      iex> doc = Mtrace.VM.Format.doc(lines, %Inspect.Opts{pretty: true})
+      iex> doc |> Inspect.Algebra.format(20) |> IO.iodata_to_binary()
+      "calls: 5 mallocs,\\n  3 frees\\ntable: 1.0 KiB"
+  """
+  @spec doc([String.t()], Inspect.Opts.t()) :: Inspect.Algebra.t()
+  def doc(lines, %Inspect.Opts{pretty: true}) do
+    lines
+    |> Enum.map(&line_doc/1)
+    |> Enum.intersperse(Inspect.Algebra.line())
+    |> Inspect.Algebra.concat()
+    |> Inspect.Algebra.group()
+  end
+
+  def doc(lines, _opts) do
+    lines
+    |> Enum.flat_map(&wrap/1)
+    |> Enum.map(&Inspect.Algebra.string/1)
+    |> Enum.intersperse(Inspect.Algebra.line())
+    |> Inspect.Algebra.concat()
+  end
+
+  defp line_doc(line) do
+    {lead, label, rest} = split_lead(line)
+    pad = String.length(lead) + max(String.length(label), 2)
+
+    case rest |> String.split(" ", trim: true) |> glue_units() do
+      [] ->
+        Inspect.Algebra.string(lead <> label)
+
+      [first | words] ->
+        body =
+          Enum.reduce(words, Inspect.Algebra.string(first), fn word, acc ->
+            Inspect.Algebra.flex_glue(acc, Inspect.Algebra.string(word))
+          end)
+
+        Inspect.Algebra.concat(
+          Inspect.Algebra.string(lead <> label),
+          Inspect.Algebra.nest(body, pad)
+        )
+    end
+  end
+
   # "12.7 MiB", "+82.9 KiB/s" and "26 posix_memalign" stay on one line: a
   # number and what it counts are not parted.
   defp glue_units(words) do
