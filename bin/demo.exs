@@ -18,6 +18,9 @@ defmodule Demo.Sessions do
 end
 
 true = Mtrace.preloaded?()
+# As in a release, where mtrace is one of the applications: its start marks
+# the end of the VM's boot for report/1.
+{:ok, _} = Application.ensure_all_started(:mtrace)
 forgotten = Mtrace.reset()
 alias Mtrace.VM.Format
 
@@ -26,7 +29,7 @@ IO.puts(
 )
 
 IO.puts("""
-Running a NIF for 3 seconds: it churns 60,000 short-lived malloc/free pairs
+Running a NIF for 3 seconds: it churns 60_000 short-lived malloc/free pairs
 and, hidden among them, leaks 4 KiB blocks from one static C function, called
 from two places in Elixir: Demo.Cache.put/1 every 100 ms (a cache that never
 evicts) and Demo.Sessions.open/1 every 300 ms.

@@ -51,12 +51,12 @@ static int get_opt(ErlNifEnv *env, ERL_NIF_TERM t, uint64_t *v, int *present) {
 /* Narrows q by the filter term; returns 0 for a malformed term, -1 when
  * nothing can match. */
 static int get_filter(ErlNifEnv *env, ERL_NIF_TERM t, struct mtrace_query *q) {
-    int arity, has[5];
+    int arity, has[6];
     const ERL_NIF_TERM *e;
-    uint64_t v[5];
-    if (!enif_get_tuple(env, t, &arity, &e) || arity != 5)
+    uint64_t v[6];
+    if (!enif_get_tuple(env, t, &arity, &e) || arity != 6)
         return 0;
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 6; i++)
         if (!get_opt(env, e[i], &v[i], &has[i]))
             return 0;
     uint64_t now = mt_api->now_ms();
@@ -69,6 +69,12 @@ static int get_filter(ErlNifEnv *env, ERL_NIF_TERM t, struct mtrace_query *q) {
     }
     if (has[2] && v[2] < now && now - v[2] > q->min_t_ms) /* max_age: at or after now - age */
         q->min_t_ms = now - v[2];
+    if (has[5]) { /* before: allocated before that time */
+        if (v[5] == 0)
+            return -1;
+        if (v[5] - 1 < q->max_t_ms)
+            q->max_t_ms = v[5] - 1;
+    }
     if (has[3])
         q->min_size = v[3];
     if (has[4])

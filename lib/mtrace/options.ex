@@ -209,11 +209,13 @@ defmodule Mtrace.Options do
 
   @doc """
   The filter tuple the NIF takes, `{since_ms, min_age_ms, max_age_ms,
-  min_size, max_size}` (`nil` = no bound), after checking that a `:since`
-  mark belongs to `node`.
+  min_size, max_size, before_ms}` (`nil` = no bound), after checking that a
+  `:since` mark belongs to `node`. `before_ms` (allocated before that time
+  on the table's clock) is not a user's option: `report/1` counts the
+  boot's blocks with it.
 
       iex> Mtrace.Options.filter(%{min_age: 2, min_size: 64}, node())
-      {nil, 2000, nil, 64, nil}
+      {nil, 2000, nil, 64, nil, nil}
   """
   @spec filter(map(), node()) :: tuple()
   def filter(o, node) do
@@ -230,7 +232,7 @@ defmodule Mtrace.Options do
       end
 
     since = if o[:boot] == false, do: max(since || 0, started_ms() || 0), else: since
-    {since, ms(o[:min_age]), ms(o[:max_age]), o[:min_size], o[:max_size]}
+    {since, ms(o[:min_age]), ms(o[:max_age]), o[:min_size], o[:max_size], o[:before]}
   end
 
   @doc """

@@ -59,7 +59,7 @@ defmodule Mtrace.Query do
   """
   @spec olds_tuples(non_neg_integer(), boolean()) :: [Mtrace.old()]
   def olds_tuples(n, demangle) do
-    all = {nil, nil, nil, nil, nil}
+    all = {nil, nil, nil, nil, nil, nil}
 
     for {age, size, addr, ns, stack} <-
           traced!(native!(fn -> Native.olds(n, demangle, all, nil, :seed) end)),
@@ -135,10 +135,12 @@ defmodule Mtrace.Query do
   # With boot: false, what it left out: the allocations, matching the other
   # options, made before mtrace started (a site-shaped total); :not_started
   # when the application has not started, so nothing can be left out.
-  defp boot(%{boot: false} = o, total) do
-    if Options.started_ms() do
-      {all, _} = sites(%{o | boot: true, limit: 1, sort: :bytes})
-      Map.new([:count, :bytes, :est_count, :est_bytes], &{&1, max(all[&1] - total[&1], 0)})
+  # Asked for by time, not as all minus the total: blocks allocated between
+  # the two queries (the modules an output loads, say) are not the boot's.
+  defp boot(%{boot: false} = o, _total) do
+    if t = Options.started_ms() do
+      {before, _} = sites(Map.merge(o, %{boot: true, limit: 1, sort: :bytes, before: t}))
+      Map.take(before, [:count, :bytes, :est_count, :est_bytes])
     else
       :not_started
     end

@@ -921,7 +921,7 @@ defmodule Mtrace.RobustnessTest do
 
     dir = tmp_dir("addresses")
     out = Path.join(dir, "out")
-    nofilter = {nil, nil, nil, nil, nil}
+    nofilter = {nil, nil, nil, nil, nil, nil}
 
     option_calls =
       for {label, call, keys} <- [

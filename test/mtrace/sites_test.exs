@@ -198,4 +198,25 @@ defmodule Mtrace.SitesTest do
     assert_raise ArgumentError, ~r/:window/, fn -> Mtrace.sites(window: 0) end
     assert_raise ArgumentError, ~r/:boot/, fn -> Mtrace.sites(boot: :yes) end
   end
+
+  test "the boot's figure is what was allocated before mtrace started, by time" do
+    started = :persistent_term.get({Mtrace, :started_ms}, nil)
+    on_exit(fn -> :persistent_term.put({Mtrace, :started_ms}, started) end)
+
+    LeakyNif.leak(:malloc, 4, 1000)
+    # mtrace "starts" now: blocks from the next tick of the table's clock on
+    # are after it
+    :persistent_term.put({Mtrace, :started_ms}, Mtrace.mark().t_ms)
+    LeakyNif.leak(:malloc, 5, 1000)
+
+    snap = Mtrace.Query.snapshot(lib: @lib, boot: false)
+    assert %{count: 5, bytes: 5000} = snap.total
+    assert %{count: 4, bytes: 4000} = snap.boot
+
+    # the bound itself: before a time, whatever else is asked
+    t = Mtrace.Options.started_ms()
+    before = &Mtrace.Query.sites(%{limit: 1, sort: :bytes, lib: @lib, before: &1})
+    assert {%{count: 4}, _} = before.(t)
+    assert {%{count: 0}, []} = before.(0)
+  end
 end
