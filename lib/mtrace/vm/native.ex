@@ -333,11 +333,18 @@ defmodule Mtrace.VM.Native do
   def nif_held(row), do: "at least #{Format.bytes(row.bytes_min)} in #{nif_count(row)}"
 
   @doc """
-  A row's count with the name of its kind.
+  A row's count with the name of its kind. mtrace's own NIF makes no
+  resources: its blocks of that kind are the binaries of its answers
+  (symbol names, paths), held by whoever kept them, and say so.
 
       iex> Mtrace.VM.Native.nif_count(%{kind: :binary, count: 3})
       "3 binaries"
+      iex> Mtrace.VM.Native.nif_count(%{module: Mtrace.Native, kind: :resource, count: 9})
+      "9 binaries (mtrace's answers, held by who asked)"
   """
   @spec nif_count(map) :: String.t()
+  def nif_count(%{module: Mtrace.Native, kind: :resource} = row),
+    do: Format.count(row.count, "binary") <> " (mtrace's answers, held by who asked)"
+
   def nif_count(row), do: Format.count(row.count, Map.get(@nouns, row.kind, "#{row.kind} block"))
 end
