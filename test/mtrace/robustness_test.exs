@@ -1254,6 +1254,33 @@ defmodule Mtrace.RobustnessTest do
     end
   end
 
+  test "mtrace's own NIF purged and loaded again: what it read of other files goes with it" do
+    dir = tmp_dir("own_reload")
+    src = Path.expand(Path.join(System.get_env("MTRACE_BUILD", "_build/c"), "leaky_nif.so"))
+    copy = Path.join(dir, "leaky_named_#{System.unique_integer([:positive])}.so")
+    File.cp!(src, copy)
+
+    with_peer([], fn node ->
+      os_pid = :erpc.call(node, :os, :getpid, [])
+      load_nif_copy(node, copy)
+      :ok = :erpc.call(node, LeakyNif, :leak, [:malloc, 3, 4321])
+      named = fn -> assert [%{count: 3}] = :erpc.call(node, Mtrace, :sites, [[lib: copy]]) end
+      named.()
+      # the library's own mappings and those of the symbolizer's reads
+      before = length(mappings(os_pid, copy))
+
+      for _ <- 1..3 do
+        :erpc.call(node, :code, :delete, [Mtrace.Native])
+        :erpc.call(node, :code, :purge, [Mtrace.Native])
+        {:module, _} = :erpc.call(node, :code, :load_file, [Mtrace.Native])
+        named.()
+      end
+
+      # before, each instance's reads stayed mapped (one more mapping each)
+      assert length(mappings(os_pid, copy)) == before
+    end)
+  end
+
   test "a NIF library unloaded while its allocations live: stacks into it lose their names" do
     dir = tmp_dir("nif_reload")
     src = Path.expand(Path.join(System.get_env("MTRACE_BUILD", "_build/c"), "leaky_nif.so"))
