@@ -25,8 +25,10 @@ PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/state.h c_src/preload/clock.h c_s
 	c_src/preload/stack_bounds.h c_src/preload/recent_stacks.h c_src/preload/fork_gate.h \
 	c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/dwarf_cfi.h
 NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_erlang.c $(SYM_SRC)
-SYM_SRC = c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/dwarf_lines.c
-SYM_HDR = c_src/nif/symbols.h c_src/nif/elf_symtab.h c_src/nif/demangle.h c_src/nif/dwarf_lines.h
+SYM_SRC = c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/dwarf_lines.c \
+	c_src/nif/proc_maps.c
+SYM_HDR = c_src/nif/symbols.h c_src/nif/elf_symtab.h c_src/nif/demangle.h c_src/nif/dwarf_lines.h \
+	c_src/nif/proc_maps.h
 NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h $(SYM_HDR)
 
 # test_interpose* run with the preload (test/c/run.sh); MTRACE_STRESS=1 in the
@@ -41,6 +43,7 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_coroutine $(BUILD)/test_interpose_thread_exit \
 	$(BUILD)/test_interpose_signals
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
+	$(BUILD)/test_symbols_files \
 	$(BUILD)/test_elf_symtab \
 	$(BUILD)/test_unwind $(BUILD)/test_unwind_rules $(BUILD)/test_recent_stacks \
 	$(BUILD)/test_erlang_frames $(INTERPOSE_TESTS)
@@ -49,7 +52,8 @@ ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_te
 	$(BUILD)/asan_test_recent_stacks $(BUILD)/asan_test_erlang_frames $(BUILD)/asan_test_unwind_rules
 VALGRIND_TESTS = $(BUILD)/test_table $(BUILD)/test_query $(BUILD)/test_config $(BUILD)/test_symbols \
 	$(BUILD)/test_elf_symtab
-DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so
+DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so $(BUILD)/names_v1.so \
+	$(BUILD)/names_v2.so
 # The preload without its exported hooks, for test_query; parts for the
 # tests of single parts.
 QUERY_SRC = $(TRACKER_SRC)
@@ -257,6 +261,21 @@ $(BUILD)/test_interpose_signals: test/c/test_interpose_signals.c test/c/check.h 
 $(BUILD)/foreign_alloc.so: test/c/foreign_alloc.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -Wl,-soname,foreign_alloc.so -o $@ test/c/foreign_alloc.c
+
+# One source, two versions of its names (see names_fixture.c).
+$(BUILD)/names_v1.so: test/c/names_fixture.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -DNAMES_VERSION=1 $(SO_LDFLAGS) -o $@ test/c/names_fixture.c
+
+$(BUILD)/names_v2.so: test/c/names_fixture.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -DNAMES_VERSION=2 $(SO_LDFLAGS) -o $@ test/c/names_fixture.c
+
+$(BUILD)/test_symbols_files: test/c/test_symbols_files.c test/c/objects_api.h test/c/check.h $(SYM_SRC) \
+		$(SYM_HDR) c_src/preload/objects.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ \
+		test/c/test_symbols_files.c $(SYM_SRC) c_src/preload/objects.c $(DW_LIBS)
 
 # One source, two frame sizes, the same code layout (see dl_fixture.c).
 $(BUILD)/dl_fixture_a.so: test/c/dl_fixture.c $(MAKEVARS)

@@ -19,6 +19,7 @@
 #include "demangle.h"
 #include "dwarf_lines.h"
 #include "elf_symtab.h"
+#include "proc_maps.h"
 
 #include <limits.h>
 #include <link.h>
@@ -43,6 +44,7 @@ struct module {
     uintptr_t bias;
     char *path;
     int is_exe;
+    struct mt_map file; /* the mapping of its first segment: which file it is */
     pthread_mutex_t mu; /* guards everything below: loading, libdw (not thread-safe), cache */
     int loaded;
     struct symtab st;
@@ -68,8 +70,21 @@ static struct {
     const struct mtrace_api *api; /* where the loaded objects are listed */
 } sym = {.lock = PTHREAD_RWLOCK_INITIALIZER};
 
+/* The length of s cut to at most max bytes, at a character's start: a cut
+ * inside a UTF-8 sequence makes a binary that is not valid text, which
+ * report/1 then refuses to print (a C function named with 300 accented
+ * letters). */
+static size_t cut_len(const char *s, size_t max) {
+    if (!s)
+        return 0;
+    size_t n = strnlen(s, max);
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) /* s[n] continues s[n - 1]'s */
+        n--;
+    return n;
+}
+
 static void put_text(char *dst, size_t cap, const char *src) {
-    size_t n = src ? strnlen(src, cap - 1) : 0;
+    size_t n = cut_len(src, cap - 1);
     if (n)
         memcpy(dst, src, n);
     dst[n] = '\0';
@@ -93,7 +108,12 @@ static void module_free(struct module *m) {
 
 static void module_load(struct module *m) {
     m->loaded = 1;
+    char mapped[64];
     const char *path = m->is_exe ? "/proc/self/exe" : m->path;
+    if (!m->is_exe && m->file.deleted) { /* the path names another file now, or none */
+        mt_maps_file(&m->file, mapped, sizeof mapped);
+        path = mapped;
+    }
     mt_symtab_read_file(path, &m->st);
     m->dwarf = mt_dwarf_open(path);
 }
@@ -105,6 +125,8 @@ struct scan {
     size_t nsegs, segcap;
     int failed;
     char exe[PATH_MAX];
+    struct mt_map *maps; /* which file each mapping is */
+    size_t nmaps;
 };
 
 /* The array grown to hold need elements, or NULL (the old one left as it was). */
@@ -139,15 +161,27 @@ static int scan_cb(void *arg, const struct mtrace_object *o) {
         s->failed = 1;
         return 0;
     }
+    const Phdr *phdr = o->phdr;
+    const struct mt_map *file = NULL;
+    for (size_t i = 0; i < o->phnum && !file; i++)
+        if (phdr[i].p_type == PT_LOAD && phdr[i].p_memsz > 0)
+            file = mt_maps_find(s->maps, s->nmaps, o->base + phdr[i].p_vaddr);
+    struct mt_map none = {0};
+    if (!file)
+        file = &none;
+    /* The same object only if the same file: one rebuilt and loaded again at
+     * the same address under the same path is another. */
     struct module *m = NULL;
     for (size_t i = 0; i < s->nold && !m; i++)
-        if (s->old[i] && s->old[i]->bias == o->base && !strcmp(s->old[i]->path, path)) {
+        if (s->old[i] && s->old[i]->bias == o->base && !strcmp(s->old[i]->path, path) &&
+            s->old[i]->file.ino == file->ino && s->old[i]->file.dev == file->dev) {
             m = s->old[i];
             s->old[i] = NULL;
         }
     if (!m && (m = calloc(1, sizeof *m))) {
         m->bias = o->base;
         m->is_exe = is_exe;
+        m->file = *file;
         pthread_mutex_init(&m->mu, NULL);
         if (!(m->path = strdup(path))) {
             module_free(m);
@@ -159,7 +193,6 @@ static int scan_cb(void *arg, const struct mtrace_object *o) {
         return 0;
     }
     s->mods[s->nmods++] = m;
-    const Phdr *phdr = o->phdr;
     for (size_t i = 0; i < o->phnum; i++) {
         const Phdr *ph = &phdr[i];
         if (ph->p_type == PT_LOAD && ph->p_memsz > 0)
@@ -188,7 +221,9 @@ static void rebuild(void) {
     s->nold = sym.nmods;
     uint64_t generation =
         sym.api->objects_generation(); /* before: a later change shows next time */
+    mt_maps_read(&s->maps, &s->nmaps); /* none: objects are told by path alone */
     sym.api->objects(scan_cb, s);
+    free(s->maps);
     for (size_t i = 0; i < s->nold; i++)
         module_free(s->old[i]);
     free(s->old);
@@ -237,7 +272,7 @@ static struct module *module_find(uintptr_t pc) {
 
 /* ---- answers ----------------------------------------------------------- */
 
-static size_t text_len(const char *s) { return s ? strnlen(s, MT_SYM_TEXT - 1) : 0; }
+static size_t text_len(const char *s) { return cut_len(s, MT_SYM_TEXT - 1); }
 
 static char *put_copy(char *p, const char *s) {
     size_t n = text_len(s);

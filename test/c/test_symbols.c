@@ -3,6 +3,7 @@
  *
  *   gcc -std=gnu11 -O2 -g -DMT_HAVE_LIBDW -Ic_src -Ic_src/nif test/c/test_symbols.c \
  *       c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/dwarf_lines.c \
+ *       c_src/nif/proc_maps.c \
  *       -ldw -lelf -ldl -lpthread -o test_symbols
  *   ./test_symbols [libsymbols_fixture.so | directory holding symbols_fixture.so]
  *
