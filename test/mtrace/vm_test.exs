@@ -408,8 +408,9 @@ defmodule Mtrace.VMTest do
 
       result = diagnose(node)
       assert result.verdict == :ets_growth
-      assert [%{kind: :ets_growth, evidence: evidence} | _] = result.findings
+      assert [%{kind: :ets_growth, evidence: evidence, next: next} | _] = result.findings
       assert evidence.table == :mtrace_leaky_cache
+      assert next =~ "find who inserts into :mtrace_leaky_cache (owner"
       assert evidence.info[:size] == 1_000_000
       assert evidence.info[:owner] == owner
       assert evidence.info[:memory_bytes] > 100 * 1_048_576
@@ -531,6 +532,23 @@ defmodule Mtrace.VMTest do
         assert output =~ "export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)"
         assert output =~ ~r/LD_PRELOAD=\S+\/priv\/mtrace.so\n/
       end
+    end
+
+    test "atoms near their limit are a finding, with what makes them" do
+      node = start_peer(["+t", "40000"])
+      {count, 40_000} = :erpc.call(node, VM, :counts, []).atoms
+      # three quarters of the limit
+      names = for i <- 1..(30_000 - count), do: "made_#{i}"
+      :ok = :erpc.call(node, Enum, :each, [names, &String.to_atom/1])
+
+      result = diagnose(node)
+
+      assert %{score: score, summary: summary, next: next} =
+               Enum.find(result.findings, &(&1.kind == :limit_near))
+
+      assert score >= 50
+      assert summary =~ ~r/^atoms at 3\d_\d{3} of a limit of 40_000 \(\d+%\)/
+      assert next =~ "String.to_existing_atom/1"
     end
 
     test "with a window, a mailbox still small but growing fast is a build-up" do

@@ -35,6 +35,9 @@ defmodule Mtrace.VM.Findings do
   * `:monitor_leak` — size: a process holding `monitors` monitors;
     growth over a window: one process gaining `monitor_growth`
     monitors/s;
+  * `:limit_near` — size: atoms or ports at `limit_share` of their
+    limit (at the limit the VM stops, or refuses new ports; atoms are
+    never freed);
   * `:ets_growth` — size: a table holding `ets_bytes`, or
     `ets_share_min`+ that is `ets_share` of the VM's memory, counting
     the binaries it references (estimated from 64 objects); growth over
@@ -109,6 +112,7 @@ defmodule Mtrace.VM.Findings do
     :mailbox_buildup,
     :process_leak,
     :monitor_leak,
+    :limit_near,
     :binary_leak,
     :ets_growth,
     :nif_alloc_leak,
@@ -310,14 +314,15 @@ defmodule Mtrace.VM.Findings do
   def time_to(%{per_s: per_s}, room), do: round(room / per_s)
 
   @doc """
-  Runs the checks that look at processes: mailbox build-up, process leaks
-  and monitor leaks (`nil` where there is nothing to report); `secs` is
+  Runs the checks that look at processes: mailbox build-up, process leaks,
+  monitor leaks, and the counts of atoms and ports against their limits (`nil` where there is nothing to report); `secs` is
   the window length, or `nil` without one.
 
   ## Example
 
       snap = Mtrace.VM.Diagnose.snapshot()
-      [_mailbox, _processes, _monitors] = Mtrace.VM.Findings.process_checks(nil, snap, nil)
+      [_mailbox, _processes, _monitors, _limits] =
+        Mtrace.VM.Findings.process_checks(nil, snap, nil)
   """
   @spec process_checks(
           Diagnose.snapshot() | nil,
@@ -326,7 +331,49 @@ defmodule Mtrace.VM.Findings do
           Thresholds.t()
         ) :: [finding | nil]
   def process_checks(prev, snap, secs, t \\ Thresholds.defaults()) do
-    [mailbox(snap, secs, t), processes(prev, snap, secs, t), monitors(snap, secs, t)]
+    [
+      mailbox(snap, secs, t),
+      processes(prev, snap, secs, t),
+      monitors(snap, secs, t),
+      limits(snap, t)
+    ]
+  end
+
+  # What to look at when a count nears its limit.
+  @limit_next %{
+    atoms:
+      "atoms are never freed: look for String.to_atom/1, :erlang.list_to_atom/1 or " <>
+        ":erlang.binary_to_term/1 on outside data (use String.to_existing_atom/1, " <>
+        "binary_to_term(bin, [:safe]))",
+    ports:
+      "Port.list() |> Enum.map(&Port.info(&1, :connected)) |> Enum.frequencies() shows " <>
+        "which processes hold the ports (files, sockets) left open"
+  }
+
+  # Atoms and ports, the nearer their limit (processes have their own check,
+  # with idle groups and growth; ETS tables are limited only by memory
+  # since OTP 20, whatever ets_limit says).
+  defp limits(snap, t) do
+    nearest =
+      for key <- [:atoms, :ports],
+          {count, limit} <- [Map.get(snap.counts, key)],
+          is_integer(count) and is_integer(limit) and limit > 0,
+          do: {key, count, limit}
+
+    case Enum.max_by(nearest, fn {_k, c, l} -> c / l end, fn -> nil end) do
+      {key, count, limit} ->
+        finding(
+          :limit_near,
+          ratio(count / limit, t.limit_share),
+          "#{key} at #{Format.int(count)} of a limit of #{Format.int(limit)} " <>
+            "(#{round(100 * count / limit)}%)",
+          %{what: key, count: count, limit: limit},
+          Map.fetch!(@limit_next, key)
+        )
+
+      nil ->
+        nil
+    end
   end
 
   defp mailbox(snap, secs, t) do

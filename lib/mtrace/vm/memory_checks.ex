@@ -101,7 +101,10 @@ defmodule Mtrace.VM.MemoryChecks do
     table = if growth > size, do: gtable, else: table
     per_s = prev && rate(Map.get(snap.ets, table, 0) - Map.get(prev.ets, table, 0), secs)
     info = ETS.describe(table, :erlang.system_info(:wordsize)) || []
+    # An unnamed table's name reaches nothing (:ets.info(:sessions) is
+    # :undefined): said, so that the hint is not taken for a handle.
     name = inspect(info[:name] || table)
+    handle = if is_atom(table), do: name, else: "#{name} (unnamed: its id is in :ets.all())"
 
     finding(
       :ets_growth,
@@ -120,7 +123,7 @@ defmodule Mtrace.VM.MemoryChecks do
         growth_per_s: per_s,
         ets_total: snap.memory.ets
       },
-      "Mtrace.VM.ets_top(5); then find who inserts into #{name} " <>
+      "Mtrace.VM.ets_top(5); then find who inserts into #{handle} " <>
         "(owner #{inspect(info[:owner])}) without deleting"
     )
   end
@@ -385,14 +388,26 @@ defmodule Mtrace.VM.MemoryChecks do
 
     score = Enum.max([ratio(bytes, th.nif_bytes), share, ratio(per_s, th.nif_growth)])
 
+    # Binaries a NIF or a driver made (a file read, a socket's data) are the
+    # Erlang code's once handed over: whoever keeps them is named first.
+    binaries? = Enum.any?(rows, &(&1.kind in [:resource, :binary]))
+
+    held =
+      if binaries?,
+        do:
+          "Mtrace.VM.top(:binary_memory, 5) names the processes that keep its binaries, " <>
+            "if Erlang code holds them; ",
+        else: ""
+
     finding(
       :nif_alloc_leak,
       score,
-      "NIF module #{inspect(module)} holds " <>
+      "#{Native.origin(module)} #{inspect(module)} holds " <>
         Enum.map_join(rows, ", ", &Native.nif_held/1) <>
         " in the VM's allocators" <> nif_growth_text(grown, series),
       %{module: module, bytes: bytes, rows: grown, growth_per_s: series && per_s},
-      "Mtrace.VM.nif_memory(window: 10_000) shows which kind grows; for the C stacks that " <>
+      held <>
+        "Mtrace.VM.nif_memory(window: 10_000) shows which kind grows; for the C stacks that " <>
         "allocate it, start the VM with +MRe false +MBe false (enif_alloc, resources and " <>
         "binaries then go through malloc) and run Mtrace.report()"
     )

@@ -33,7 +33,7 @@ defmodule Mtrace.VM.Native do
   Kinds: `:enif_alloc` (`enif_alloc`, driver_alloc's `nif_internal`),
   `:resource` (`enif_alloc_resource`, and binaries made with
   `enif_make_new_binary`: binary_alloc's `binary`), `:binary`
-  (`enif_alloc_binary`: `drv_binary`); other tags keep their ERTS name
+  (`enif_alloc_binary`: `drv_binary`, and a port driver's `binary`); other tags keep their ERTS name
   (`:drv_internal`, a port driver's own `driver_alloc` blocks; `:port`, ...).
   """
 
@@ -248,6 +248,8 @@ defmodule Mtrace.VM.Native do
       iex> hist = {0, 0, 0, 0, 0, 0, 0, 0, 10}
       iex> Mtrace.VM.Native.nif_rows(%{my_nif: %{nif_internal: hist}, system: %{binary: hist}}, 16)
       [%{module: :my_nif, kind: :enif_alloc, count: 10, bytes: 61440, bytes_min: 40960, bytes_max: 81920}]
+      iex> [%{module: :tcp_inet, kind: :binary}] = Mtrace.VM.Native.nif_rows(%{tcp_inet: %{binary: hist}}, 16)
+      iex> [%{module: :prim_file, kind: :resource}] = Mtrace.VM.Native.nif_rows(%{prim_file: %{binary: hist}}, 16)
   """
   @spec nif_rows(map, pos_integer) :: [nif_row]
   def nif_rows(by_origin, start) do
@@ -271,9 +273,12 @@ defmodule Mtrace.VM.Native do
         {count + n, lo + n * low, hi + n * high}
       end)
 
+    # a port driver (no module of that name) makes binaries, never resources
+    kind = if type == :binary and driver?(origin), do: :binary, else: Map.get(@kinds, type, type)
+
     %{
       module: origin,
-      kind: Map.get(@kinds, type, type),
+      kind: kind,
       count: count,
       bytes: div(lo + hi, 2),
       bytes_min: lo,
@@ -347,4 +352,18 @@ defmodule Mtrace.VM.Native do
     do: Format.count(row.count, "binary") <> " (mtrace's answers, held by who asked)"
 
   def nif_count(row), do: Format.count(row.count, Map.get(@nouns, row.kind, "#{row.kind} block"))
+
+  @doc """
+  What made a row's memory, in words: a NIF module, or a port driver (an
+  origin that is no loaded module, as `:tcp_inet`).
+
+      iex> Mtrace.VM.Native.origin(:tcp_inet)
+      "port driver"
+      iex> Mtrace.VM.Native.origin(:prim_file)
+      "NIF module"
+  """
+  @spec origin(atom) :: String.t()
+  def origin(module), do: if(driver?(module), do: "port driver", else: "NIF module")
+
+  defp driver?(module), do: is_atom(module) and not Code.ensure_loaded?(module)
 end

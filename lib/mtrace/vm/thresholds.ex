@@ -12,6 +12,7 @@ defmodule Mtrace.VM.Thresholds do
   * `mailbox_growth_min` (1_000) — messages of growth below which a
     window's mailbox growth is noise;
   * `process_share` (0.5) — processes as a share of the process limit;
+  * `limit_share` (0.5) — atoms or ports as a share of their limit;
   * `idle_group` (10_000) — idle processes sharing initial call and
     current function, when they are also `idle_share` of all processes;
   * `idle_share` (0.5) — the share of all processes such a group makes;
@@ -81,6 +82,7 @@ defmodule Mtrace.VM.Thresholds do
     mailbox_growth: 500,
     mailbox_growth_min: 1_000,
     process_share: 0.5,
+    limit_share: 0.5,
     idle_group: 10_000,
     idle_share: 0.5,
     process_growth: 100,
