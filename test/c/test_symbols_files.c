@@ -39,13 +39,21 @@ static int copy(const char *from, const char *to) {
     return system(cmd) == 0;
 }
 
-static void test_replaced_while_loaded(const char *v1, const char *v2) {
-    char path[256], next[256];
-    snprintf(path, sizeof path, "%s/replaced.so", dir);
-    snprintf(next, sizeof next, "%s/replaced.so.new", dir);
+/* Version 1 at dir/NAME.so, loaded, with version 2 beside it at
+ * dir/NAME.so.new to take its place; the handle, or NULL. */
+static void *load_v1(const char *name, const char *v1, const char *v2, char *path, char *next,
+                     size_t len) {
+    snprintf(path, len, "%s/%s.so", dir, name);
+    snprintf(next, len, "%s/%s.so.new", dir, name);
     CHECK(copy(v1, path) && copy(v2, next));
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     CHECK(h != NULL);
+    return h;
+}
+
+static void test_replaced_while_loaded(const char *v1, const char *v2) {
+    char path[256], next[256];
+    void *h = load_v1("replaced", v1, v2, path, next, sizeof path);
     if (!h)
         return;
     void *f = dlsym(h, "names_version_1");
@@ -59,11 +67,7 @@ static void test_replaced_while_loaded(const char *v1, const char *v2) {
 
 static void test_reloaded(const char *v1, const char *v2) {
     char path[256], next[256];
-    snprintf(path, sizeof path, "%s/reloaded.so", dir);
-    snprintf(next, sizeof next, "%s/reloaded.so.new", dir);
-    CHECK(copy(v1, path) && copy(v2, next));
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    CHECK(h != NULL);
+    void *h = load_v1("reloaded", v1, v2, path, next, sizeof path);
     if (!h)
         return;
     void *f1 = dlsym(h, "names_version_1");
