@@ -534,6 +534,20 @@ defmodule Mtrace.VMTest do
       end
     end
 
+    test "one process keeping most of the VM's memory is named" do
+      node = start_peer()
+      keeper = :erpc.call(node, @scenarios, :big_state, [300], 60_000)
+      result = diagnose(node, gc: false)
+      assert result.verdict == :process_memory, VM.Diagnosis.render(result)
+
+      assert [%{kind: :process_memory, evidence: evidence, summary: summary} | _] =
+               result.findings
+
+      assert evidence.pid == keeper
+      assert evidence.memory > 300 * 1_048_576
+      assert summary =~ ~r/holds [\d.]+ MiB \(\d+% of the VM's memory\)/
+    end
+
     test "atoms near their limit are a finding, with what makes them" do
       node = start_peer(["+t", "40000"])
       {count, 40_000} = :erpc.call(node, VM, :counts, []).atoms

@@ -27,6 +27,34 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  A process keeping a list of `mib` MiB of small terms in its heap (a
+  state that only grows); returns it.
+
+  ## Example
+
+      keeper = Mtrace.VMScenarios.big_state(1)
+  """
+  @spec big_state(pos_integer) :: pid
+  def big_state(mib) do
+    parent = self()
+
+    pid =
+      spawn(fn ->
+        # 1 MiB is 65_536 cons cells of 2 words
+        kept = Enum.to_list(1..(mib * 65_536))
+        send(parent, {:kept, self()})
+
+        receive do
+          :never -> length(kept)
+        end
+      end)
+
+    receive do
+      {:kept, ^pid} -> pid
+    end
+  end
+
+  @doc """
   A process that never reads its mailbox, sent `n` messages.
 
   ## Example

@@ -35,6 +35,9 @@ defmodule Mtrace.VM.Findings do
   * `:monitor_leak` — size: a process holding `monitors` monitors;
     growth over a window: one process gaining `monitor_growth`
     monitors/s;
+  * `:process_memory` — size: one process holding `process_memory`
+    (its heap and mailbox: what it keeps), or `process_memory_min`+ that
+    is `process_memory_share` of the VM's memory;
   * `:limit_near` — size: atoms or ports at `limit_share` of their
     limit (at the limit the VM stops, or refuses new ports; atoms are
     never freed);
@@ -112,6 +115,7 @@ defmodule Mtrace.VM.Findings do
     :mailbox_buildup,
     :process_leak,
     :monitor_leak,
+    :process_memory,
     :limit_near,
     :binary_leak,
     :ets_growth,
@@ -315,13 +319,13 @@ defmodule Mtrace.VM.Findings do
 
   @doc """
   Runs the checks that look at processes: mailbox build-up, process leaks,
-  monitor leaks, and the counts of atoms and ports against their limits (`nil` where there is nothing to report); `secs` is
+  monitor leaks, the process holding the most memory, and the counts of atoms and ports against their limits (`nil` where there is nothing to report); `secs` is
   the window length, or `nil` without one.
 
   ## Example
 
       snap = Mtrace.VM.Diagnose.snapshot()
-      [_mailbox, _processes, _monitors, _limits] =
+      [_mailbox, _processes, _monitors, _memory, _limits] =
         Mtrace.VM.Findings.process_checks(nil, snap, nil)
   """
   @spec process_checks(
@@ -335,8 +339,35 @@ defmodule Mtrace.VM.Findings do
       mailbox(snap, secs, t),
       processes(prev, snap, secs, t),
       monitors(snap, secs, t),
+      process_memory(snap, t),
       limits(snap, t)
     ]
+  end
+
+  # The process holding the most memory, against the VM's: a cache or a
+  # state that only grows shows here (the seeds' proc_count(memory)).
+  defp process_memory(snap, t) do
+    {pid, bytes} = first(snap.procs.memory_top)
+    total = snap.memory[:total] || 0
+
+    share =
+      if bytes >= t.process_memory_min and total > 0,
+        do: ratio(bytes / total, t.process_memory_share),
+        else: 0
+
+    if pid do
+      of = if total > 0, do: " (#{round(100 * bytes / total)}% of the VM's memory)", else: ""
+
+      finding(
+        :process_memory,
+        max(ratio(bytes, t.process_memory), share),
+        "#{Format.process(pid, Procs.info(pid))} holds #{Format.bytes(bytes)}" <> of,
+        %{pid: pid, memory: bytes, vm_total: total},
+        ":sys.get_state(#{Format.pid_expr(pid)}) shows what a GenServer or an Agent keeps; " <>
+          "Process.info(#{Format.pid_expr(pid)}, [:current_stacktrace, :message_queue_len, " <>
+          ":total_heap_size]) what any process is doing"
+      )
+    end
   end
 
   # What to look at when a count nears its limit.

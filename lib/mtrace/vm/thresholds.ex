@@ -13,6 +13,12 @@ defmodule Mtrace.VM.Thresholds do
     window's mailbox growth is noise;
   * `process_share` (0.5) — processes as a share of the process limit;
   * `limit_share` (0.5) — atoms or ports as a share of their limit;
+  * `process_memory` (256 MiB) — what one process holds (heap, stack,
+    mailbox);
+  * `process_memory_share` (0.5) — or this share of the VM's memory, when
+    it is at least `process_memory_min`;
+  * `process_memory_min` (64 MiB) — the least one process must hold for
+    its share to count;
   * `idle_group` (10_000) — idle processes sharing initial call and
     current function, when they are also `idle_share` of all processes;
   * `idle_share` (0.5) — the share of all processes such a group makes;
@@ -83,6 +89,9 @@ defmodule Mtrace.VM.Thresholds do
     mailbox_growth_min: 1_000,
     process_share: 0.5,
     limit_share: 0.5,
+    process_memory: 256 * @mib,
+    process_memory_share: 0.5,
+    process_memory_min: 64 * @mib,
     idle_group: 10_000,
     idle_share: 0.5,
     process_growth: 100,
