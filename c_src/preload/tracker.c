@@ -227,8 +227,6 @@ static inline int in_handler(void) {
            mt_gate() >= MT_GATE_TRACK && !mt_fallback_running();
 }
 
-static __attribute__((noinline)) void handler_call(enum mtrace_fn fn) { mt_counts_shared_add(fn); }
-
 /* Out of the way of a record's path, which tests for it first. */
 static __attribute__((cold, noinline)) void handler_block(void) {
     atomic_fetch_add_explicit(&handler_dropped, 1, memory_order_relaxed);
@@ -238,7 +236,7 @@ void mt_seen(enum mtrace_fn fn) {
     if (tracking())
         count(fn);
     else if (mt_unlikely(in_handler()))
-        handler_call(fn);
+        mt_counts_shared_add(fn);
 }
 
 /* A handler's allocation goes on as any other (sampling may choose it);
@@ -247,7 +245,7 @@ int mt_will_record_slow(enum mtrace_fn fn, size_t n) {
     if (tracking())
         count(fn);
     else if (mt_unlikely(in_handler()))
-        handler_call(fn);
+        mt_counts_shared_add(fn);
     else
         return 0;
     return mt_sample_take(&mt_me.sampler, n);
@@ -321,7 +319,7 @@ __attribute__((noinline)) void mt_free_slow(void *p) {
     if (g > MT_GATE_LIBC && tracking())
         count_as(MT_FN_FREE, p != NULL);
     else if (mt_unlikely(in_handler()))
-        handler_call(MT_FN_FREE);
+        mt_counts_shared_add(MT_FN_FREE);
     forget(p, NULL);
 }
 
@@ -342,7 +340,7 @@ void mt_realloc_begin(struct mt_realloc *r, void *p, size_t n, enum mtrace_fn fn
     if (r->track)
         count(fn);
     else if (mt_unlikely(in_handler())) {
-        handler_call(fn);
+        mt_counts_shared_add(fn);
         r->track = 1; /* its block counted as dropped (mt_record_now) */
     }
     r->had = forget(p, &r->old);

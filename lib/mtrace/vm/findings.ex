@@ -319,8 +319,9 @@ defmodule Mtrace.VM.Findings do
 
   @doc """
   Runs the checks that look at processes: mailbox build-up, process leaks,
-  monitor leaks, the process holding the most memory, and the counts of atoms and ports against their limits (`nil` where there is nothing to report); `secs` is
-  the window length, or `nil` without one.
+  monitor leaks, the process holding the most memory, and the counts of
+  atoms and ports against their limits (`nil` where there is nothing to
+  report); `secs` is the window length, or `nil` without one.
 
   ## Example
 

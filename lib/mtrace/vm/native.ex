@@ -33,8 +33,9 @@ defmodule Mtrace.VM.Native do
   Kinds: `:enif_alloc` (`enif_alloc`, driver_alloc's `nif_internal`),
   `:resource` (`enif_alloc_resource`, and binaries made with
   `enif_make_new_binary`: binary_alloc's `binary`), `:binary`
-  (`enif_alloc_binary`: `drv_binary`, and a port driver's `binary`); other tags keep their ERTS name
-  (`:drv_internal`, a port driver's own `driver_alloc` blocks; `:port`, ...).
+  (`enif_alloc_binary`: `drv_binary`, and a port driver's `binary`); other
+  tags keep their ERTS name (`:drv_internal`, a port driver's own
+  `driver_alloc` blocks; `:port`, ...).
   """
 
   import Bitwise, only: [<<<: 2]
