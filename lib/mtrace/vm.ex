@@ -69,6 +69,10 @@ defmodule Mtrace.VM do
       allocated`, floored at 0): the emulator's own code and static data,
       and memory taken directly from malloc/mmap by NIFs, drivers and
       libraries. A large or growing value points at native code;
+    * `:carrier_cache`: carriers the VM freed that its segment allocator
+      keeps mapped for reuse for a few seconds (an upper bound of the RSS
+      they hold, part of `:outside_vm`; `nil` without mseg_alloc). Right
+      after a large process dies it can be most of `:outside_vm`;
     * `:native`: when the `mtrace.so` tracer is preloaded, its counters
       (`:live_count`, `:live_bytes`, `:dropped`, `:enabled`; estimates when
       `:sampled` is true, see `MTRACE_SAMPLE_BYTES`) and the C heap's

@@ -37,6 +37,16 @@ defmodule Mtrace.VMTest do
         else: assert(m.native == nil)
     end
 
+    test "carriers a dead process freed and the segment cache still maps are carrier_cache" do
+      before = VM.memory().carrier_cache
+      assert is_integer(before)
+      # A heap of about 50 MB, grown in large carriers, freed all at once.
+      {pid, ref} = spawn_monitor(fn -> 1..3_000_000 |> Enum.to_list() |> length() end)
+      assert_receive {:DOWN, ^ref, :process, ^pid, :normal}, 10_000
+      m = VM.memory()
+      assert m.carrier_cache >= before + 10_000_000, inspect({before, m.carrier_cache})
+    end
+
     test "allocators/0 sums instances and puts low usage first" do
       rows = VM.allocators()
       names = Enum.map(rows, & &1.allocator)

@@ -14,6 +14,12 @@ defmodule Mtrace.VM.Memory do
   come from the same moment and `used` never exceeds `allocated`.
   Allocators that are disabled (for instance under `+Mea min`) report
   `false` there and are left out.
+
+  Carriers the allocators give back are not unmapped at once: the segment
+  allocator (mseg_alloc) keeps some mapped for reuse and lets them go over
+  the next seconds. Right after a large process dies they can hold hundreds
+  of MB of RSS that no allocator counts any more, so they show in
+  `outside_vm`; `carrier_cache` says how much of it they can be.
   """
 
   import Bitwise
@@ -46,6 +52,7 @@ defmodule Mtrace.VM.Memory do
           rss_peak: non_neg_integer | nil,
           allocated: non_neg_integer | nil,
           used: non_neg_integer | nil,
+          carrier_cache: non_neg_integer | nil,
           outside_vm: non_neg_integer | nil,
           native: map | nil
         }
@@ -60,6 +67,7 @@ defmodule Mtrace.VM.Memory do
   @spec read() :: t
   def read do
     {allocated, used} = allocator_totals()
+    cache = carrier_cache()
     {rss, rss_peak} = proc_status()
 
     erlang_memory()
@@ -68,6 +76,7 @@ defmodule Mtrace.VM.Memory do
       rss_peak: rss_peak,
       allocated: allocated,
       used: used,
+      carrier_cache: cache,
       outside_vm: outside(rss, allocated),
       native: native()
     })
@@ -110,6 +119,57 @@ defmodule Mtrace.VM.Memory do
     do: max(rss - allocated, 0)
 
   defp outside(_, _), do: nil
+
+  @doc """
+  Bytes of carriers the VM has freed but its segment allocator still keeps
+  mapped for reuse (mseg_alloc's cache, emptied over a few seconds): the
+  default memory mapper's mapped bytes less the segments in use. Mapped is
+  at most what is resident, so this is an upper bound of the RSS they
+  hold. `nil` where the emulator does not report them (no mseg_alloc).
+
+  ## Example
+
+      iex> is_integer(Mtrace.VM.Memory.carrier_cache())
+      true
+  """
+  @spec carrier_cache() :: non_neg_integer | nil
+  def carrier_cache do
+    with [_ | _] = mmap <- :erlang.system_info({:allocator, :erts_mmap}),
+         {:default_mmap, props} <- List.keyfind(mmap, :default_mmap, 0),
+         mapped when is_integer(mapped) <- mapped(props),
+         [_ | _] = mseg <- :erlang.system_info({:allocator, :mseg_alloc}),
+         in_use when is_integer(in_use) <- segments_in_use(mseg) do
+      max(mapped - in_use, 0)
+    else
+      _ -> nil
+    end
+  rescue
+    # Emulators built without these allocators, or reporting them otherwise.
+    _ in [ArgumentError, FunctionClauseError, MatchError] -> nil
+  end
+
+  # From the OS directly, or from a super carrier reserved at boot (+MMscs).
+  defp mapped(props) do
+    for from <- [:os, :supercarrier], sizes = get_in(props, [from, :sizes]), reduce: nil do
+      acc -> (acc || 0) + Keyword.get(sizes, :used, 0)
+    end
+  end
+
+  defp segments_in_use(instances) do
+    Enum.reduce_while(instances, 0, fn
+      {:instance, _, props}, acc ->
+        with kind when is_list(kind) <- props[:memkind],
+             status when is_list(status) <- kind[:status],
+             {:segments_size, cur, _, _} <- List.keyfind(status, :segments_size, 0) do
+          {:cont, acc + cur}
+        else
+          _ -> {:halt, nil}
+        end
+
+      _, _ ->
+        {:halt, nil}
+    end)
+  end
 
   defp native do
     case Native.stats() do
