@@ -1,8 +1,9 @@
 /*
  * Whole entries the table's slots cannot hold (see table_spill.h): linear
- * probing with backward-shift deletion, doubling at 3/4 full, up to
- * MT_MEM_MAX_BLOCK of entries (49,152 of them); beyond that an insert fails
- * and the table counts it as dropped.
+ * probing with backward-shift deletion, doubling at 3/4 full up to
+ * MT_MEM_MAX_BLOCK of entries (65,536 slots), which then fill up to 65,535
+ * (probing stays bounded: one slot is always empty); beyond that an insert
+ * fails and the table counts it as dropped.
  */
 #include "table_spill.h"
 

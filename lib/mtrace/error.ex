@@ -18,6 +18,7 @@ defmodule Mtrace.Error do
 
   @type reason ::
           :not_preloaded
+          | :not_traced
           | :nif_not_loaded
           | :preload_mismatch
           | :not_distributed
