@@ -25,10 +25,10 @@ PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/state.h c_src/preload/clock.h c_s
 	c_src/preload/stack_bounds.h c_src/preload/recent_stacks.h c_src/preload/fork_gate.h \
 	c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/dwarf_cfi.h
 NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_erlang.c $(SYM_SRC)
-SYM_SRC = c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/dwarf_lines.c \
-	c_src/nif/proc_maps.c
-SYM_HDR = c_src/nif/symbols.h c_src/nif/elf_symtab.h c_src/nif/demangle.h c_src/nif/dwarf_lines.h \
-	c_src/nif/proc_maps.h
+SYM_SRC = c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/name_fit.c \
+	c_src/nif/dwarf_lines.c c_src/nif/proc_maps.c
+SYM_HDR = c_src/nif/symbols.h c_src/nif/elf_symtab.h c_src/nif/demangle.h c_src/nif/name_fit.h \
+	c_src/nif/dwarf_lines.h c_src/nif/proc_maps.h
 NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h $(SYM_HDR)
 
 # test_interpose* run with the preload (test/c/run.sh); MTRACE_STRESS=1 in the
@@ -43,13 +43,14 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_coroutine $(BUILD)/test_interpose_thread_exit \
 	$(BUILD)/test_interpose_signals
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
-	$(BUILD)/test_symbols_files \
+	$(BUILD)/test_symbols_files $(BUILD)/test_name_fit \
 	$(BUILD)/test_elf_symtab \
 	$(BUILD)/test_unwind $(BUILD)/test_unwind_rules $(BUILD)/test_recent_stacks \
 	$(BUILD)/test_erlang_frames $(INTERPOSE_TESTS)
 ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_query \
 	$(BUILD)/asan_test_symbols $(BUILD)/asan_test_elf_symtab $(BUILD)/asan_test_unwind \
-	$(BUILD)/asan_test_recent_stacks $(BUILD)/asan_test_erlang_frames $(BUILD)/asan_test_unwind_rules
+	$(BUILD)/asan_test_recent_stacks $(BUILD)/asan_test_erlang_frames $(BUILD)/asan_test_unwind_rules \
+	$(BUILD)/asan_test_name_fit
 VALGRIND_TESTS = $(BUILD)/test_table $(BUILD)/test_query $(BUILD)/test_config $(BUILD)/test_symbols \
 	$(BUILD)/test_elf_symtab
 DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so $(BUILD)/names_v1.so \
@@ -285,6 +286,16 @@ $(BUILD)/dl_fixture_a.so: test/c/dl_fixture.c $(MAKEVARS)
 $(BUILD)/dl_fixture_b.so: test/c/dl_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -DFIXTURE_FRAME=65536 $(SO_LDFLAGS) -o $@ test/c/dl_fixture.c
+
+$(BUILD)/test_name_fit: test/c/test_name_fit.c test/c/check.h c_src/nif/name_fit.c c_src/nif/name_fit.h \
+		$(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src/nif -o $@ test/c/test_name_fit.c c_src/nif/name_fit.c
+
+$(BUILD)/asan_test_name_fit: test/c/test_name_fit.c test/c/check.h c_src/nif/name_fit.c \
+		c_src/nif/name_fit.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src/nif -o $@ test/c/test_name_fit.c c_src/nif/name_fit.c
 
 $(BUILD)/test_elf_symtab: test/c/test_elf_symtab.c test/c/check.h c_src/nif/elf_symtab.c $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)

@@ -1,6 +1,7 @@
 /*
  * C++ demangling in-process (see demangle.h), with the C++ runtime's own
  * __cxa_demangle: found in the process, else in a libstdc++ loaded for it.
+ * A name longer than a symbol's text is shortened (name_fit.h).
  */
 #define _GNU_SOURCE
 #include "demangle.h"
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "name_fit.h"
 #include "symbols.h"
 
 typedef char *(*cxa_demangle_fn)(const char *, char *, size_t *, int *);
@@ -43,6 +45,7 @@ char *mt_demangle_dup(const char *name) {
         free(r);
         return NULL;
     }
+    mt_name_fit(r, MT_SYM_TEXT - 1); /* a symbol's text holds no more */
     return r;
 }
 

@@ -9,8 +9,9 @@
  * anyway, but callers about to take locks do it first. */
 void mt_demangle_prepare(void);
 
-/* The demangled name (malloc'd: free it), or NULL when name is not a mangled
- * C++ name or no demangler is available. */
+/* The demangled name (malloc'd: free it), shortened to fit MT_SYM_TEXT
+ * (name_fit.h), or NULL when name is not a mangled C++ name or no
+ * demangler is available. */
 char *mt_demangle_dup(const char *name);
 
 #endif

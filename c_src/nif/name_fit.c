@@ -1,0 +1,109 @@
+/*
+ * Long demangled C++ names made to fit (see name_fit.h).  Cutting the end
+ * of "ns::Table<std::map<...>, ...>::grow(...)" at 511 bytes left only the
+ * class's template arguments, so two methods of one class read the same
+ * and merged into one site of a flame graph or an export.
+ */
+#include "name_fit.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* Is s[i] part of an operator's name ("operator<<", "operator->",
+ * "operator<=>") rather than a bracket? */
+static int operator_char(const char *s, size_t i) {
+    if (s[i] == '>' && i > 0 && s[i - 1] == '-')
+        return 1; /* "->", in an operator or an expression */
+    size_t j = i;
+    while (j > 0 && i - j < 3 && strchr("<>=-", s[j - 1]))
+        j--;
+    return j >= 8 && memcmp(s + j - 8, "operator", 8) == 0;
+}
+
+/* Replaces s[at, at + len) by the len2 bytes of with. */
+static void splice(char *s, size_t at, size_t len, const char *with, size_t len2) {
+    memmove(s + at + len2, s + at + len, strlen(s + at + len) + 1);
+    memcpy(s + at, with, len2);
+}
+
+/* Collapses the longest innermost template argument list to "<...>": one
+ * holding no list longer than "<...>" (so "<int>" does not hold its
+ * enclosing list back); 0 when none is longer. */
+static int collapse_template(char *s) {
+    struct {
+        size_t at;
+        int innermost;
+    } open[64];
+    size_t depth = 0, deeper = 0, best_at = 0, best_len = 0;
+    for (size_t i = 0; s[i]; i++) {
+        if ((s[i] != '<' && s[i] != '>') || operator_char(s, i))
+            continue;
+        if (s[i] == '<') {
+            if (depth < sizeof open / sizeof open[0])
+                open[depth++].at = i, open[depth - 1].innermost = 1;
+            else
+                deeper++; /* past 64 levels: left as it is */
+            continue;
+        }
+        if (deeper) {
+            deeper--;
+            continue;
+        }
+        if (depth == 0)
+            continue; /* a ">" of no list */
+        depth--;
+        size_t len = i - open[depth].at + 1;
+        int shortest = open[depth].innermost && len <= 5;
+        if (open[depth].innermost && len > best_len)
+            best_at = open[depth].at, best_len = len;
+        if (depth > 0 && !shortest)
+            open[depth - 1].innermost = 0;
+    }
+    if (best_len <= 5)
+        return 0;
+    splice(s, best_at, best_len, "<...>", 5);
+    return 1;
+}
+
+/* Collapses the last argument list at the top level ("f(int, long) const")
+ * to "(...)"; 0 when there is none longer. */
+static int collapse_arguments(char *s) {
+    size_t depth = 0, open = SIZE_MAX, at = 0, len = 0;
+    for (size_t i = 0; s[i]; i++) {
+        if ((s[i] == '<' || s[i] == '>') && operator_char(s, i))
+            continue;
+        if (s[i] == '(' || s[i] == '<') {
+            if (depth++ == 0 && s[i] == '(')
+                open = i;
+        } else if ((s[i] == ')' || s[i] == '>') && depth > 0) {
+            if (--depth == 0 && s[i] == ')' && open != SIZE_MAX)
+                at = open, len = i - open + 1;
+            if (depth == 0)
+                open = SIZE_MAX;
+        }
+    }
+    if (len <= 5)
+        return 0;
+    splice(s, at, len, "(...)", 5);
+    return 1;
+}
+
+size_t mt_name_fit(char *s, size_t max) {
+    size_t n = strlen(s);
+    while (n > max && collapse_template(s))
+        n = strlen(s);
+    if (n > max && collapse_arguments(s))
+        n = strlen(s);
+    if (n > max && max >= 4) {
+        size_t from = n - (max - 3);
+        while (from < n && ((unsigned char)s[from] & 0xC0) == 0x80) /* not inside a character */
+            from++;
+        memmove(s + 3, s + from, n - from + 1);
+        memcpy(s, "...", 3);
+        n = 3 + (n - from);
+    } else if (n > max) {
+        s[max] = '\0';
+        n = max;
+    }
+    return n;
+}
