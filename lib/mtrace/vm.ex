@@ -33,8 +33,9 @@ defmodule Mtrace.VM do
   the bounded rankings behind every top n), `Mtrace.VM.ETS` (tables),
   `Mtrace.VM.Native` (the malloc tracer, and NIF memory in the VM's
   allocators). How it is judged: `Mtrace.VM.Diagnose` samples and runs a
-  diagnosis, `Mtrace.VM.Findings` (scores, growth, process checks) and
-  `Mtrace.VM.MemoryChecks` turn samples into findings against
+  diagnosis, `Mtrace.VM.Findings` (scores, growth, process checks),
+  `Mtrace.VM.MemoryChecks` and `Mtrace.VM.BinaryChecks` (refc binaries)
+  turn samples into findings against
   `Mtrace.VM.Thresholds`, and `Mtrace.VM.Diagnosis` is the result and its
   report. `Mtrace.VM.Format` writes figures for people. Arguments and
   options are checked by `Mtrace.Options`, as for `Mtrace`'s queries.
@@ -168,7 +169,9 @@ defmodule Mtrace.VM do
   (negative deltas, like `recon:bin_leak/1`; processes that freed none are
   left out); as `top_bytes`, the `n` processes that let go of the most bytes
   of binaries, which names a process hoarding a few large binaries rather
-  than one passing many small ones; the total number of references dropped;
+  than one passing many small ones; as `held`, the `n` processes that still
+  reference the most bytes of binaries after the collection (binaries in
+  use, which no collection frees); the total number of references dropped;
   and the node's binary memory before and after (`nil` when
   `erlang:memory/1` is unsupported). A large drop in
   binary memory means binaries were kept alive only by processes that had
@@ -189,11 +192,15 @@ defmodule Mtrace.VM do
       #=>               {#PID<0.4612.0>, 2_000_000,
       #=>                [current_function: {:gen_server, :loop, 7},
       #=>                 initial_call: {MyApp.Cache, :init, 1}]}],
+      #=>   held: [{#PID<0.4612.0>, 18_000_000,
+      #=>           [current_function: {:gen_server, :loop, 7},
+      #=>            initial_call: {MyApp.Cache, :init, 1}]}],
       #=>   freed: 9400, binary_before: 412_000_000, binary_after: 21_000_000}
   """
   @spec bin_leak(pos_integer) :: %{
           top: [{pid, neg_integer, proc_info}],
           top_bytes: [{pid, pos_integer, proc_info}],
+          held: [{pid, pos_integer, proc_info}],
           freed: non_neg_integer,
           binary_before: non_neg_integer | nil,
           binary_after: non_neg_integer | nil
@@ -386,6 +393,11 @@ defmodule Mtrace.VM do
       1 MiB/s);
     * `:binary_leak` — refc binaries dominate memory and a forced GC frees a
       lot of them (32 MiB, or a quarter of the VM's memory if more);
+    * `:binary_held` — refc binaries the forced GC left: in use, not
+      leaked, but named with the processes that hold them; a problem when
+      one process holds 256 MiB of them, or 64 MiB+ that is half of the
+      VM's memory (as `:process_memory`), a lead when they are a quarter
+      of the VM's memory whoever holds them;
     * `:native_leak` — native memory of 256 MiB (or more than the VM's
       own), or 64 MiB+ that is twice what the VM accounts for: the tracer's
       live malloc bytes when preloaded, otherwise RSS outside the ERTS

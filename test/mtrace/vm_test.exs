@@ -13,6 +13,7 @@ defmodule Mtrace.VMTest do
   doctest Mtrace.VM.Procs
   doctest Mtrace.VM.Native
   doctest Mtrace.VM.MemoryChecks
+  doctest Mtrace.VM.BinaryChecks
   doctest Mtrace.VM.Format
   doctest Mtrace.VM.Findings
 
@@ -239,7 +240,7 @@ defmodule Mtrace.VMTest do
     test "without the tracer, native memory is named as untraced memory outside the allocators" do
       snap = VM.Diagnose.snapshot()
       extra = %{bin_leak: nil, preloaded: false, sites: []}
-      [_, _, native, _, _] = VM.MemoryChecks.run(nil, snap, nil, extra)
+      [_, _, _, native, _, _] = VM.MemoryChecks.run(nil, snap, nil, extra)
 
       assert native.kind == :native_leak
       assert native.summary =~ ~r/^memory outside the VM's allocators, untraced \(/
@@ -494,6 +495,27 @@ defmodule Mtrace.VMTest do
       assert summary =~ "let go of the most, #{VM.Format.bytes(bytes)}"
       refute summary =~ inspect(chatter)
       assert finding.next =~ VM.Format.pid_expr(hoarder)
+    end
+
+    test "binaries a process holds, which a GC cannot free, are named with who holds them" do
+      node = start_peer()
+      keeper = :erpc.call(node, @scenarios, :binary_keeper, [150, 1_048_576], 60_000)
+
+      {result, output} = with_io(fn -> VM.diagnose(node: node, timeout: 60_000) end)
+      assert result.verdict == :binary_held, VM.Diagnosis.render(result)
+
+      assert [%{kind: :binary_held, evidence: evidence, summary: summary, next: next} | _] =
+               result.findings
+
+      assert [{^keeper, bytes, [registered_name: :mtrace_binary_keeper]} | _] = evidence.holders
+      assert bytes == 150 * 1_048_576
+      summary = String.replace(summary, ~r/\s+/, " ")
+      assert summary =~ "held, not freed by a GC"
+      assert summary =~ "#{inspect(keeper)} (:mtrace_binary_keeper) holds 150.0 MiB of them"
+      assert next =~ ":erpc.call(#{inspect(node)}, Mtrace.VM, :top, [:binary_memory, 5])"
+      # what the GC could not free is not a leak
+      refute Enum.any?(result.findings, &(&1.kind == :binary_leak and &1.score >= 20))
+      assert output |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), output
     end
 
     test "50_000 idle workers of a leaking pool are a process leak" do

@@ -90,6 +90,22 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  An Agent registered as `:mtrace_binary_keeper` whose state is `count`
+  refc binaries of `size` bytes: binaries in use, which no collection
+  frees. Returns it.
+
+  ## Example
+
+      keeper = Mtrace.VMScenarios.binary_keeper(10, 65_536)
+  """
+  @spec binary_keeper(pos_integer, pos_integer) :: pid
+  def binary_keeper(count, size) do
+    keep = fn -> for i <- 1..count, do: :binary.copy(<<i>>, size) end
+    {:ok, pid} = Agent.start(keep, name: :mtrace_binary_keeper)
+    pid
+  end
+
+  @doc """
   A pool that started `n` workers and lost track of them: they wait for work
   forever. Returns the pool process.
 

@@ -15,12 +15,12 @@ defmodule Mtrace.VM.Diagnose do
   """
 
   alias Mtrace.VM.{
+    BinaryChecks,
     Diagnosis,
     ETS,
     Findings,
     Format,
     Memory,
-    MemoryChecks,
     Native,
     Procs,
     Thresholds
@@ -111,7 +111,7 @@ defmodule Mtrace.VM.Diagnose do
       case o.gc do
         true -> Procs.bin_leak(@keep)
         false -> nil
-        :auto -> if MemoryChecks.bin_leak_worth_it?(snap, th), do: Procs.bin_leak(@keep)
+        :auto -> if BinaryChecks.bin_leak_worth_it?(snap, th), do: Procs.bin_leak(@keep)
       end
 
     findings =

@@ -49,6 +49,10 @@ defmodule Mtrace.VM.Findings do
     binaries, or `binary_freed_share` of the VM's memory if larger
     (without the GC, binaries holding half of the VM's memory score at
     most 45);
+  * `:binary_held` — size, after the forced GC: one process still
+    referencing binaries as `:process_memory` judges a heap, or binaries
+    left at `binary_gc_share` of the VM's memory (and `binary_gc_min`),
+    whoever holds them (at most 45): held, not leaked, but named;
   * `:native_leak` — size: `native_bytes` (or the VM's own memory if
     larger) of native memory, or `native_vm_min`+ that is
     `native_vm_ratio` times what the VM accounts for: the tracer's live
@@ -118,6 +122,7 @@ defmodule Mtrace.VM.Findings do
     :process_memory,
     :limit_near,
     :binary_leak,
+    :binary_held,
     :ets_growth,
     :nif_alloc_leak,
     :native_leak,

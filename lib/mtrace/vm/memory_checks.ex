@@ -1,7 +1,7 @@
 defmodule Mtrace.VM.MemoryChecks do
   @moduledoc """
   The checks of `Mtrace.VM.diagnose/1` that look at where memory sits: ETS
-  tables, refc binaries, native memory, allocator fragmentation, and memory
+  tables, refc binaries (`Mtrace.VM.BinaryChecks`), native memory, allocator fragmentation, and memory
   NIFs and drivers hold in the VM's own allocators (`enif_alloc` blocks,
   resources and binaries, which the native tracer cannot see: see
   `Mtrace.VM.Native`). Scores are those of `Mtrace.VM.Findings`;
@@ -14,12 +14,9 @@ defmodule Mtrace.VM.MemoryChecks do
   import Mtrace.VM.Findings,
     only: [finding: 5, growth_ratio: 4, rate: 2, ratio: 2, growth: 2, describe_growth: 1]
 
-  alias Mtrace.VM.{Diagnose, ETS, Findings, Format, Native, Thresholds}
+  alias Mtrace.VM.{BinaryChecks, Diagnose, ETS, Findings, Format, Native, Thresholds}
 
   @ets_samples 64
-  # Without the forced GC, dominating binaries score below a problem.
-  @binary_untested_share 0.5
-  @binary_untested_cap 0.9
 
   @doc """
   Runs the memory checks (`nil` where there is nothing to report); `secs`
@@ -29,7 +26,7 @@ defmodule Mtrace.VM.MemoryChecks do
 
       snap = Mtrace.VM.Diagnose.snapshot()
       extra = %{bin_leak: nil, preloaded: false, sites: []}
-      [_ets, _binary, _native, _fragmentation, _nif] =
+      [_ets, _binary_leak, _binary_held, _native, _fragmentation, _nif] =
         Mtrace.VM.MemoryChecks.run(nil, snap, nil, extra)
   """
   @spec run(Diagnose.snapshot() | nil, Diagnose.snapshot(), number | nil, map) ::
@@ -39,32 +36,13 @@ defmodule Mtrace.VM.MemoryChecks do
 
     [
       ets(prev, snap, secs, th),
-      binary(snap, extra.bin_leak, th),
+      BinaryChecks.leak(snap, extra.bin_leak, th),
+      BinaryChecks.held(snap, extra.bin_leak, th),
       native(snap, secs, extra, th),
       fragmentation(snap, th),
       nif(extra[:nif], secs, snap.memory, th)
     ]
   end
-
-  @doc """
-  Whether refc binaries hold enough of the VM's memory (a quarter, and at
-  least 16 MiB) to be worth a node-wide garbage collection to test for a leak.
-
-  ## Example
-
-      iex> Mtrace.VM.MemoryChecks.bin_leak_worth_it?(%{memory: %{binary: 1000, total: 2000}})
-      false
-  """
-  @spec bin_leak_worth_it?(%{memory: map}) :: boolean
-  @spec bin_leak_worth_it?(%{memory: map}, Thresholds.t()) :: boolean
-  def bin_leak_worth_it?(snap, th \\ Thresholds.defaults())
-
-  def bin_leak_worth_it?(%{memory: %{binary: binary, total: total}}, th)
-      when is_integer(binary) and is_integer(total) and total > 0 do
-    binary >= th.binary_gc_min and binary / total >= th.binary_gc_share
-  end
-
-  def bin_leak_worth_it?(_, _th), do: false
 
   defp ets(_prev, snap, _secs, _th) when snap.ets == %{}, do: nil
 
@@ -125,61 +103,6 @@ defmodule Mtrace.VM.MemoryChecks do
       },
       "Mtrace.VM.ets_top(5); then find who inserts into #{handle} " <>
         "(owner #{inspect(info[:owner])}) without deleting"
-    )
-  end
-
-  # Without a forced GC (gc: false) a leak cannot be told from binaries in
-  # use, so dominating binary memory is reported below the problem score.
-  defp binary(snap, nil, th) do
-    %{binary: binary, total: total} = snap.memory
-
-    if bin_leak_worth_it?(snap, th) do
-      finding(
-        :binary_leak,
-        min(ratio(binary / total, @binary_untested_share), @binary_untested_cap),
-        "refc binaries hold #{Format.bytes(binary)}, #{round(100 * binary / total)}% of the " <>
-          "VM's memory; not tested for a leak",
-        %{binary: binary, total: total},
-        "Mtrace.VM.bin_leak(5) (garbage-collects every process), or " <>
-          "Mtrace.VM.top(:binary_memory, 5) to see who holds them"
-      )
-    end
-  end
-
-  # Names the process that let go of the most bytes: one hoarding a few
-  # large binaries, not one that passed many small ones.
-  defp binary(snap, bin_leak, th) do
-    before = bin_leak.binary_before
-    freed = if before && bin_leak.binary_after, do: max(before - bin_leak.binary_after, 0)
-    threshold = max(th.binary_freed, th.binary_freed_share * (snap.memory.total || 0))
-    top = Map.get(bin_leak, :top_bytes, [])
-
-    next =
-      case top do
-        [{pid, _, _} | _] ->
-          "#{Format.pid_expr(pid)} keeps large binaries without collecting: hibernate " <>
-            "it when idle or lower its fullsweep_after; Mtrace.VM.top(:binary_memory, 5) " <>
-            "later shows them build up again"
-
-        [] ->
-          "Mtrace.VM.top(:binary_memory, 5)"
-      end
-
-    finding(
-      :binary_leak,
-      ratio(freed, threshold),
-      "a forced GC freed #{Format.bytes(freed)} of refc binaries " <>
-        "(binary memory #{Format.bytes(before)} -> #{Format.bytes(bin_leak.binary_after)})" <>
-        case top do
-          [{pid, bytes, info} | _] ->
-            "; #{Format.process(pid, info)} let go of the most, #{Format.bytes(bytes)}"
-
-          [] ->
-            ""
-        end <>
-        "; #{Format.count(bin_leak.freed, "binary reference")} dropped in all",
-      Map.put(bin_leak, :freed_bytes, freed),
-      next
     )
   end
 

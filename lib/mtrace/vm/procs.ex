@@ -233,18 +233,23 @@ defmodule Mtrace.VM.Procs do
       binaries, as `{pid, bytes, info}`, each binary counted once per
       process. This is the one that names a process hoarding a few large
       binaries rather than one passing many small ones;
+    * `held` — the `n` processes that still reference the most bytes of
+      refc binaries after the collections, as `{pid, bytes, info}`: what
+      they hold and use, which no collection frees (read in the same pass,
+      at no extra cost);
     * `freed` — the references dropped by all processes;
     * `binary_before`, `binary_after` — the node's binary memory around the
       collections (`nil` when `erlang:memory/1` is unsupported).
 
   ## Example
 
-      %{top: _, top_bytes: _, freed: _, binary_before: _, binary_after: _} =
+      %{top: _, top_bytes: _, held: _, freed: _, binary_before: _, binary_after: _} =
         Mtrace.VM.Procs.bin_leak(5)
   """
   @spec bin_leak(pos_integer) :: %{
           top: [{pid, neg_integer, info}],
           top_bytes: [{pid, pos_integer, info}],
+          held: [{pid, pos_integer, info}],
           freed: non_neg_integer,
           binary_before: non_neg_integer | nil,
           binary_after: non_neg_integer | nil
@@ -255,27 +260,36 @@ defmodule Mtrace.VM.Procs do
     gc_all(Map.keys(before))
     binary_after = settled_binary_memory(binary_memory(), 25)
 
-    {top, top_bytes, freed} =
-      Enum.reduce(before, {ranking(n), ranking(n), 0}, fn {pid, {count, bytes}}, acc ->
-        case :erlang.process_info(pid, :binary) do
-          {:binary, bins} -> dropped(acc, pid, count - length(bins), bytes - binary_bytes(bins))
-          _ -> acc
-        end
-      end)
+    {top, top_bytes, held, freed} =
+      Enum.reduce(before, {ranking(n), ranking(n), ranking(n), 0}, &after_gc/2)
 
     %{
       top: for({pid, drop, info} <- with_info(top), do: {pid, -drop, info}),
       top_bytes: with_info(top_bytes),
+      held: with_info(held),
       freed: freed,
       binary_before: binary_before,
       binary_after: binary_after
     }
   end
 
-  defp dropped({top, top_bytes, freed}, pid, drop, bytes) do
+  # What one process let go of in the collections, and what it still holds.
+  defp after_gc({pid, {count, bytes}}, acc) do
+    case :erlang.process_info(pid, :binary) do
+      {:binary, bins} ->
+        kept = binary_bytes(bins)
+        dropped(acc, pid, count - length(bins), bytes - kept, kept)
+
+      _ ->
+        acc
+    end
+  end
+
+  defp dropped({top, top_bytes, held, freed}, pid, drop, bytes, kept) do
     {
       if(drop > 0, do: rank(top, pid, drop), else: top),
       if(bytes > 0, do: rank(top_bytes, pid, bytes), else: top_bytes),
+      if(kept > 0, do: rank(held, pid, kept), else: held),
       freed + max(drop, 0)
     }
   end

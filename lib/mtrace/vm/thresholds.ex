@@ -14,7 +14,8 @@ defmodule Mtrace.VM.Thresholds do
   * `process_share` (0.5) — processes as a share of the process limit;
   * `limit_share` (0.5) — atoms or ports as a share of their limit;
   * `process_memory` (256 MiB) — what one process holds (heap, stack,
-    mailbox);
+    mailbox), or the refc binaries it still references after a forced
+    GC (`:binary_held`);
   * `process_memory_share` (0.5) — or this share of the VM's memory, when
     it is at least `process_memory_min`;
   * `process_memory_min` (64 MiB) — the least one process must hold for
@@ -46,6 +47,8 @@ defmodule Mtrace.VM.Thresholds do
     the VM's memory, when that is more than `binary_freed`;
   * `binary_gc_share` (0.25) — binaries' share of the VM's memory that
     makes `gc: :auto` run the forced GC, when they hold `binary_gc_min`;
+    binaries the GC leaves at this share are named with their holders
+    (`:binary_held`, a lead whoever holds them);
   * `binary_gc_min` (16 MiB) — the least binaries hold for that;
   * `native_bytes` (256 MiB) — native memory (or the VM's own memory if
     larger);

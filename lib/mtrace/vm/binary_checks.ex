@@ -1,0 +1,202 @@
+defmodule Mtrace.VM.BinaryChecks do
+  @moduledoc """
+  The checks of `Mtrace.VM.diagnose/1` that look at refc binaries, run by
+  `Mtrace.VM.MemoryChecks`: `:binary_leak`, what a forced collection of
+  every process frees (`Mtrace.VM.bin_leak/1`), and `:binary_held`, what it
+  leaves and who holds it. Scores are those of `Mtrace.VM.Findings`;
+  thresholds are listed in `Mtrace.VM.Thresholds`.
+
+  Binaries a GC cannot free are in use, not leaked, but when they are much
+  of the VM's memory the report still has to say where they are: a cache
+  or a state that keeps every payload it was sent looks like that. One
+  process keeping them is judged as `:process_memory` judges a process's
+  heap; binaries spread over many holders are a lead, below a problem.
+  """
+
+  import Mtrace.VM.Findings, only: [finding: 5, ratio: 2]
+
+  alias Mtrace.VM.{Findings, Format, Thresholds}
+
+  # Dominating binaries that no process is known to keep (untested without
+  # the forced GC, or spread over many holders) score below a problem.
+  @lead_share 0.5
+  @lead_cap 0.9
+
+  # Holders after the first are named when they hold this share of what it holds.
+  @named_share 0.1
+  @named 3
+
+  @doc """
+  Whether refc binaries hold enough of the VM's memory (a quarter, and at
+  least 16 MiB: `binary_gc_share` and `binary_gc_min`) to be worth a
+  node-wide garbage collection to test for a leak, and for what the
+  collection leaves to be named.
+
+  ## Example
+
+      iex> Mtrace.VM.BinaryChecks.bin_leak_worth_it?(%{memory: %{binary: 1000, total: 2000}})
+      false
+  """
+  @spec bin_leak_worth_it?(%{memory: map}) :: boolean
+  @spec bin_leak_worth_it?(%{memory: map}, Thresholds.t()) :: boolean
+  def bin_leak_worth_it?(snap, th \\ Thresholds.defaults())
+
+  def bin_leak_worth_it?(%{memory: %{binary: binary, total: total}}, th)
+      when is_integer(binary) and is_integer(total) and total > 0 do
+    binary >= th.binary_gc_min and binary / total >= th.binary_gc_share
+  end
+
+  def bin_leak_worth_it?(_, _th), do: false
+
+  @doc """
+  The `:binary_leak` finding: what the forced GC (`bin_leak`, a
+  `Mtrace.VM.bin_leak/1` result) freed, naming the process that let go of
+  the most bytes. Without the GC (`bin_leak` `nil`), binaries that
+  dominate memory are a lead (at most 45): a leak cannot be told from
+  binaries in use.
+
+  ## Example
+
+      iex> snap = %{memory: %{binary: 600_000_000, total: 800_000_000}}
+      iex> f = Mtrace.VM.BinaryChecks.leak(snap, nil, Mtrace.VM.Thresholds.defaults())
+      iex> {f.kind, f.score}
+      {:binary_leak, 45.0}
+  """
+  @spec leak(map, map | nil, Thresholds.t()) :: Findings.finding() | nil
+  def leak(snap, nil, th) do
+    %{binary: binary, total: total} = snap.memory
+
+    if bin_leak_worth_it?(snap, th) do
+      finding(
+        :binary_leak,
+        min(ratio(binary / total, @lead_share), @lead_cap),
+        "refc binaries hold #{Format.bytes(binary)}, #{round(100 * binary / total)}% of the " <>
+          "VM's memory; not tested for a leak",
+        %{binary: binary, total: total},
+        "Mtrace.VM.bin_leak(5) (garbage-collects every process), or " <>
+          "Mtrace.VM.top(:binary_memory, 5) to see who holds them"
+      )
+    end
+  end
+
+  # Names the process that let go of the most bytes: one hoarding a few
+  # large binaries, not one that passed many small ones.
+  def leak(snap, bin_leak, th) do
+    before = bin_leak.binary_before
+    freed = if before && bin_leak.binary_after, do: max(before - bin_leak.binary_after, 0)
+    threshold = max(th.binary_freed, th.binary_freed_share * (snap.memory.total || 0))
+    top = Map.get(bin_leak, :top_bytes, [])
+
+    next =
+      case top do
+        [{pid, _, _} | _] ->
+          "#{Format.pid_expr(pid)} keeps large binaries without collecting: hibernate " <>
+            "it when idle or lower its fullsweep_after; Mtrace.VM.top(:binary_memory, 5) " <>
+            "later shows them build up again"
+
+        [] ->
+          "Mtrace.VM.top(:binary_memory, 5)"
+      end
+
+    finding(
+      :binary_leak,
+      ratio(freed, threshold),
+      "a forced GC freed #{Format.bytes(freed)} of refc binaries " <>
+        "(binary memory #{Format.bytes(before)} -> #{Format.bytes(bin_leak.binary_after)})" <>
+        case top do
+          [{pid, bytes, info} | _] ->
+            "; #{Format.process(pid, info)} let go of the most, #{Format.bytes(bytes)}"
+
+          [] ->
+            ""
+        end <>
+        "; #{Format.count(bin_leak.freed, "binary reference")} dropped in all",
+      Map.put(bin_leak, :freed_bytes, freed),
+      next
+    )
+  end
+
+  @doc """
+  The `:binary_held` finding: the refc binaries the forced GC (`bin_leak`)
+  left, and the processes that hold them (its `held`), or `nil` without
+  the GC. The first holder is judged as `:process_memory` judges a heap
+  (`process_memory`, or `process_memory_min`+ that is
+  `process_memory_share` of the VM's memory); binaries left holding
+  `binary_gc_share` of the VM's memory (and `binary_gc_min`) are a lead
+  (at most 45) whoever holds them, so that they are never left unnamed.
+
+  ## Example
+
+      iex> keeper = :erlang.list_to_pid(~c"<0.42.0>")
+      iex> mib = 1_048_576
+      iex> held = [{keeper, 150 * mib, [registered_name: :keeper]}]
+      iex> bin_leak = %{held: held, binary_before: 151 * mib, binary_after: 150 * mib}
+      iex> snap = %{memory: %{total: 181 * mib}}
+      iex> f = Mtrace.VM.BinaryChecks.held(snap, bin_leak, Mtrace.VM.Thresholds.defaults())
+      iex> {f.kind, f.score}
+      {:binary_held, 86.8}
+      iex> f.summary
+      "a forced GC left 150.0 MiB of refc binaries, 83% of the VM's memory: " <>
+        "held, not freed by a GC; #PID<0.42.0> (:keeper) holds 150.0 MiB of them"
+  """
+  @spec held(map, map | nil, Thresholds.t()) :: Findings.finding() | nil
+  def held(%{memory: %{total: before}}, %{binary_after: left} = bin_leak, th)
+      when is_integer(before) and is_integer(left) do
+    freed = max((bin_leak.binary_before || left) - left, 0)
+    # the VM's memory once the GC freed what it did
+    total = max(before - freed, left)
+    holders = Map.get(bin_leak, :held, [])
+
+    one =
+      case holders do
+        [{_pid, bytes, _info} | _] -> holder_ratio(bytes, total, th)
+        [] -> 0
+      end
+
+    spread =
+      if bin_leak_worth_it?(%{memory: %{binary: left, total: total}}, th),
+        do: min(ratio(left / total, @lead_share), @lead_cap),
+        else: 0
+
+    finding(
+      :binary_held,
+      max(one, spread),
+      "a forced GC left #{Format.bytes(left)} of refc binaries, " <>
+        "#{round(100 * left / total)}% of the VM's memory: held, not freed by a GC" <>
+        holders_text(holders),
+      %{binary: left, total: total, freed_bytes: freed, holders: holders},
+      held_next(holders)
+    )
+  end
+
+  def held(_snap, _bin_leak, _th), do: nil
+
+  # As Mtrace.VM.Findings judges one process's memory (:process_memory).
+  defp holder_ratio(bytes, total, th) do
+    share =
+      if bytes >= th.process_memory_min and total > 0,
+        do: ratio(bytes / total, th.process_memory_share),
+        else: 0
+
+    max(ratio(bytes, th.process_memory), share)
+  end
+
+  defp holders_text([{pid, bytes, info} | rest]) do
+    others =
+      rest
+      |> Enum.take(@named - 1)
+      |> Enum.filter(fn {_, b, _} -> b >= @named_share * bytes end)
+      |> Enum.map(fn {p, b, i} -> ", #{Format.process(p, i)} #{Format.bytes(b)}" end)
+
+    "; #{Format.process(pid, info)} holds #{Format.bytes(bytes)} of them#{others}"
+  end
+
+  defp holders_text([]), do: ""
+
+  defp held_next([{pid, _, _} | _]) do
+    "Mtrace.VM.top(:binary_memory, 5) lists the processes that hold them; " <>
+      ":sys.get_state(#{Format.pid_expr(pid)}) shows what a GenServer or an Agent keeps"
+  end
+
+  defp held_next([]), do: "Mtrace.VM.top(:binary_memory, 5) lists the processes that hold them"
+end
