@@ -389,8 +389,10 @@ defmodule Mtrace.VM do
     * `:limit_near` — atoms or ports at half their limit (at the limit the
       VM stops, or refuses new ports; atoms are never freed);
     * `:ets_growth` — a table holding over 100 MiB with the binaries it
-      references, or 64 MiB+ that is half of the VM's memory (or growing by
-      1 MiB/s);
+      references (estimated from sampled objects; a small table keeping
+      large binaries is sampled too when binaries are a quarter of the
+      VM's memory), or 64 MiB+ that is half of the VM's memory (or growing
+      by 1 MiB/s);
     * `:binary_leak` — refc binaries dominate memory and a forced GC frees a
       lot of them (32 MiB, or a quarter of the VM's memory if more);
     * `:binary_held` — refc binaries the forced GC left: in use, not
@@ -439,7 +441,9 @@ defmodule Mtrace.VM do
 
   Cost: one `Process.info/2` per process per sample, a read of the VM's
   allocation tags (`nif_memory/1`) per window step, `bin_leak/1` when
-  binaries dominate, and the window's sleep. Safe on a production node, but
+  binaries dominate (with up to 2_240 ETS objects read to find the tables
+  that keep binaries; otherwise 192, from the 3 largest tables), and the
+  window's sleep. Safe on a production node, but
   not free on one with millions of processes.
 
   ## Example

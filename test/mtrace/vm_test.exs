@@ -518,6 +518,25 @@ defmodule Mtrace.VMTest do
       assert output |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), output
     end
 
+    test "binaries a small ETS table keeps are counted, though it is not among the largest" do
+      node = start_peer()
+      owner = :erpc.call(node, @scenarios, :blob_table, [60, 2 * 1_048_576], 60_000)
+
+      result = diagnose(node)
+      assert result.verdict == :ets_growth, VM.Diagnosis.render(result)
+      assert [%{kind: :ets_growth, evidence: evidence} | _] = result.findings
+      assert evidence.table == :mtrace_blob_cache
+      assert evidence.info[:owner] == owner
+      assert evidence.binary_estimate == 60 * 2 * 1_048_576
+
+      # what the GC left is said to be the table's, not left unexplained
+      held = Enum.find(result.findings, &(&1.kind == :binary_held))
+      assert held.score < 50
+
+      assert String.replace(held.summary, ~r/\s+/, " ") =~
+               "ETS table :mtrace_blob_cache references about 120.0 MiB"
+    end
+
     test "50_000 idle workers of a leaking pool are a process leak" do
       node = start_peer()
       :erpc.call(node, @scenarios, :leaking_pool, [50_000], 60_000)

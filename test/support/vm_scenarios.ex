@@ -106,6 +106,24 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  A small ETS table `:mtrace_blob_cache` of `count` objects `{i, blob}`,
+  each blob a refc binary of `size` bytes: little table memory, and large
+  binaries only the table keeps. Returns the owner.
+
+  ## Example
+
+      owner = Mtrace.VMScenarios.blob_table(10, 65_536)
+  """
+  @spec blob_table(pos_integer, pos_integer) :: pid
+  def blob_table(count, size) do
+    start(fn ->
+      table = :ets.new(:mtrace_blob_cache, [:named_table, :set, :public])
+      for i <- 1..count, do: :ets.insert(table, {i, :binary.copy(<<i>>, size)})
+      :erlang.garbage_collect()
+    end)
+  end
+
+  @doc """
   A pool that started `n` workers and lost track of them: they wait for work
   forever. Returns the pool process.
 

@@ -15,14 +15,15 @@ defmodule Mtrace.VM.BinaryChecks do
 
   import Mtrace.VM.Findings, only: [finding: 5, ratio: 2]
 
-  alias Mtrace.VM.{Findings, Format, Thresholds}
+  alias Mtrace.VM.{ETS, Findings, Format, Thresholds}
 
   # Dominating binaries that no process is known to keep (untested without
   # the forced GC, or spread over many holders) score below a problem.
   @lead_share 0.5
   @lead_cap 0.9
 
-  # Holders after the first are named when they hold this share of what it holds.
+  # Holders (processes, ETS tables) are named, at most 3 of each, when they
+  # hold this share of the binaries a GC left.
   @named_share 0.1
   @named 3
 
@@ -118,12 +119,16 @@ defmodule Mtrace.VM.BinaryChecks do
 
   @doc """
   The `:binary_held` finding: the refc binaries the forced GC (`bin_leak`)
-  left, and the processes that hold them (its `held`), or `nil` without
-  the GC. The first holder is judged as `:process_memory` judges a heap
+  left, and who holds them: the processes of its `held`, and the ETS
+  tables whose binaries `ets` estimated (`%{estimates: [{table, bytes,
+  binaries}], unsampled: count}`, from `Mtrace.VM.ETS.binary_estimates/2`);
+  `nil` without the GC. Holders are named when they hold a tenth of what
+  is left. The first process is judged as `:process_memory` judges a heap
   (`process_memory`, or `process_memory_min`+ that is
   `process_memory_share` of the VM's memory); binaries left holding
   `binary_gc_share` of the VM's memory (and `binary_gc_min`) are a lead
   (at most 45) whoever holds them, so that they are never left unnamed.
+  (Tables are `:ets_growth`'s to judge.)
 
   ## Example
 
@@ -132,20 +137,32 @@ defmodule Mtrace.VM.BinaryChecks do
       iex> held = [{keeper, 150 * mib, [registered_name: :keeper]}]
       iex> bin_leak = %{held: held, binary_before: 151 * mib, binary_after: 150 * mib}
       iex> snap = %{memory: %{total: 181 * mib}}
-      iex> f = Mtrace.VM.BinaryChecks.held(snap, bin_leak, Mtrace.VM.Thresholds.defaults())
+      iex> ets = %{estimates: [], unsampled: 0}
+      iex> f = Mtrace.VM.BinaryChecks.held(snap, bin_leak, ets, Mtrace.VM.Thresholds.defaults())
       iex> {f.kind, f.score}
       {:binary_held, 86.8}
       iex> f.summary
       "a forced GC left 150.0 MiB of refc binaries, 83% of the VM's memory: " <>
         "held, not freed by a GC; #PID<0.42.0> (:keeper) holds 150.0 MiB of them"
   """
-  @spec held(map, map | nil, Thresholds.t()) :: Findings.finding() | nil
-  def held(%{memory: %{total: before}}, %{binary_after: left} = bin_leak, th)
+  @spec held(map, map | nil, map, Thresholds.t()) :: Findings.finding() | nil
+  def held(%{memory: %{total: before}}, %{binary_after: left} = bin_leak, ets, th)
       when is_integer(before) and is_integer(left) do
     freed = max((bin_leak.binary_before || left) - left, 0)
     # the VM's memory once the GC freed what it did
     total = max(before - freed, left)
     holders = Map.get(bin_leak, :held, [])
+    named = Enum.filter(holders, fn {_, bytes, _} -> bytes >= @named_share * left end)
+
+    tables =
+      for {t, _, bins} <- ets.estimates, is_integer(bins), bins >= @named_share * left do
+        info = ETS.describe(t, :erlang.system_info(:wordsize)) || []
+        # an unnamed table's name reaches nothing: said (as :ets_growth does)
+        name = inspect(info[:name] || t)
+        {t, bins, Keyword.put(info, :called, if(is_atom(t), do: name, else: "#{name} (unnamed)"))}
+      end
+      |> Enum.sort_by(&(-elem(&1, 1)))
+      |> Enum.take(@named)
 
     one =
       case holders do
@@ -163,13 +180,20 @@ defmodule Mtrace.VM.BinaryChecks do
       max(one, spread),
       "a forced GC left #{Format.bytes(left)} of refc binaries, " <>
         "#{round(100 * left / total)}% of the VM's memory: held, not freed by a GC" <>
-        holders_text(holders),
-      %{binary: left, total: total, freed_bytes: freed, holders: holders},
-      held_next(holders)
+        holders_text(Enum.take(named, @named), tables, ets.unsampled),
+      %{
+        binary: left,
+        total: total,
+        freed_bytes: freed,
+        holders: holders,
+        ets: tables,
+        ets_unsampled: ets.unsampled
+      },
+      held_next(named, tables)
     )
   end
 
-  def held(_snap, _bin_leak, _th), do: nil
+  def held(_snap, _bin_leak, _ets, _th), do: nil
 
   # As Mtrace.VM.Findings judges one process's memory (:process_memory).
   defp holder_ratio(bytes, total, th) do
@@ -181,22 +205,37 @@ defmodule Mtrace.VM.BinaryChecks do
     max(ratio(bytes, th.process_memory), share)
   end
 
-  defp holders_text([{pid, bytes, info} | rest]) do
-    others =
-      rest
-      |> Enum.take(@named - 1)
-      |> Enum.filter(fn {_, b, _} -> b >= @named_share * bytes end)
-      |> Enum.map(fn {p, b, i} -> ", #{Format.process(p, i)} #{Format.bytes(b)}" end)
-
-    "; #{Format.process(pid, info)} holds #{Format.bytes(bytes)} of them#{others}"
+  defp holders_text([], [], unsampled) do
+    "; no process or sampled ETS table holds a tenth of them (NIFs, drivers and " <>
+      "private tables are not seen here" <>
+      if(unsampled > 0, do: "; #{Format.count(unsampled, "small table")} not sampled)", else: ")")
   end
 
-  defp holders_text([]), do: ""
-
-  defp held_next([{pid, _, _} | _]) do
-    "Mtrace.VM.top(:binary_memory, 5) lists the processes that hold them; " <>
-      ":sys.get_state(#{Format.pid_expr(pid)}) shows what a GenServer or an Agent keeps"
+  defp holders_text(procs, tables, _unsampled) do
+    Enum.map_join(procs, fn {pid, bytes, info} ->
+      "; #{Format.process(pid, info)} holds #{Format.bytes(bytes)} of them"
+    end) <>
+      Enum.map_join(tables, fn {_t, bins, info} ->
+        "; ETS table #{info[:called]} references about #{Format.bytes(bins)}"
+      end)
   end
 
-  defp held_next([]), do: "Mtrace.VM.top(:binary_memory, 5) lists the processes that hold them"
+  defp held_next(procs, tables) do
+    "Mtrace.VM.top(:binary_memory, 5) lists the processes that hold them" <>
+      case procs do
+        [{pid, _, _} | _] ->
+          "; :sys.get_state(#{Format.pid_expr(pid)}) shows what a GenServer or an Agent keeps"
+
+        [] ->
+          ""
+      end <>
+      case tables do
+        [{_t, _, info} | _] ->
+          "; find who inserts into #{info[:called]} " <>
+            "(owner #{inspect(info[:owner])}) without deleting"
+
+        [] ->
+          ""
+      end
+  end
 end

@@ -106,6 +106,39 @@ defmodule Mtrace.VM.ETS do
     ArgumentError -> nil
   end
 
+  @doc """
+  `binary_estimate/2` for the tables of `sizes` (bytes by table, as
+  `sizes/0` gives them), largest first, in tiers: `{count, samples}` takes
+  the next `count` tables with `samples` objects each. Returns
+  `{[{table, bytes, binaries | nil}], unsampled}`, `unsampled` being how
+  many tables no tier reached. A table's memory leaves out the binaries
+  it references, so a small table can keep the most: a wide tier with
+  few samples each finds it at a bounded cost (`count * samples` objects
+  read at most).
+
+  ## Example
+
+      t = :ets.new(:t, [])
+      :ets.insert(t, {1, :binary.copy("x", 1000)})
+      {[{^t, _bytes, 1000}], 0} = Mtrace.VM.ETS.binary_estimates(%{t => 100}, [{3, 64}])
+  """
+  @spec binary_estimates(%{:ets.table() => non_neg_integer}, [{non_neg_integer, pos_integer}]) ::
+          {[{:ets.table(), non_neg_integer, non_neg_integer | nil}], non_neg_integer}
+  def binary_estimates(sizes, tiers) do
+    sizes |> Enum.sort_by(&(-elem(&1, 1))) |> estimate_tiers(tiers, [])
+  end
+
+  defp estimate_tiers(left, [], done), do: {Enum.reverse(done), length(left)}
+
+  defp estimate_tiers(left, [{count, samples} | tiers], done) do
+    {these, left} = Enum.split(left, count)
+
+    done =
+      Enum.reduce(these, done, fn {t, b}, acc -> [{t, b, binary_estimate(t, samples)} | acc] end)
+
+    estimate_tiers(left, tiers, done)
+  end
+
   # Bytes of off-heap binaries in a term, visiting at most about `budget`
   # terms: sampling is meant to be cheap even when objects are huge.
   defp offheap(term, budget) do

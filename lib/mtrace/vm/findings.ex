@@ -43,8 +43,11 @@ defmodule Mtrace.VM.Findings do
     never freed);
   * `:ets_growth` — size: a table holding `ets_bytes`, or
     `ets_share_min`+ that is `ets_share` of the VM's memory, counting
-    the binaries it references (estimated from 64 objects); growth over
-    a window: a table growing by `ets_growth`/s;
+    the binaries it references (estimated from 64 objects of each of
+    the 3 largest tables, and when binaries are `binary_gc_share` of
+    the VM's memory from 8 of each of the next 256 too: a small table
+    can keep large binaries); growth over a window: a table growing by
+    `ets_growth`/s;
   * `:binary_leak` — size: a forced GC freeing `binary_freed` of
     binaries, or `binary_freed_share` of the VM's memory if larger
     (without the GC, binaries holding half of the VM's memory score at

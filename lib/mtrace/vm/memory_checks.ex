@@ -16,7 +16,14 @@ defmodule Mtrace.VM.MemoryChecks do
 
   alias Mtrace.VM.{BinaryChecks, Diagnose, ETS, Findings, Format, Native, Thresholds}
 
-  @ets_samples 64
+  # Table memory leaves out the binaries a table references: they are
+  # estimated from 64 objects of each of the 3 largest tables, where a leak
+  # would show; and when binaries are a large share of the VM's memory
+  # (bin_leak_worth_it?/2), from 8 objects of each of the next 256 too,
+  # since a small table can keep large binaries (at most 2_240 objects
+  # read in all).
+  @ets_tiers [{3, 64}]
+  @ets_wide_tiers [{3, 64}, {256, 8}]
 
   @doc """
   Runs the memory checks (`nil` where there is nothing to report); `secs`
@@ -33,31 +40,27 @@ defmodule Mtrace.VM.MemoryChecks do
           [Findings.finding() | nil]
   def run(prev, snap, secs, extra) do
     th = Map.get(extra, :thresholds, Thresholds.defaults())
+    tiers = if BinaryChecks.bin_leak_worth_it?(snap, th), do: @ets_wide_tiers, else: @ets_tiers
+    {estimates, unsampled} = ETS.binary_estimates(snap.ets, tiers)
+    ets_binaries = %{estimates: estimates, unsampled: unsampled}
 
     [
-      ets(prev, snap, secs, th),
+      ets(prev, snap, secs, estimates, th),
       BinaryChecks.leak(snap, extra.bin_leak, th),
-      BinaryChecks.held(snap, extra.bin_leak, th),
+      BinaryChecks.held(snap, extra.bin_leak, ets_binaries, th),
       native(snap, secs, extra, th),
       fragmentation(snap, th),
       nif(extra[:nif], secs, snap.memory, th)
     ]
   end
 
-  defp ets(_prev, snap, _secs, _th) when snap.ets == %{}, do: nil
+  defp ets(_prev, _snap, _secs, [], _th), do: nil
 
-  defp ets(prev, snap, secs, th) do
+  defp ets(prev, snap, secs, estimates, th) do
     total = snap.memory.total
 
-    # Table memory leaves out the binaries a table references; estimate them
-    # for the few largest tables, which is where a leak would show.
-    {table, bytes, binaries} =
-      snap.ets
-      |> Enum.sort_by(&(-elem(&1, 1)))
-      |> Enum.take(3)
-      |> Enum.map(fn {t, b} -> {t, b, ETS.binary_estimate(t, @ets_samples)} end)
-      |> Enum.max_by(fn {_, b, bins} -> b + (bins || 0) end)
-
+    # the table holding the most with the binaries it references
+    {table, bytes, binaries} = Enum.max_by(estimates, fn {_, b, bins} -> b + (bins || 0) end)
     held = bytes + (binaries || 0)
 
     share =
@@ -76,7 +79,12 @@ defmodule Mtrace.VM.MemoryChecks do
 
     size = max(ratio(held, th.ets_bytes), share)
     growth = growth_ratio(delta, secs, th.ets_growth, th.ets_growth_min)
-    table = if growth > size, do: gtable, else: table
+    # the fastest-growing table's own estimate, if it has one
+    {table, binaries} =
+      if growth > size,
+        do: {gtable, Enum.find_value(estimates, fn {t, _, bins} -> t == gtable && bins end)},
+        else: {table, binaries}
+
     per_s = prev && rate(Map.get(snap.ets, table, 0) - Map.get(prev.ets, table, 0), secs)
     info = ETS.describe(table, :erlang.system_info(:wordsize)) || []
     # An unnamed table's name reaches nothing (:ets.info(:sessions) is
@@ -101,7 +109,11 @@ defmodule Mtrace.VM.MemoryChecks do
         growth_per_s: per_s,
         ets_total: snap.memory.ets
       },
-      "Mtrace.VM.ets_top(5); then find who inserts into #{handle} " <>
+      # ets_top/1 ranks tables by their own memory, binaries left out
+      if(binaries && binaries > (info[:memory_bytes] || 0),
+        do: "find who inserts into #{handle} ",
+        else: "Mtrace.VM.ets_top(5); then find who inserts into #{handle} "
+      ) <>
         "(owner #{inspect(info[:owner])}) without deleting"
     )
   end

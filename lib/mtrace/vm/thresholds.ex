@@ -48,7 +48,8 @@ defmodule Mtrace.VM.Thresholds do
   * `binary_gc_share` (0.25) — binaries' share of the VM's memory that
     makes `gc: :auto` run the forced GC, when they hold `binary_gc_min`;
     binaries the GC leaves at this share are named with their holders
-    (`:binary_held`, a lead whoever holds them);
+    (`:binary_held`, a lead whoever holds them), and at this share the
+    binaries of 256 more ETS tables than the 3 largest are estimated;
   * `binary_gc_min` (16 MiB) — the least binaries hold for that;
   * `native_bytes` (256 MiB) — native memory (or the VM's own memory if
     larger);
