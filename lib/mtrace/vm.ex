@@ -379,7 +379,8 @@ defmodule Mtrace.VM do
     * `:mailbox_buildup` — a process with more than 10_000 messages waiting
       (or a mailbox growing by 500/s);
     * `:process_leak` — processes at half the process limit, or 10_000+
-      idle processes sharing an initial call and current function that make
+      idle processes sharing what they were started as (a GenServer's
+      `init/1`, not `:proc_lib.init_p/5`) and current function that make
       up half of all processes (or the count growing by 100/s). Idle
       connection processes you expect look the same: judge by their owner;
     * `:monitor_leak` — a process holding more than 10_000 monitors (or
@@ -439,12 +440,14 @@ defmodule Mtrace.VM do
     * `:thresholds` — overrides of any threshold, as a keyword list (see
       `Mtrace.VM.Thresholds` for all of them and their defaults).
 
-  Cost: one `Process.info/2` per process per sample, a read of the VM's
+  Cost: one `Process.info/2` per process per sample (and for idle
+  processes started through proc_lib, a read of proc_lib's record in
+  their dictionary: `Mtrace.VM.Diagnose`), a read of the VM's
   allocation tags (`nif_memory/1`) per window step, `bin_leak/1` when
   binaries dominate (with up to 2_240 ETS objects read to find the tables
   that keep binaries; otherwise 192, from the 3 largest tables), and the
-  window's sleep. Safe on a production node, but
-  not free on one with millions of processes.
+  window's sleep. Safe on a production node, but not free on one with
+  millions of processes.
 
   ## Example
 

@@ -551,6 +551,33 @@ defmodule Mtrace.VMTest do
       assert evidence.processes >= 50_000
     end
 
+    test "idle servers are grouped by the module they were started with, not by proc_lib" do
+      node = start_peer()
+      :ok = :erpc.call(node, @scenarios, :idle_servers, [12_000, 8_000], 120_000)
+
+      {result, output} = with_io(fn -> VM.diagnose(node: node, timeout: 60_000) end)
+      assert result.verdict == :process_leak, VM.Diagnosis.render(result)
+
+      assert [%{kind: :process_leak, evidence: evidence, summary: summary} | _] = result.findings
+
+      # not the 20_000 servers and the system's own, all :proc_lib.init_p/5
+      # to the VM, under one name
+      assert %{count: 12_000, sample: sample} = evidence.idle_group
+      assert evidence.idle_group.started_as == {Mtrace.VMScenarios.IdleServer, :init, 1}
+      assert evidence.idle_group.current_function == {:gen_server, :loop, 7}
+      assert evidence.idle_group.initial_call == {:proc_lib, :init_p, 5}
+
+      # the sample is one of them, not a system process
+      assert :erpc.call(node, :proc_lib, :initial_call, [sample]) ==
+               {Mtrace.VMScenarios.IdleServer, :init, [:Argument__1]}
+
+      flat = String.replace(summary, ~r/\s+/, " ")
+      assert flat =~ ~r/^12_000 of 20_\d{3} processes are idle in :gen_server.loop\/7, /
+      assert flat =~ "started as Mtrace.VMScenarios.IdleServer.init/1"
+
+      assert output |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), output
+    end
+
     test "20_000 monitors held by one process are a monitor leak" do
       node = start_peer()
       {hog, target} = :erpc.call(node, @scenarios, :monitor_hog, [20_000], 60_000)

@@ -137,6 +137,23 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  `servers` idle GenServers running `Mtrace.VMScenarios.IdleServer` and
+  `agents` idle Agents, none of them ever called: two kinds of lost
+  workers, both `:proc_lib.init_p/5` to the VM, waiting in
+  `:gen_server.loop/7`.
+
+  ## Example
+
+      :ok = Mtrace.VMScenarios.idle_servers(10, 5)
+  """
+  @spec idle_servers(non_neg_integer, non_neg_integer) :: :ok
+  def idle_servers(servers, agents) do
+    for _ <- 1..servers//1, do: {:ok, _} = GenServer.start(Mtrace.VMScenarios.IdleServer, nil)
+    for _ <- 1..agents//1, do: {:ok, _} = Agent.start(fn -> nil end)
+    :ok
+  end
+
+  @doc """
   A process monitoring one target `n` times; returns `{hog, target}`.
 
   ## Example
@@ -313,4 +330,15 @@ defmodule Mtrace.VMScenarios do
 
     receive do: ({^ref, :ready} -> pid)
   end
+end
+
+defmodule Mtrace.VMScenarios.IdleServer do
+  @moduledoc """
+  A GenServer that waits for calls that never come (see
+  `Mtrace.VMScenarios.idle_servers/2`).
+  """
+  use GenServer
+
+  @impl true
+  def init(state), do: {:ok, state}
 end

@@ -29,8 +29,9 @@ defmodule Mtrace.VM.Findings do
     `mailbox_growth` messages/s;
   * `:process_leak` — size: processes at `process_share` of the limit,
     or `idle_group`+ idle processes (waiting, mailbox empty) sharing
-    initial call and current function and making up `idle_share` of all
-    processes; growth over a window: the process count growing by
+    what they were started as (proc_lib's record for a GenServer, an
+    Agent, a Task) and current function and making up `idle_share` of
+    all processes; growth over a window: the process count growing by
     `process_growth`/s;
   * `:monitor_leak` — size: a process holding `monitors` monitors;
     growth over a window: one process gaining `monitor_growth`
@@ -458,7 +459,6 @@ defmodule Mtrace.VM.Findings do
         else: 0
 
     growth = growth_ratio(delta, secs, t.process_growth, t.process_growth_min)
-    group = group && Map.put(group, :started_as, started_as(group.sample))
 
     summary =
       cond do
@@ -522,16 +522,6 @@ defmodule Mtrace.VM.Findings do
       _ ->
         []
     end
-  end
-
-  # The VM's initial call, for Procs.started_as/2.
-  defp started_as(pid) do
-    case :erlang.process_info(pid, :initial_call) do
-      {:initial_call, initial} -> Procs.started_as(pid, initial)
-      _ -> nil
-    end
-  catch
-    _, _ -> nil
   end
 
   # The process to report for a per-process measure: the largest one, or the

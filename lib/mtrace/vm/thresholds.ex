@@ -20,8 +20,10 @@ defmodule Mtrace.VM.Thresholds do
     it is at least `process_memory_min`;
   * `process_memory_min` (64 MiB) — the least one process must hold for
     its share to count;
-  * `idle_group` (10_000) — idle processes sharing initial call and
-    current function, when they are also `idle_share` of all processes;
+  * `idle_group` (10_000) — idle processes sharing what they were started
+    as (for a GenServer, an Agent or a Task, the function proc_lib
+    records, not `:proc_lib.init_p/5`) and current function, when they are
+    also `idle_share` of all processes;
   * `idle_share` (0.5) — the share of all processes such a group makes;
   * `process_growth` (100) — processes/s the count grows by (over at
     least `process_growth_min`);
