@@ -247,6 +247,25 @@ defmodule Mtrace.VMTest do
       assert native.evidence.outside_vm == snap.memory.outside_vm
     end
 
+    test "without the tracer, carriers the VM freed and still maps are not native memory" do
+      snap = VM.Diagnose.snapshot()
+      mib = 1_048_576
+      # As right after a process with a 300 MiB heap died: its carriers are
+      # cached, outside the allocators' figures but still resident.
+      memory = %{snap.memory | outside_vm: 330 * mib, carrier_cache: 300 * mib}
+      extra = %{bin_leak: nil, preloaded: false, sites: []}
+      [_, _, _, native, _, _] = VM.MemoryChecks.run(nil, %{snap | memory: memory}, nil, extra)
+
+      assert native.evidence.bytes == 30 * mib
+      assert native.summary =~ "less up to 300.0 MiB of carriers the VM freed", native.summary
+      assert native.score < 50
+
+      lines =
+        VM.Diagnosis.render(%VM.Diagnosis{VM.diagnose(print: false, gc: false) | memory: memory})
+
+      assert lines =~ "outside the VM 330.0 MiB (RSS the ERTS allocators do not hold); up to"
+    end
+
     test "untraced, growth and sizes are named as on the memory lines" do
       for tracer <- [Mtrace.VMTest.NoTracer, Mtrace.VMTest.InactiveTracer] do
         use_native(tracer)

@@ -101,9 +101,20 @@ defmodule Mtrace.VM.Diagnosis do
       vm <> " | RSS #{Format.bytes(m.rss)} (peak #{Format.bytes(m.rss_peak)})",
       "        ERTS allocators #{Format.bytes(m.allocated)} allocated, " <>
         "#{Format.bytes(m.used)} used",
-      "        outside the VM #{Format.bytes(m.outside_vm)} (RSS the ERTS allocators do not hold)"
+      "        outside the VM #{Format.bytes(m.outside_vm)} (RSS the ERTS allocators do not " <>
+        "hold)" <> cached(m)
     ]
   end
+
+  # Carriers the VM freed but still maps (Mtrace.VM.Memory.carrier_cache/0)
+  # are part of outside_vm: said when they are a good part of it.
+  defp cached(%{carrier_cache: cache, outside_vm: outside})
+       when is_integer(cache) and is_integer(outside) and cache >= 1_048_576 and
+              cache * 10 >= outside,
+       do:
+         "; up to #{Format.bytes(min(cache, outside))} of it carriers the VM freed and keeps mapped"
+
+  defp cached(_m), do: ""
 
   defp counts_line(c) do
     "counts  " <>

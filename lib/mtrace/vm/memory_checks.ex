@@ -197,11 +197,20 @@ defmodule Mtrace.VM.MemoryChecks do
       else: {snap.memory.native[:live_bytes], "the native heap (live malloc allocations) holds"}
   end
 
-  defp native_bytes(snap, _extra),
-    do:
-      {snap.memory.outside_vm,
-       "memory outside the VM's allocators, untraced (the emulator itself, NIFs, " <>
-         "drivers, libraries), is"}
+  # Carriers the VM freed and still maps for reuse (Memory.carrier_cache/0)
+  # are the VM's: right after a large process dies they can be most of it.
+  defp native_bytes(snap, _extra) do
+    outside = snap.memory.outside_vm
+    cache = min(snap.memory[:carrier_cache] || 0, outside || 0)
+
+    {outside && outside - cache,
+     "memory outside the VM's allocators, untraced (the emulator itself, NIFs, " <>
+       "drivers, libraries)" <>
+       if(cache >= 1_048_576,
+         do: ", less up to #{Format.bytes(cache)} of carriers the VM freed and keeps mapped,",
+         else: ","
+       ) <> " is"}
+  end
 
   defp tracking_off?(snap, %{preloaded: true}), do: match?(%{enabled: false}, snap.memory.native)
   defp tracking_off?(_snap, _extra), do: false
