@@ -88,8 +88,10 @@ defmodule Mtrace.Export do
   repeat the rule. An Erlang frame also has `"module"`, `"function"` and
   `"arity"`, the atoms as the VM writes them (`"Elixir.Ledger"`, `"ets"`;
   null where the VM named no function), so a reader can match them without
-  parsing the name. Keys are written sorted. Raises `ArgumentError` if
-  something cannot be encoded (see `Mtrace.JSON`).
+  parsing the name. Bytes of a frame's strings that are not UTF-8 (a
+  library under a directory named in Latin-1) are written as U+FFFD
+  (`Mtrace.JSON.valid_utf8/1`). Keys are written sorted. Raises
+  `ArgumentError` if something else cannot be encoded (see `Mtrace.JSON`).
 
   ## Example
 
@@ -132,5 +134,11 @@ defmodule Mtrace.Export do
     frame
     |> Map.take(fields)
     |> Map.put(:name, Mtrace.Frame.name(frame))
+    |> Map.new(fn {key, value} -> {key, text(value)} end)
   end
+
+  # Paths and names are bytes as the objects and the disk hold them (a
+  # library under a directory named in Latin-1): JSON strings must be UTF-8.
+  defp text(value) when is_binary(value), do: JSON.valid_utf8(value)
+  defp text(value), do: value
 end

@@ -351,7 +351,7 @@ defmodule Mtrace.Flamegraph do
   defp plain_ascii?(_other), do: false
 
   defp escape_chars(text) do
-    for <<char::utf8 <- valid_utf8(text)>>, into: "" do
+    for <<char::utf8 <- Mtrace.JSON.valid_utf8(text)>>, into: "" do
       case char do
         ?& -> "&amp;"
         ?< -> "&lt;"
@@ -362,19 +362,6 @@ defmodule Mtrace.Flamegraph do
         c when c < 0x20 or c in [0xFFFE, 0xFFFF] -> "?"
         c -> <<c::utf8>>
       end
-    end
-  end
-
-  defp valid_utf8(text) do
-    case :unicode.characters_to_binary(text) do
-      valid when is_binary(valid) ->
-        valid
-
-      {_error, valid, <<_bad, rest::binary>>} ->
-        valid <> "\uFFFD" <> valid_utf8(rest)
-
-      {:incomplete, valid, _rest} ->
-        valid <> "\uFFFD"
     end
   end
 end

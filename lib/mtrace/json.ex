@@ -50,6 +50,37 @@ defmodule Mtrace.JSON do
   def encode(map) when is_map(map), do: object(map)
   def encode(other), do: cannot_encode(other)
 
+  @doc """
+  `text` with every byte that is not part of a valid UTF-8 character
+  replaced by U+FFFD (the replacement character); valid text is returned as
+  it is.
+
+  Names read from symbol tables, debug info and paths on disk are bytes: a
+  library under a directory named in Latin-1 (`caf\\xE9`) is not UTF-8.
+  `encode/1` refuses such a binary; outputs pass names through this first,
+  as the flame graph does for its XML.
+
+  ## Examples
+
+      iex> Mtrace.JSON.valid_utf8("/opt/caf\\xE9/libinner.so")
+      "/opt/caf\uFFFD/libinner.so"
+      iex> Mtrace.JSON.valid_utf8("café ∑")
+      "café ∑"
+  """
+  @spec valid_utf8(binary()) :: String.t()
+  def valid_utf8(text) when is_binary(text) do
+    case :unicode.characters_to_binary(text) do
+      valid when is_binary(valid) ->
+        valid
+
+      {_error, valid, <<_bad, rest::binary>>} ->
+        valid <> "\uFFFD" <> valid_utf8(rest)
+
+      {:incomplete, valid, _rest} ->
+        valid <> "\uFFFD"
+    end
+  end
+
   defp elements([], _whole), do: []
   defp elements([last], _whole), do: [encode(last)]
 

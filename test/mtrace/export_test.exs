@@ -238,10 +238,29 @@ defmodule Mtrace.ExportTest do
     test "bad meta and unencodable values raise" do
       assert_raise ArgumentError, fn -> Export.json(sites(), %{}, %{node: node()}) end
       assert_raise ArgumentError, fn -> Export.json(sites(), %{odd: {1, 2}}, @meta) end
+    end
 
-      assert_raise ArgumentError, fn ->
-        Export.json([site(1, 1, [frame(<<0xFF>>)])], %{}, @meta)
-      end
+    test "names and paths that are not UTF-8 are written with U+FFFD, not refused" do
+      # a NIF linking a library from a directory named in Latin-1
+      latin1 =
+        frame("inner_leak",
+          lib: "/tmp/caf\xE9/libinner.so",
+          file: "src/\xFFinner.c",
+          line: 2
+        )
+
+      unnamed = frame(nil, lib: "/tmp/libcaf\xE9.so", offset: 0x10)
+      sites = [site(1, 64, [latin1, frame(<<0xC3>>), unnamed]) | sites()]
+      decoded = decode!(Export.json(sites, %{}, @meta))
+
+      [bad | rest] = decoded["sites"]
+      assert length(rest) == 4
+      [first, cut, offset] = bad["frames"]
+      assert first["lib"] == "/tmp/caf\uFFFD/libinner.so"
+      assert first["file"] == "src/\uFFFDinner.c"
+      assert first["symbol"] == "inner_leak"
+      assert cut["symbol"] == "\uFFFD"
+      assert offset["name"] == "libcaf\uFFFD.so+0x10"
     end
   end
 
