@@ -382,7 +382,10 @@ defmodule Mtrace do
     * `format: :folded` (default) — collapsed stacks, one line per stack,
       `outer;...;inner weight`, as read by flamegraph.pl, inferno and
       speedscope; `weight: :bytes` (default) or `:count`;
-    * `format: :json` — `%{generated_at, node, total, stats, sites}`.
+    * `format: :json` — `%{generated_at, node, since, window_ms, total,
+      stats, sites}` (`Mtrace.Export.json/3`): `since` and `window_ms` say
+      what a query since a mark or over a window covered, and with
+      `sort: :growth` each site has its `growth_per_s`.
 
   Takes the options of `sites/1`, with `limit: :all` and `demangle: true` by
   default. Returns `:ok`; the file is written only at `path`.
@@ -405,13 +408,18 @@ defmodule Mtrace do
     if o.format == :json and Keyword.has_key?(opts, :weight),
       do: raise(ArgumentError, "export/2: weight: applies to format: :folded only")
 
+    window_ms = o.window
     {o, opts} = after_window(o, opts, "export/2")
     snap = snapshot(o, opts, [:format, :weight])
 
     data =
       case o.format do
-        :folded -> Export.folded(estimated(snap), o.weight)
-        :json -> Export.json(snap.sites, snap.stats, Map.take(snap, [:node, :generated_at]))
+        :folded ->
+          Export.folded(estimated(snap), o.weight)
+
+        :json ->
+          meta = %{node: snap.node, generated_at: snap.generated_at, since: o[:since]}
+          Export.json(snap.sites, snap.stats, Map.put(meta, :window_ms, window_ms))
       end
 
     write!(path, data)

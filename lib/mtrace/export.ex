@@ -19,7 +19,7 @@ defmodule Mtrace.Export do
 
   @frame_fields [:lib, :symbol, :file, :line, :addr, :inlined, :offset]
   @erlang_fields @frame_fields ++ [:module, :function, :arity]
-  @site_fields [:count, :bytes, :est_count, :est_bytes, :oldest, :newest]
+  @site_fields [:count, :bytes, :est_count, :est_bytes, :oldest, :newest, :growth_per_s]
 
   @doc """
   Collapsed stacks: a line `outermost;...;innermost weight` per distinct stack.
@@ -77,13 +77,22 @@ defmodule Mtrace.Export do
   The sites as one JSON object (iodata):
 
       {"generated_at": "2024-05-01T12:00:00Z", "node": "app@host",
+       "since": null, "window_ms": null,
        "total": {"count": ..., "bytes": ...}, "stats": {...},
-       "sites": [{"count":, "bytes":, "oldest":, "newest":,
+       "sites": [{"count":, "bytes":, "est_count":, "est_bytes":,
+                  "oldest":, "newest":, "growth_per_s":,
                   "frames": [{"name":, "symbol":, "lib":, "file":, "line":,
                               "addr":, "offset":, "inlined":}]}]}
 
   `stats` is `Mtrace.stats/0`; `meta` gives `:node` and `:generated_at` (a
-  `DateTime`, written in ISO 8601). `total` sums the sites given. Each frame
+  `DateTime`, written in ISO 8601), and for a query since a mark `:since`
+  (the `Mtrace.Mark`) and, when the mark was taken for a `window:`,
+  `:window_ms`. `since` is written as the mark's `t_ms` (the table's clock,
+  as `stats.now_ms`) and `window_ms` as the window's length; both are null
+  for a snapshot of everything live, so a file of what grew since a mark
+  does not read as one. `total` sums the sites given. A site has
+  `growth_per_s` (estimated bytes per second since the mark) when the
+  query was `sort: :growth`, and not otherwise. Each frame
   also carries its display `name` (`Mtrace.Frame.name/1`), so readers need not
   repeat the rule. An Erlang frame also has `"module"`, `"function"` and
   `"arity"`, the atoms as the VM writes them (`"Elixir.Ledger"`, `"ets"`;
@@ -98,15 +107,30 @@ defmodule Mtrace.Export do
       iex> site = %{count: 1, bytes: 16, oldest: 3, newest: 3, frames: []}
       iex> meta = %{node: :"app@host", generated_at: ~U[2024-05-01 12:00:00Z]}
       iex> Mtrace.Export.json([site], %{dropped: 0}, meta) |> IO.iodata_to_binary()
-      ~s|{"generated_at":"2024-05-01T12:00:00Z","node":"app@host",| <>
+      ~s|{"generated_at":"2024-05-01T12:00:00Z","node":"app@host","since":null,| <>
         ~s|"sites":[{"bytes":16,"count":1,"frames":[],"newest":3,"oldest":3}],| <>
-        ~s|"stats":{"dropped":0},"total":{"bytes":16,"count":1}}|
+        ~s|"stats":{"dropped":0},"total":{"bytes":16,"count":1},"window_ms":null}|
+      iex> grown = Map.put(site, :growth_per_s, 4.0)
+      iex> mark = %Mtrace.Mark{node: :"app@host", t_ms: 120_500}
+      iex> meta = Map.merge(meta, %{since: mark, window_ms: 4000})
+      iex> json = Mtrace.Export.json([grown], %{}, meta) |> IO.iodata_to_binary()
+      iex> json =~ ~s|"growth_per_s":4.0| and json =~ ~s|"since":120500,|
+      true
+      iex> json =~ ~s|"window_ms":4000}|
+      true
   """
-  @spec json([site()], map(), %{node: node(), generated_at: DateTime.t()}) :: iodata()
-  def json(sites, stats, %{node: node, generated_at: %DateTime{} = generated_at}) do
+  @spec json([site()], map(), %{
+          required(:node) => node(),
+          required(:generated_at) => DateTime.t(),
+          optional(:since) => Mtrace.Mark.t() | nil,
+          optional(:window_ms) => non_neg_integer() | nil
+        }) :: iodata()
+  def json(sites, stats, %{node: node, generated_at: %DateTime{} = generated_at} = meta) do
     JSON.encode(%{
       generated_at: DateTime.to_iso8601(generated_at),
       node: node,
+      since: since_ms(meta),
+      window_ms: window_ms(meta),
       total: %{count: sum(sites, :count), bytes: sum(sites, :bytes)},
       stats: stats,
       sites: Enum.map(sites, &site_object/1)
@@ -116,6 +140,30 @@ defmodule Mtrace.Export do
   def json(_sites, _stats, meta) do
     raise ArgumentError,
           "json/3: meta must hold :node and :generated_at (a DateTime), got: #{inspect(meta)}"
+  end
+
+  defp since_ms(meta) do
+    case meta[:since] do
+      nil ->
+        nil
+
+      %Mtrace.Mark{t_ms: t_ms} ->
+        t_ms
+
+      other ->
+        raise ArgumentError, "json/3: meta :since must be a Mtrace.Mark, got: #{inspect(other)}"
+    end
+  end
+
+  defp window_ms(meta) do
+    case meta[:window_ms] do
+      ms when is_nil(ms) or (is_integer(ms) and ms >= 0) ->
+        ms
+
+      other ->
+        raise ArgumentError,
+              "json/3: meta :window_ms must be a non-negative integer, got: #{inspect(other)}"
+    end
   end
 
   defp sum(sites, field), do: sites |> Enum.map(& &1[field]) |> Enum.sum()

@@ -214,6 +214,35 @@ defmodule Mtrace.ExportTest do
       assert unknown["name"] == "?? (Erlang code)"
     end
 
+    test "since a mark: the mark, the window and each site's growth are written" do
+      sites = [Map.put(site(3, 300, [frame("grow")]), :growth_per_s, 75.5)]
+      mark = %Mtrace.Mark{node: :app@host, t_ms: 98_765}
+
+      decoded =
+        decode!(Export.json(sites, %{}, Map.merge(@meta, %{since: mark, window_ms: 4000})))
+
+      assert decoded["since"] == 98_765
+      assert decoded["window_ms"] == 4000
+      assert [%{"growth_per_s" => 75.5, "bytes" => 300}] = decoded["sites"]
+
+      # a mark given, no window
+      decoded = decode!(Export.json(sites, %{}, Map.put(@meta, :since, mark)))
+      assert {decoded["since"], decoded["window_ms"]} == {98_765, nil}
+
+      # a plain snapshot says so, and its sites have no growth
+      plain = decode!(Export.json(sites(), %{}, @meta))
+      assert Map.fetch!(plain, "since") == nil and Map.fetch!(plain, "window_ms") == nil
+      refute Enum.any?(plain["sites"], &Map.has_key?(&1, "growth_per_s"))
+
+      assert_raise ArgumentError, ~r/:since/, fn ->
+        Export.json(sites, %{}, Map.put(@meta, :since, 98_765))
+      end
+
+      assert_raise ArgumentError, ~r/:window_ms/, fn ->
+        Export.json(sites, %{}, Map.put(@meta, :window_ms, -1))
+      end
+    end
+
     test "fields sites may gain later are not exported" do
       site = Map.put(site(1, 1, [Map.put(frame("f"), :cache_slot, {1, 2})]), :internal, self())
       [decoded] = decode!(Export.json([site], %{}, @meta))["sites"]

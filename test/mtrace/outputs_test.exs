@@ -103,6 +103,31 @@ defmodule Mtrace.OutputsTest do
     assert is_map(doc["stats"]) and is_integer(doc["stats"]["live_count"])
   end
 
+  test "export/2 :json since a mark or over a window keeps the growth and says so",
+       %{dir: dir} do
+    path = Path.join(dir, "growth.json")
+    mark = Mtrace.mark()
+    LeakyNif.leak(:malloc, 4, 2500)
+    assert :ok = Mtrace.export(path, format: :json, sort: :growth, since: mark, lib: @lib)
+    doc = path |> File.read!() |> JSONParser.decode!()
+    assert doc["since"] == mark.t_ms
+    assert doc["window_ms"] == nil
+    assert [%{"bytes" => 10_000, "count" => 4} = grown] = doc["sites"]
+    assert is_number(grown["growth_per_s"]) and grown["growth_per_s"] > 0
+
+    assert :ok = Mtrace.export(path, format: :json, sort: :growth, window: 20, lib: @lib)
+    doc = path |> File.read!() |> JSONParser.decode!()
+    assert doc["window_ms"] == 20
+    assert is_integer(doc["since"]) and doc["since"] >= mark.t_ms
+    assert Enum.all?(doc["sites"], &is_number(&1["growth_per_s"]))
+
+    # a snapshot of everything live: no mark, no growth
+    assert :ok = Mtrace.export(path, format: :json, lib: @lib)
+    doc = path |> File.read!() |> JSONParser.decode!()
+    assert Map.fetch!(doc, "since") == nil and Map.fetch!(doc, "window_ms") == nil
+    refute Enum.any?(doc["sites"], &Map.has_key?(&1, "growth_per_s"))
+  end
+
   test "flamegraph/2 writes a well-formed SVG with the leaking functions", %{dir: dir} do
     path = Path.join(dir, "native.svg")
     assert :ok = Mtrace.flamegraph(path, lib: @lib, title: "leaks & more")
