@@ -443,7 +443,8 @@ defmodule Mtrace do
     o = Options.parse!(opts, defaults, "flamegraph/2")
     {o, opts} = after_window(o, opts, "flamegraph/2")
     snap = snapshot(o, opts, [:weight, :title, :width])
-    render = [weight: o.weight, width: o.width] ++ if(o.title, do: [title: o.title], else: [])
+    render = [weight: o.weight, width: o.width, stats: snap.stats]
+    render = render ++ if(o.title, do: [title: o.title], else: [])
     write!(path, Flamegraph.svg(estimated(snap), render))
   end
 

@@ -78,7 +78,8 @@ defmodule Mtrace.Export do
 
       {"generated_at": "2024-05-01T12:00:00Z", "node": "app@host",
        "since": null, "window_ms": null,
-       "total": {"count": ..., "bytes": ...}, "stats": {...},
+       "total": {"count":, "bytes":, "est_count":, "est_bytes":, "sampled":},
+       "stats": {...},
        "sites": [{"count":, "bytes":, "est_count":, "est_bytes":,
                   "oldest":, "newest":, "growth_per_s":,
                   "frames": [{"name":, "symbol":, "lib":, "file":, "line":,
@@ -90,7 +91,11 @@ defmodule Mtrace.Export do
   `:window_ms`. `since` is written as the mark's `t_ms` (the table's clock,
   as `stats.now_ms`) and `window_ms` as the window's length; both are null
   for a snapshot of everything live, so a file of what grew since a mark
-  does not read as one. `total` sums the sites given. A site has
+  does not read as one. `total` sums the sites given: `count` and `bytes`
+  what the table recorded, `est_count` and `est_bytes` the estimates of all
+  live allocations (the same figures without sampling; a site without
+  estimates counts as recorded), and `sampled` is `stats.sampled`, so that
+  under `MTRACE_SAMPLE_BYTES` a reader knows which figures to take. A site has
   `growth_per_s` (estimated bytes per second since the mark) when the
   query was `sort: :growth`, and not otherwise. Each frame
   also carries its display `name` (`Mtrace.Frame.name/1`), so readers need not
@@ -109,7 +114,8 @@ defmodule Mtrace.Export do
       iex> Mtrace.Export.json([site], %{dropped: 0}, meta) |> IO.iodata_to_binary()
       ~s|{"generated_at":"2024-05-01T12:00:00Z","node":"app@host","since":null,| <>
         ~s|"sites":[{"bytes":16,"count":1,"frames":[],"newest":3,"oldest":3}],| <>
-        ~s|"stats":{"dropped":0},"total":{"bytes":16,"count":1},"window_ms":null}|
+        ~s|"stats":{"dropped":0},"total":{"bytes":16,"count":1,"est_bytes":16,| <>
+        ~s|"est_count":1,"sampled":false},"window_ms":null}|
       iex> grown = Map.put(site, :growth_per_s, 4.0)
       iex> mark = %Mtrace.Mark{node: :"app@host", t_ms: 120_500}
       iex> meta = Map.merge(meta, %{since: mark, window_ms: 4000})
@@ -131,7 +137,7 @@ defmodule Mtrace.Export do
       node: node,
       since: since_ms(meta),
       window_ms: window_ms(meta),
-      total: %{count: sum(sites, :count), bytes: sum(sites, :bytes)},
+      total: total(sites, stats),
       stats: stats,
       sites: Enum.map(sites, &site_object/1)
     })
@@ -166,7 +172,22 @@ defmodule Mtrace.Export do
     end
   end
 
+  # Sampling, the recorded figures are a sample: the estimates are summed
+  # too, and the flag says which to read.
+  defp total(sites, stats) do
+    %{
+      count: sum(sites, :count),
+      bytes: sum(sites, :bytes),
+      est_count: sum(sites, :est_count, :count),
+      est_bytes: sum(sites, :est_bytes, :bytes),
+      sampled: stats[:sampled] == true
+    }
+  end
+
   defp sum(sites, field), do: sites |> Enum.map(& &1[field]) |> Enum.sum()
+
+  defp sum(sites, field, otherwise),
+    do: sites |> Enum.map(&(&1[field] || &1[otherwise])) |> Enum.sum()
 
   # Only the documented fields, so the file's shape does not change when
   # sites gain internal fields.

@@ -30,9 +30,18 @@ defmodule Mtrace.Flamegraph do
   @typedoc "A site as `Mtrace.sites/1` returns it."
   @type site :: Mtrace.site()
 
-  @type option :: {:weight, :bytes | :count} | {:title, String.t()} | {:width, pos_integer()}
+  @type option ::
+          {:weight, :bytes | :count}
+          | {:title, String.t()}
+          | {:width, pos_integer()}
+          | {:stats, map() | nil}
 
-  @defaults [weight: :bytes, title: "mtrace: live native memory by call stack", width: 1200]
+  @defaults [
+    weight: :bytes,
+    title: "mtrace: live native memory by call stack",
+    width: 1200,
+    stats: nil
+  ]
 
   # Layout, in pixels. Labels use a monospace font so that how many characters
   # fit in a box can be computed here, without measuring text.
@@ -58,6 +67,10 @@ defmodule Mtrace.Flamegraph do
     * `:weight` - `:bytes` (default) or `:count`: what a box's width measures.
     * `:title` - the heading (default `"mtrace: live native memory by call stack"`).
     * `:width` - the image width in pixels (default 1200).
+    * `:stats` - `Mtrace.stats/0` of the node the sites come from (default
+      none). With `sampled: true` the sites' `bytes` and `count` are taken to
+      be the estimates (`est_bytes`, `est_count`, as `Mtrace.flamegraph/2`
+      gives them), and the total and hover texts say "about".
 
   Raises `ArgumentError` on an unknown option or a bad value.
 
@@ -70,6 +83,9 @@ defmodule Mtrace.Flamegraph do
       iex> svg =~ "<title>leak\\n"
       true
       iex> IO.iodata_to_binary(Mtrace.Flamegraph.svg([])) =~ "no live allocations"
+      true
+      iex> svg = Mtrace.Flamegraph.svg([site], stats: %{sampled: true}) |> IO.iodata_to_binary()
+      iex> svg =~ "Total: about 2.0 KiB in about 2 live blocks"
       true
   """
   @spec svg([site()], [option()]) :: iodata()
@@ -98,9 +114,15 @@ defmodule Mtrace.Flamegraph do
   defp validate_option!({:weight, w}) when w in [:bytes, :count], do: :ok
   defp validate_option!({:title, t}) when is_binary(t), do: :ok
   defp validate_option!({:width, w}) when is_integer(w) and w > 0, do: :ok
+  defp validate_option!({:stats, s}) when is_map(s) or is_nil(s), do: :ok
 
-  defp validate_option!({key, value}) when key in [:weight, :title, :width] do
-    expected = %{weight: ":bytes or :count", title: "a string", width: "a positive integer"}
+  defp validate_option!({key, value}) when key in [:weight, :title, :width, :stats] do
+    expected = %{
+      weight: ":bytes or :count",
+      title: "a string",
+      width: "a positive integer",
+      stats: "a map (Mtrace.stats/0) or nil"
+    }
 
     raise ArgumentError,
           "option #{inspect(key)} must be #{expected[key]}, got: #{inspect(value)}"
@@ -108,7 +130,7 @@ defmodule Mtrace.Flamegraph do
 
   defp validate_option!({key, _value}) do
     raise ArgumentError,
-          "unknown option #{inspect(key)}; known options: :weight, :title, :width"
+          "unknown option #{inspect(key)}; known options: :weight, :title, :width, :stats"
   end
 
   ## The tree of merged stacks
@@ -174,12 +196,13 @@ defmodule Mtrace.Flamegraph do
     height = @header + tree.depth * @row + @footer
     total = weight(tree, opts[:weight])
     scale = (width - 2 * pad) / total
-    ctx = %{weight: opts[:weight], total: total, scale: scale}
+    about = if estimated?(opts), do: "about ", else: ""
+    ctx = %{weight: opts[:weight], total: total, scale: scale, about: about}
 
     [
       svg_open(width, height, pad),
       heading(opts[:title], width),
-      text(width / 2, 44, "middle", total_line(tree, opts[:weight])),
+      text(width / 2, 44, "middle", total_line(tree, ctx)),
       controls(width, pad),
       ~s(<g font-family="monospace" font-size="#{@font_size}">\n),
       boxes(tree, pad, 0, ctx),
@@ -234,9 +257,14 @@ defmodule Mtrace.Flamegraph do
     ~s(<text x="#{num(x)}" y="#{y}" text-anchor="#{anchor}">#{escape(content)}</text>\n)
   end
 
-  defp total_line(tree, weight) do
-    "Total: #{Format.bytes(tree.bytes)} in #{Format.count(tree.count, "live block")} " <>
-      "(width by #{if weight == :bytes, do: "bytes", else: "block count"})"
+  # Sampling, the figures are estimates from the sample, said as report/1 does.
+  defp estimated?(opts), do: match?(%{sampled: true}, opts[:stats])
+
+  defp total_line(tree, %{weight: weight, about: about}) do
+    "Total: #{about}#{Format.bytes(tree.bytes)} in #{about}" <>
+      "#{Format.count(tree.count, "live block")} " <>
+      "(#{if about != "", do: "estimated from a sample; "}" <>
+      "width by #{if weight == :bytes, do: "bytes", else: "block count"})"
   end
 
   # A node and, left to right below it, its children. A node too narrow to see
@@ -298,8 +326,8 @@ defmodule Mtrace.Flamegraph do
       if(node.inlined, do: "(inlined into its caller)"),
       locations_line(node.locations),
       if(node.lib, do: "in #{node.lib}"),
-      "#{Format.bytes(node.bytes)} (#{Format.int(node.bytes)} bytes) " <>
-        "in #{Format.count(node.count, "block")}",
+      "#{ctx.about}#{Format.bytes(node.bytes)} (#{Format.int(node.bytes)} bytes) " <>
+        "in #{ctx.about}#{Format.count(node.count, "block")}",
       "#{:erlang.float_to_binary(share, decimals: 2)}% of live #{unit}",
       "oldest #{Format.age(node.oldest)}"
     ]

@@ -143,7 +143,14 @@ defmodule Mtrace.ExportTest do
 
       assert decoded["generated_at"] == "2024-05-01T12:34:56.789Z"
       assert decoded["node"] == "app@host"
-      assert decoded["total"] == %{"count" => 14, "bytes" => 4766}
+
+      assert decoded["total"] == %{
+               "count" => 14,
+               "bytes" => 4766,
+               "est_count" => 14,
+               "est_bytes" => 4766,
+               "sampled" => false
+             }
 
       assert decoded["stats"] == %{
                "live_count" => 11,
@@ -212,6 +219,29 @@ defmodule Mtrace.ExportTest do
       assert %{"module" => "Elixir.Ledger", "function" => "append", "arity" => 2} = named
       assert %{"module" => nil, "function" => nil, "arity" => nil} = unknown
       assert unknown["name"] == "?? (Erlang code)"
+    end
+
+    test "sampling: the total gives the estimates too, and says it is sampled" do
+      sampled = fn count, bytes, est_count, est_bytes ->
+        Map.merge(site(count, bytes, [frame("leak")]), %{
+          est_count: est_count,
+          est_bytes: est_bytes
+        })
+      end
+
+      sites = [sampled.(3, 1_572_864, 24, 12_582_912), sampled.(20, 20_480, 2_000, 1_024_000)]
+      stats = %{sampled: true, live_count: 23, est_live_count: 2_024}
+      decoded = decode!(Export.json(sites, stats, @meta))
+
+      assert decoded["total"] == %{
+               "count" => 23,
+               "bytes" => 1_593_344,
+               "est_count" => 2_024,
+               "est_bytes" => 13_606_912,
+               "sampled" => true
+             }
+
+      assert [%{"est_count" => 24, "est_bytes" => 12_582_912} | _] = decoded["sites"]
     end
 
     test "since a mark: the mark, the window and each site's growth are written" do

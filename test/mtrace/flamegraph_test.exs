@@ -236,6 +236,25 @@ defmodule Mtrace.FlamegraphTest do
       assert box!(boxes, "all").title =~ "10.0 MiB"
     end
 
+    test "sampling: the total and the hover texts say the figures are estimates" do
+      sites = [site(["main", "leak"], 12 * 1024 * 1024, 24)]
+      svg = render(sites, stats: %{sampled: true, enabled: true})
+      assert [total] = texts(parse!(svg), "/svg/text")
+
+      assert total ==
+               "Total: about 12.0 MiB in about 24 live blocks " <>
+                 "(estimated from a sample; width by bytes)"
+
+      assert box!(boxes(svg), "leak").title =~
+               "about 12.0 MiB (12_582_912 bytes) in about 24 blocks"
+
+      # lossless, the figures are exact
+      svg = render(sites, stats: %{sampled: false, enabled: true})
+      assert [total] = texts(parse!(svg), "/svg/text")
+      assert total == "Total: 12.0 MiB in 24 live blocks (width by bytes)"
+      refute svg =~ "about"
+    end
+
     test "the title and the total are at the top" do
       svg = render([site(["main"], 1536, 3)], title: "leaks on node@host")
 
@@ -293,7 +312,8 @@ defmodule Mtrace.FlamegraphTest do
             {[width: 0], ":width"},
             {[width: "wide"], ":width"},
             {[title: :leaks], ":title"},
-            {[colour: :red], ":colour"}
+            {[colour: :red], ":colour"},
+            {[stats: [sampled: true]], ":stats"}
           ] do
         error = assert_raise ArgumentError, fn -> render(sites, opts) end
         assert error.message =~ named

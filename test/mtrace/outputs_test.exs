@@ -4,7 +4,7 @@ defmodule Mtrace.OutputsTest do
 
   import ExUnit.CaptureIO
   require Record
-  alias Mtrace.Test.{JSONParser, LeakyNif}
+  alias Mtrace.Test.{JSONParser, LeakyNif, Remote}
 
   Record.defrecordp(
     :xml_element,
@@ -138,6 +138,34 @@ defmodule Mtrace.OutputsTest do
 
     for name <- ["fixture_leak_malloc", "fixture_leak_calloc", "fixture_leak_strdup"] do
       assert svg =~ "<title>#{name}"
+    end
+  end
+
+  # The test VM traces every allocation: sampling is seen on a peer of its own.
+  test "sampling: the JSON total and the flame graph's total give the estimates", %{dir: dir} do
+    env = [{~c"MTRACE_SAMPLE_BYTES", ~c"524288"}, {~c"MTRACE_ENABLED", false}]
+    Remote.distribute!()
+    {:ok, peer, node} = :peer.start_link(%{name: :peer.random_name(), env: env})
+
+    try do
+      :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+      # 200 blocks of 100 KB: about 36 of them sampled, each standing for about 5
+      :ok = :erpc.call(node, LeakyNif, :leak, [:malloc, 200, 100_000])
+
+      json = Path.join(dir, "sampled.json")
+      assert :ok = Mtrace.export(json, format: :json, node: node, lib: @lib)
+      doc = json |> File.read!() |> JSONParser.decode!()
+      total = doc["total"]
+      assert doc["stats"]["sampled"] == true and total["sampled"] == true
+      assert total["est_bytes"] == doc["sites"] |> Enum.map(& &1["est_bytes"]) |> Enum.sum()
+      assert total["est_count"] == doc["sites"] |> Enum.map(& &1["est_count"]) |> Enum.sum()
+      assert total["bytes"] > 0 and total["est_bytes"] > total["bytes"]
+
+      svg = Path.join(dir, "sampled.svg")
+      assert :ok = Mtrace.flamegraph(svg, node: node, lib: @lib)
+      assert File.read!(svg) =~ ~r/Total: about [\d.]+ \w+ in about [\d_]+ live blocks/
+    after
+      Remote.stop_peer(peer)
     end
   end
 
