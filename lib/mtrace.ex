@@ -16,6 +16,7 @@ defmodule Mtrace do
   """
 
   import Bitwise
+  require Logger
   alias Mtrace.{Export, Flamegraph, Mark, Native, Options, Query, Remote, Report}
 
   @typedoc """
@@ -388,7 +389,9 @@ defmodule Mtrace do
       `sort: :growth` each site has its `growth_per_s`.
 
   Takes the options of `sites/1`, with `limit: :all` and `demangle: true` by
-  default. Returns `:ok`; the file is written only at `path`.
+  default. Returns `:ok`; the file is written only at `path`. When it holds
+  no site, a warning is logged saying why (tracking switched off, a filter
+  that matched nothing, an empty table: `Mtrace.Export.why_empty/2`).
 
       path = Path.join(System.tmp_dir!(), "native.folded")
       Mtrace.export(path, format: :folded, weight: :bytes)
@@ -408,21 +411,22 @@ defmodule Mtrace do
     if o.format == :json and Keyword.has_key?(opts, :weight),
       do: raise(ArgumentError, "export/2: weight: applies to format: :folded only")
 
-    window_ms = o.window
+    {window_ms, filter} = {o.window, filter_words(o)}
     {o, opts} = after_window(o, opts, "export/2")
     snap = snapshot(o, opts, [:format, :weight])
 
-    data =
+    {data, weight} =
       case o.format do
         :folded ->
-          Export.folded(estimated(snap), o.weight)
+          {Export.folded(estimated(snap), o.weight), o.weight}
 
         :json ->
           meta = %{node: snap.node, generated_at: snap.generated_at, since: o[:since]}
-          Export.json(snap.sites, snap.stats, Map.put(meta, :window_ms, window_ms))
+          {Export.json(snap.sites, snap.stats, Map.put(meta, :window_ms, window_ms)), :count}
       end
 
     write!(path, data)
+    empty_warning(snap, weight, filter, "export/2: #{path} holds no allocation site")
   end
 
   @doc """
@@ -431,7 +435,9 @@ defmodule Mtrace do
   and share). Takes the options of `sites/1` (`limit: :all` and
   `demangle: true` by default) plus
   `weight:` (`:bytes` or `:count`), `title:` and `width:` (pixels). Returns
-  `:ok`.
+  `:ok`. With nothing to draw, the image says why (tracking switched off, a
+  filter that matched nothing, an empty table), and so does a warning in
+  the log.
 
       Mtrace.flamegraph("/tmp/native.svg", min_age: 3600)
       #=> :ok
@@ -441,11 +447,27 @@ defmodule Mtrace do
     path!(path)
     defaults = [sort: :bytes, limit: :all, window: nil, weight: :bytes, title: nil, width: 1200]
     o = Options.parse!(opts, defaults, "flamegraph/2")
+    filter = filter_words(o)
     {o, opts} = after_window(o, opts, "flamegraph/2")
     snap = snapshot(o, opts, [:weight, :title, :width])
-    render = [weight: o.weight, width: o.width, stats: snap.stats]
+    render = [weight: o.weight, width: o.width, stats: snap.stats, filter: filter]
     render = render ++ if(o.title, do: [title: o.title], else: [])
     write!(path, Flamegraph.svg(estimated(snap), render))
+    empty_warning(snap, o.weight, filter, "flamegraph/2: #{path} draws no allocation")
+  end
+
+  # A file that shows nothing cannot say why (folded lines have no room for
+  # it): tracking off, a filter that matched nothing or an empty table is
+  # logged, as Mtrace.Watch logs what it cannot see. Still :ok, the file is
+  # what the table holds. Logger's prefix shortens the first line.
+  defp empty_warning(snap, weight, filter, what) do
+    if snap |> estimated() |> Enum.all?(&(&1[weight] == 0)) do
+      why = Export.why_empty(snap.stats, filter)
+      text = Enum.join(["Mtrace.#{what}." | List.wrap(why)], " ")
+      Logger.warning(Mtrace.Error.wrap(text, 80 - 24))
+    end
+
+    :ok
   end
 
   @doc """

@@ -6,6 +6,7 @@ defmodule Mtrace.Export do
     speedscope, to draw where live native memory was allocated.
   * `json/3`: the sites, totals and tracer statistics as one JSON object, to
     keep a snapshot or compare two of them.
+  * `why_empty/2`: why an output holds no site, in words.
 
   A site is a map `%{count:, bytes:, oldest:, newest:, frames:}` as
   `Mtrace.sites/1` returns it; its frames go from the function that called
@@ -13,6 +14,7 @@ defmodule Mtrace.Export do
   """
 
   alias Mtrace.JSON
+  alias Mtrace.VM.Format
 
   @typedoc "A site as `Mtrace.sites/1` returns it."
   @type site :: Mtrace.site()
@@ -210,4 +212,62 @@ defmodule Mtrace.Export do
   # library under a directory named in Latin-1): JSON strings must be UTF-8.
   defp text(value) when is_binary(value), do: JSON.valid_utf8(value)
   defp text(value), do: value
+
+  @doc """
+  Why an output of the sites holds none, in sentences: tracking switched
+  off, a filter that matched nothing, or an empty table. `stats` is
+  `Mtrace.stats/0` of the node queried (or nil when unknown) and `filter`
+  the query's filter in words (`"with a frame in \\"libfoo\\""`, as
+  `Mtrace.report/1`'s header gives it), nil for none. Returns nil when
+  neither tells anything.
+
+  An empty folded file or flame graph reads as "nothing is held": this says
+  what the emptiness means, for the flame graph's text and the warning
+  `Mtrace.export/2` and `Mtrace.flamegraph/2` log.
+
+  ## Examples
+
+      iex> Mtrace.Export.why_empty(%{enabled: false, live_count: 0}, nil)
+      "Tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0): blocks " <>
+        "allocated since are not recorded; Mtrace.enable/0 switches it on."
+      iex> stats = %{enabled: true, live_count: 1_266, live_bytes: 11_010_048}
+      iex> Mtrace.Export.why_empty(stats, ~s|with a frame in "libinner"|)
+      ~s|No live allocation matches the filter (with a frame in "libinner"); | <>
+        "the table holds 10.5 MiB in 1_266 live blocks."
+      iex> Mtrace.Export.why_empty(%{enabled: true, live_count: 0}, nil)
+      "The allocation table is empty: no live allocation is recorded."
+      iex> Mtrace.Export.why_empty(nil, nil)
+      nil
+  """
+  @spec why_empty(map() | nil, String.t() | nil) :: String.t() | nil
+  def why_empty(stats, filter) do
+    stats = stats || %{}
+    live = stats[:live_count]
+
+    [
+      stats[:enabled] == false &&
+        "Tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0): blocks " <>
+          "allocated since are not recorded; Mtrace.enable/0 switches it on.",
+      is_binary(filter) and live != 0 &&
+        "No live allocation matches the filter (#{filter})#{in_all(stats)}.",
+      live == 0 and stats[:enabled] != false &&
+        "The allocation table is empty: no live allocation is recorded."
+    ]
+    |> Enum.filter(&is_binary/1)
+    |> case do
+      [] -> nil
+      sentences -> Enum.join(sentences, " ")
+    end
+  end
+
+  # What the whole table holds, as report/1's header gives it.
+  defp in_all(%{sampled: true, est_live_bytes: bytes, est_live_count: count}),
+    do: "; the table holds about #{Format.bytes(bytes)} in about #{blocks(count)}"
+
+  defp in_all(%{live_bytes: bytes, live_count: count}),
+    do: "; the table holds #{Format.bytes(bytes)} in #{blocks(count)}"
+
+  defp in_all(_stats), do: ""
+
+  defp blocks(count), do: Format.count(count, "live block")
 end

@@ -35,12 +35,14 @@ defmodule Mtrace.Flamegraph do
           | {:title, String.t()}
           | {:width, pos_integer()}
           | {:stats, map() | nil}
+          | {:filter, String.t() | nil}
 
   @defaults [
     weight: :bytes,
     title: "mtrace: live native memory by call stack",
     width: 1200,
-    stats: nil
+    stats: nil,
+    filter: nil
   ]
 
   # Layout, in pixels. Labels use a monospace font so that how many characters
@@ -54,6 +56,7 @@ defmodule Mtrace.Flamegraph do
   @min_drawn_width 0.1
   @background "#f8f8f8"
   @max_locations 3
+  @why_row 18
 
   # Click to zoom, reset, search: a script kept in the SVG itself.
   @external_resource Path.join(__DIR__, "flamegraph/interactive.js")
@@ -70,7 +73,12 @@ defmodule Mtrace.Flamegraph do
     * `:stats` - `Mtrace.stats/0` of the node the sites come from (default
       none). With `sampled: true` the sites' `bytes` and `count` are taken to
       be the estimates (`est_bytes`, `est_count`, as `Mtrace.flamegraph/2`
-      gives them), and the total and hover texts say "about".
+      gives them), and the total and hover texts say "about". When there
+      is nothing to draw, the image says why: tracking switched off, the
+      filter matched nothing, or the table is empty
+      (`Mtrace.Export.why_empty/2`).
+    * `:filter` - the query's filter in words (`"with a frame in
+      \\"libfoo\\""`), nil (default) for none: said when nothing matched.
 
   Raises `ArgumentError` on an unknown option or a bad value.
 
@@ -87,6 +95,9 @@ defmodule Mtrace.Flamegraph do
       iex> svg = Mtrace.Flamegraph.svg([site], stats: %{sampled: true}) |> IO.iodata_to_binary()
       iex> svg =~ "Total: about 2.0 KiB in about 2 live blocks"
       true
+      iex> stats = %{enabled: false, live_count: 0}
+      iex> IO.iodata_to_binary(Mtrace.Flamegraph.svg([], stats: stats)) =~ "Tracking is switched off"
+      true
   """
   @spec svg([site()], [option()]) :: iodata()
   def svg(sites, opts \\ []) when is_list(sites) do
@@ -94,7 +105,7 @@ defmodule Mtrace.Flamegraph do
     tree = build_tree(sites, opts[:weight])
 
     if weight(tree, opts[:weight]) == 0 do
-      empty_svg(opts)
+      empty_svg(sites, opts)
     else
       graph_svg(tree, opts)
     end
@@ -115,13 +126,15 @@ defmodule Mtrace.Flamegraph do
   defp validate_option!({:title, t}) when is_binary(t), do: :ok
   defp validate_option!({:width, w}) when is_integer(w) and w > 0, do: :ok
   defp validate_option!({:stats, s}) when is_map(s) or is_nil(s), do: :ok
+  defp validate_option!({:filter, f}) when is_binary(f) or is_nil(f), do: :ok
 
-  defp validate_option!({key, value}) when key in [:weight, :title, :width, :stats] do
+  defp validate_option!({key, value}) when key in [:weight, :title, :width, :stats, :filter] do
     expected = %{
       weight: ":bytes or :count",
       title: "a string",
       width: "a positive integer",
-      stats: "a map (Mtrace.stats/0) or nil"
+      stats: "a map (Mtrace.stats/0) or nil",
+      filter: "a string or nil"
     }
 
     raise ArgumentError,
@@ -130,7 +143,7 @@ defmodule Mtrace.Flamegraph do
 
   defp validate_option!({key, _value}) do
     raise ArgumentError,
-          "unknown option #{inspect(key)}; known options: :weight, :title, :width, :stats"
+          "unknown option #{inspect(key)}; known options: :weight, :title, :width, :stats, :filter"
   end
 
   ## The tree of merged stacks
@@ -213,15 +226,50 @@ defmodule Mtrace.Flamegraph do
     ]
   end
 
-  defp empty_svg(opts) do
+  # Nothing to draw: said, and why, so that an empty image does not read as
+  # "nothing is held" when tracking is off or the filter missed.
+  defp empty_svg(sites, opts) do
     width = opts[:width]
+    why = why_empty(sites |> Enum.map(& &1.count) |> Enum.sum(), opts)
+    lines = width |> Kernel.-(20) |> div(8) |> max(20) |> wrap_words(why)
+    height = 80 + @why_row * length(lines)
 
     [
-      svg_open(width, 80, 0),
+      svg_open(width, height, 0),
       heading(opts[:title], width),
       text(width / 2, 50, "middle", "no live allocations"),
-      "</svg>\n"
+      ~s(<g font-family="sans-serif" font-size="14">),
+      lines |> Enum.with_index() |> Enum.map(fn {line, i} -> why_line(width, i, line) end),
+      "</g>\n</svg>\n"
     ]
+  end
+
+  defp why_line(width, i, line), do: text(width / 2, 74 + @why_row * i, "middle", line)
+
+  # Sites that match but hold 0 bytes (blocks of malloc(0)) are not "none".
+  defp why_empty(count, opts) when count > 0 do
+    zero = "The #{Format.count(count, "live block")} that match hold 0 bytes."
+    Enum.join([zero | List.wrap(Mtrace.Export.why_empty(opts[:stats], nil))], " ")
+  end
+
+  defp why_empty(0, opts), do: Mtrace.Export.why_empty(opts[:stats], opts[:filter])
+
+  # Greedy, at spaces; a word longer than a line stays whole.
+  defp wrap_words(_chars, nil), do: []
+
+  defp wrap_words(chars, text) do
+    text
+    |> String.split(" ", trim: true)
+    |> Enum.reduce([], fn
+      word, [] ->
+        [word]
+
+      word, [line | done] ->
+        if String.length(line) + 1 + String.length(word) <= chars,
+          do: [line <> " " <> word | done],
+          else: [word, line | done]
+    end)
+    |> Enum.reverse()
   end
 
   defp svg_open(width, height, pad) do

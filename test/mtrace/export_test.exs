@@ -323,6 +323,32 @@ defmodule Mtrace.ExportTest do
     end
   end
 
+  describe "why_empty/2" do
+    test "tracking off, a filter that matched nothing, an empty table: each said" do
+      off = "Tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0)"
+      missed = ~s|No live allocation matches the filter (with a frame in "nif")|
+      empty = "The allocation table is empty"
+      live = %{enabled: true, live_count: 3, live_bytes: 3072}
+      why = &Export.why_empty/2
+
+      assert why.(%{live | enabled: false, live_count: 0}, nil) =~ ~r/^#{Regex.escape(off)}/
+      # switched off after blocks were recorded: the filter missed those
+      both = why.(%{live | enabled: false}, ~s|with a frame in "nif"|)
+      assert both =~ off and both =~ missed
+      refute why.(%{live | enabled: false, live_count: 0}, "x") =~ "filter"
+
+      assert why.(live, ~s|with a frame in "nif"|) ==
+               missed <> "; the table holds 3.0 KiB in 3 live blocks."
+
+      sampled = Map.merge(live, %{sampled: true, est_live_count: 300, est_live_bytes: 307_200})
+      assert why.(sampled, "x") =~ "the table holds about 300.0 KiB in about 300 live blocks."
+      assert why.(%{live | live_count: 0, live_bytes: 0}, "x") =~ ~r/^#{empty}/
+      # the stats unknown, the filter still said
+      assert why.(nil, "x") == "No live allocation matches the filter (x)."
+      assert why.(live, nil) == nil
+    end
+  end
+
   describe "Mtrace.JSON" do
     defp encode(term), do: IO.iodata_to_binary(JSON.encode(term))
 

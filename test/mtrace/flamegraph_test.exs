@@ -304,6 +304,35 @@ defmodule Mtrace.FlamegraphTest do
       end
     end
 
+    test "an empty graph says why: tracking off, a filter that matched nothing, no blocks" do
+      off = %{enabled: false, live_count: 0, live_bytes: 0}
+      live = %{enabled: true, live_count: 1_266, live_bytes: 11_010_048}
+
+      for {opts, says} <- [
+            {[stats: off], "Tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0)"},
+            {[stats: live, filter: ~s|with a frame in "libinner"|],
+             ~s|No live allocation matches the filter (with a frame in "libinner"); | <>
+               "the table holds 10.5 MiB in 1_266 live blocks."},
+            {[stats: %{live | live_count: 0, live_bytes: 0}], "The allocation table is empty"}
+          ] do
+        # narrow: the reason is wrapped onto lines of their own, within the image
+        svg = render([], [width: 300] ++ opts)
+        doc = parse!(svg)
+        assert boxes(svg) == []
+        assert texts(doc, "/svg/text") == ["no live allocations"]
+        [_title | lines] = texts(doc, "/svg/g/text")
+        assert length(lines) > 1
+        assert Enum.join(lines, " ") =~ says
+        assert Enum.all?(lines, &(String.length(&1) <= 35))
+        assert number(attribute(doc, "/svg/@height")) >= 80 + 18 * length(lines)
+      end
+
+      # blocks that match but hold 0 bytes (malloc(0)) are not "none"
+      svg = render([site(["main"], 0, 4)], stats: live, filter: "x")
+      assert svg =~ "The 4 live blocks that match hold 0 bytes."
+      refute svg =~ "No live allocation matches"
+    end
+
     test "unknown options and bad values raise ArgumentError naming the option" do
       sites = [site(["main"], 1, 1)]
 
@@ -313,7 +342,8 @@ defmodule Mtrace.FlamegraphTest do
             {[width: "wide"], ":width"},
             {[title: :leaks], ":title"},
             {[colour: :red], ":colour"},
-            {[stats: [sampled: true]], ":stats"}
+            {[stats: [sampled: true]], ":stats"},
+            {[filter: :lib], ":filter"}
           ] do
         error = assert_raise ArgumentError, fn -> render(sites, opts) end
         assert error.message =~ named

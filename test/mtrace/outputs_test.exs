@@ -3,6 +3,7 @@ defmodule Mtrace.OutputsTest do
   use ExUnit.Case, async: false
 
   import ExUnit.CaptureIO
+  import ExUnit.CaptureLog
   require Record
   alias Mtrace.Test.{JSONParser, LeakyNif, Remote}
 
@@ -115,7 +116,13 @@ defmodule Mtrace.OutputsTest do
     assert [%{"bytes" => 10_000, "count" => 4} = grown] = doc["sites"]
     assert is_number(grown["growth_per_s"]) and grown["growth_per_s"] > 0
 
-    assert :ok = Mtrace.export(path, format: :json, sort: :growth, window: 20, lib: @lib)
+    # nothing allocated in the window: the empty file is logged as such
+    log =
+      capture_log(fn ->
+        assert :ok = Mtrace.export(path, format: :json, sort: :growth, window: 20, lib: @lib)
+      end)
+
+    assert log =~ "holds no allocation site"
     doc = path |> File.read!() |> JSONParser.decode!()
     assert doc["window_ms"] == 20
     assert is_integer(doc["since"]) and doc["since"] >= mark.t_ms
@@ -168,6 +175,51 @@ defmodule Mtrace.OutputsTest do
       Remote.stop_peer(peer)
     end
   end
+
+  test "an empty flame graph or export says why: tracking off, filter missed", %{dir: dir} do
+    svg = Path.join(dir, "empty.svg")
+    folded = Path.join(dir, "empty.folded")
+    json = Path.join(dir, "empty.json")
+
+    # a filter that matches nothing in a table that holds blocks
+    log = capture_log(fn -> assert :ok = Mtrace.flamegraph(svg, lib: "no_such_lib") end)
+    missed = ~s|No live allocation matches the filter (with a frame in "no_such_lib")|
+    assert svg |> File.read!() |> String.replace("&quot;", ~s|"|) |> unwrapped() =~ missed
+    assert unwrapped(log) =~ "Mtrace.flamegraph/2: #{svg} draws no allocation. " <> missed
+
+    log = capture_log(fn -> assert :ok = Mtrace.export(folded, lib: "no_such_lib") end)
+    assert File.read!(folded) == ""
+    assert unwrapped(log) =~ "Mtrace.export/2: #{folded} holds no allocation site. " <> missed
+
+    # tracking switched off, the table empty
+    on_exit(fn -> Mtrace.enable() end)
+    Mtrace.disable()
+    Mtrace.reset()
+    off = "Tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0)"
+
+    log = capture_log(fn -> assert :ok = Mtrace.flamegraph(svg) end)
+    assert svg |> File.read!() |> unwrapped() =~ off
+    assert unwrapped(log) =~ off
+
+    log = capture_log(fn -> assert :ok = Mtrace.export(folded) end)
+    assert File.read!(folded) == ""
+    assert unwrapped(log) =~ "Mtrace.export/2: #{folded} holds no allocation site. " <> off
+    # logged within 80 columns, the logger's prefix included
+    assert log |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), log
+
+    log = capture_log(fn -> assert :ok = Mtrace.export(json, format: :json) end)
+    assert unwrapped(log) =~ off
+
+    assert %{"sites" => [], "stats" => %{"enabled" => false}} =
+             JSONParser.decode!(File.read!(json))
+
+    # a file that holds sites logs nothing
+    Mtrace.enable()
+    LeakyNif.leak(:malloc, 2, 3001)
+    assert capture_log(fn -> assert :ok = Mtrace.export(folded, lib: @lib) end) == ""
+  end
+
+  defp unwrapped(text), do: String.replace(text, ~r/\s*\n\s*/, " ")
 
   test "outputs refuse bad options and write nothing", %{dir: dir} do
     path = Path.join(dir, "never")
