@@ -21,7 +21,8 @@ defmodule Mtrace.Watch do
     * `:interval` — ms between samples (default 60_000);
     * `:intervals` — consecutive growing intervals before a warning (default 5);
     * `:min_growth` — bytes an interval must add to count as growth
-      (default 1 MiB), so that allocator noise stays quiet;
+      (default 1 MiB), so that allocator noise stays quiet; an interval
+      counts only if live bytes went up, even with `min_growth: 0`;
     * `:limit` — sites named in the warning (default 5);
     * `:name` — registered name (default `Mtrace.Watch`; `nil` for none).
 
@@ -96,14 +97,16 @@ defmodule Mtrace.Watch do
     end
   end
 
-  # Logger's default line starts "12:00:00.000 [warning] ": the first line
-  # of the message is that much shorter than the rest.
   defp not_started(%Mtrace.Error{message: why}) do
-    lead = "Mtrace.Watch not started: "
     why = String.replace_prefix(why, "mtrace: ", "")
-    Logger.warning(lead <> Mtrace.Error.wrap(why, 80 - 24 - String.length(lead)))
+    Logger.warning(wrapped("Mtrace.Watch not started: ", why))
     :ignore
   end
+
+  # 80 columns, as the growth warning. Logger's default line starts
+  # "12:00:00.000 [warning] ": the first line of the message is that much
+  # shorter than the rest.
+  defp wrapped(lead, text), do: lead <> Mtrace.Error.wrap(text, 80 - 24 - String.length(lead))
 
   @impl true
   def handle_call(:info, _from, s) do
@@ -133,22 +136,31 @@ defmodule Mtrace.Watch do
         :ok
 
       now ->
-        Logger.info("Mtrace.Watch: tracking is on again; watching native memory grow")
+        Logger.info(
+          wrapped("Mtrace.Watch: ", "tracking is on again; watching native memory grow")
+        )
 
       true ->
         Logger.warning(
-          "Mtrace.Watch: tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0), " <>
-            "so native memory cannot be seen to grow; Mtrace.enable/0 switches it on"
+          wrapped(
+            "Mtrace.Watch: ",
+            "tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0), so native " <>
+              "memory cannot be seen to grow; Mtrace.enable/0 switches it on"
+          )
         )
     end
 
     now
   end
 
-  # One sample: extend or end the streak, warn when it is long enough.
+  # One sample: extend or end the streak, warn when it is long enough. An
+  # interval grows only if live bytes went up, min_growth: 0 included: flat
+  # memory (tracking switched off, say) is no growth.
   defp step(s, bytes) do
+    growth = bytes - s.last_bytes
+
     cond do
-      bytes - s.last_bytes < s.o.min_growth ->
+      growth <= 0 or growth < s.o.min_growth ->
         %{s | streak: 0, since: nil}
 
       s.streak + 1 < s.o.intervals ->
@@ -176,8 +188,11 @@ defmodule Mtrace.Watch do
     head = [
       "mtrace: native live memory keeps growing",
       "  #{about}+#{Format.bytes(to - from)} in #{o.intervals} consecutive intervals of " <>
-        "#{Format.duration_ms(o.interval)}, to #{about}#{Format.bytes(to)} live; sites that " <>
-        "grew most since then:"
+        "#{Format.duration_ms(o.interval)}, to #{about}#{Format.bytes(to)} live; " <>
+        if(sites == [],
+          do: "no block allocated since then is still live",
+          else: "sites that grew most since then:"
+        )
     ]
 
     lines = head ++ Enum.map(Enum.with_index(sites, 1), &site_line/1)

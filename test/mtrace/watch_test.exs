@@ -61,8 +61,59 @@ defmodule Mtrace.WatchTest do
         Process.sleep(2 * @interval)
       end)
 
-    assert log =~ "tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0)"
-    assert log =~ "tracking is on again"
+    text = String.replace(log, ~r/\n +|\n(?=\S)/, " ")
+    assert text =~ "tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0)"
+    assert text =~ "tracking is on again"
+  end
+
+  # A watcher whose own timer never fires within the test: each :tick sent
+  # is one sample, and info/1 (a call) returns once it has been taken.
+  defp tick(pid, n) do
+    for _ <- 1..n do
+      send(pid, :tick)
+      Mtrace.Watch.info(pid)
+    end
+    |> List.last()
+  end
+
+  @manual [interval: :timer.hours(1), intervals: 2, min_growth: 0, limit: 3, name: nil]
+
+  test "min_growth: 0, flat memory is no growth: tracking off, it stays quiet" do
+    on_exit(fn -> Mtrace.enable() end)
+    # switched off with the table empty: live bytes stay at 0
+    Mtrace.disable()
+    Mtrace.reset()
+
+    log =
+      capture_log(fn ->
+        {:ok, pid} = Mtrace.Watch.start_link(@manual)
+        send(self(), {:info, tick(pid, 4)})
+        GenServer.stop(pid)
+      end)
+
+    assert_received {:info, %{warnings: 0, streak: 0, last_bytes: 0}}
+    refute log =~ "keeps growing"
+    # the one thing said: tracking is off, within 80 columns like the rest
+    text = String.replace(log, ~r/\n +|\n(?=\S)/, " ")
+    assert text =~ "tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0), so native"
+    lines = String.split(log, "\n", trim: true)
+    assert Enum.all?(lines, &(String.length(&1) <= 80)), log
+  end
+
+  test "min_growth: 0, any growth counts" do
+    log =
+      capture_log(fn ->
+        {:ok, pid} = Mtrace.Watch.start_link(@manual)
+        LeakyNif.leak(:malloc, 4, 1024 * 1024)
+        tick(pid, 1)
+        LeakyNif.leak(:malloc, 4, 1024 * 1024)
+        send(self(), {:info, tick(pid, 1)})
+        GenServer.stop(pid)
+      end)
+
+    assert_received {:info, %{warnings: 1}}
+    assert log =~ "native live memory keeps growing"
+    assert log =~ "fixture_leak_malloc"
   end
 
   test "sampling, the warning gives the estimates, said to be estimates" do
@@ -81,6 +132,10 @@ defmodule Mtrace.WatchTest do
     # lossless, the recorded figures, as they are
     exact = %{site | est_count: 12, est_bytes: 49_152}
     assert Mtrace.Watch.warning(o, [exact], 0, 49_152, "") =~ "#1  +48.0 KiB in 12 blocks: leak"
+    # no site to name: said, rather than a heading with nothing under it
+    none = Mtrace.Watch.warning(o, [], 0, 49_152, "") |> String.replace(~r/\n +/, " ")
+    assert none =~ "live; no block allocated since then is still live"
+    refute none =~ "sites that grew most"
   end
 
   test "info/1 without a watcher says so" do
