@@ -7,7 +7,8 @@ defmodule Mtrace.Top do
   without them (a remote shell, a pipe) each refresh is printed below the
   previous one, headed by a rule. A node that stops answering is reported
   on the screen and asked again at the next refresh: the view never raises
-  once it runs.
+  once it runs. Growth is measured afresh once it answers again (it may
+  have restarted meanwhile).
   """
 
   alias Mtrace.Top.Sample
@@ -95,7 +96,8 @@ defmodule Mtrace.Top do
     {screen, state} =
       case sample(o, state) do
         {:ok, s} -> {render(s, o, size()), s.state}
-        {:error, message} -> {render_error(o, message, size()), state}
+        # the node may come back restarted: the next refresh starts afresh
+        {:error, message} -> {render_error(o, message, size()), nil}
       end
 
     IO.write(if o.ansi, do: [IO.ANSI.home(), IO.ANSI.clear(), screen], else: ["\n", screen])
@@ -229,6 +231,8 @@ defmodule Mtrace.Top do
   defp site_lines(%{sites: sites}, cols) do
     sites
     |> Mtrace.VMSites.merge()
+    # merged, the VM's own sites of one kind may outgrow those above them
+    |> Enum.sort_by(&(-&1.growth_per_s))
     |> Enum.flat_map(fn site ->
       head =
         "  #{rate(site.growth_per_s)}  " <>

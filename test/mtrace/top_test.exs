@@ -5,6 +5,7 @@ defmodule Mtrace.TopTest do
   # Not async: it reads the one allocation table of this VM.
   use ExUnit.Case, async: false
 
+  import Bitwise
   import ExUnit.CaptureIO
   alias Mtrace.Test.{ErlangCallers, LeakyNif, Remote}
 
@@ -34,6 +35,136 @@ defmodule Mtrace.TopTest do
              ~r/^ +\+[\d.]+ KiB\/s +[\d_]+ blocks  fixture_leak_malloc\n +<- Mtrace.Test.ErlangCallers.append\/1 \(erlang_callers.ex:\d+\)$/m
 
     assert last =~ "processes growing fastest"
+  end
+
+  # The screens of a plain view's output, each without its title line.
+  defp screens(out) do
+    out |> String.split(~r/^mtrace top /m) |> Enum.reject(&(String.trim(&1) == ""))
+  end
+
+  # The rates of the site lines of a screen, in bytes per second.
+  defp site_rates(screen) do
+    [_, sites] = String.split(screen, "native sites growing fastest\n")
+    [sites | _] = String.split(sites, "processes growing fastest")
+
+    for [_, n, unit] <- Regex.scan(~r/^ +(?:about )?\+([\d.]+) (B|KiB|MiB|GiB)\/s  /m, sites) do
+      String.to_float(if n =~ ".", do: n, else: n <> ".0") *
+        Map.fetch!(%{"B" => 1, "KiB" => 1024, "MiB" => 1 <<< 20, "GiB" => 1 <<< 30}, unit)
+    end
+  end
+
+  test "a state from another run of the node is not compared with; rates go by the marks" do
+    leaker()
+    first = Mtrace.Top.Sample.take(nil, 5)
+    s = Mtrace.Top.Sample.take(first.state, 5)
+    # the seconds between the marks, on the tracer's clock
+    assert s.secs == (s.state.mark.t_ms - first.state.mark.t_ms) / 1000
+    assert is_float(s.native_per_s)
+
+    # the same node name, restarted: another OS process and start time
+    restarted = %{s.state | incarnation: {"1", 0}}
+    again = Mtrace.Top.Sample.take(restarted, 5)
+    assert again.secs == nil
+    assert again.sites == []
+    assert again.native_per_s == nil
+    screen = Mtrace.Top.render(again, %{interval: 2000, ansi: false}, {80, 24})
+    assert IO.iodata_to_binary(screen) =~ "(growth shows from the next refresh on)"
+  end
+
+  test "the VM's own sites, merged, are sorted among the others by their rate" do
+    s = Mtrace.Top.Sample.take(nil, 5)
+    own = fn symbol -> [%{symbol: symbol, lib: "beam.smp", offset: 0}] end
+    leak = [%{symbol: "leak_here", lib: "/opt/leaky.so", offset: 0}]
+
+    site = fn frames, per_s ->
+      %{count: 1, bytes: 1, est_count: 1, est_bytes: 1, growth_per_s: per_s, frames: frames}
+    end
+
+    sites = [
+      site.(own.("beamasm_metadata_update"), 2_000_000),
+      site.(own.("erts_alcu_start"), 1_950_000),
+      site.(own.("erts_alcu_start"), 1_950_000),
+      site.(leak, 1_900_000),
+      site.(own.("beamasm_metadata_update"), 1_800_000)
+    ]
+
+    screen =
+      %{s | secs: 2.0, sites: sites, procs: []}
+      |> Mtrace.Top.render(%{interval: 2000, ansi: false}, {80, 24})
+      |> IO.iodata_to_binary()
+
+    assert screen =~ "allocator carrier"
+    rates = site_rates(screen)
+    assert length(rates) == 3
+    assert rates == Enum.sort(rates, :desc), screen
+  end
+
+  @tag :peer
+  test "a node restarted under the same name: the first refresh after shows no growth" do
+    Remote.distribute!()
+    name = :peer.random_name()
+    {peer, node} = named_peer(name)
+    on_exit(fn -> Remote.stop_peer(peer) end)
+    {:ok, io} = StringIO.open("")
+    me = self()
+
+    # the view's output goes to `io`, read here while it runs
+    viewer =
+      spawn(fn ->
+        Process.group_leader(self(), io)
+        send(me, {:done, Mtrace.top(node: node, interval: 200, ansi: false, refreshes: 1000)})
+      end)
+
+    on_exit(fn -> Process.exit(viewer, :kill) end)
+    output = fn -> io |> StringIO.contents() |> elem(1) end
+    wait_until(fn -> length(screens(output.())) >= 2 end)
+    Remote.stop_peer(peer)
+    wait_until(fn -> output.() =~ "the node is not answering" end)
+
+    {peer, ^node} = named_peer(name)
+    on_exit(fn -> Remote.stop_peer(peer) end)
+
+    # the screens since the last one that said the node was not answering
+    after_restart = fn ->
+      output.()
+      |> screens()
+      |> Enum.reverse()
+      |> Enum.take_while(&(not (&1 =~ "the node is not answering")))
+      |> Enum.reverse()
+    end
+
+    wait_until(fn -> length(after_restart.()) >= 2 end)
+    Process.exit(viewer, :kill)
+    [first, second | _] = after_restart.()
+
+    assert first =~ "(growth shows from the next refresh on)", first
+    refute first =~ "/s", first
+    refute second =~ "(growth shows from the next refresh on)", second
+    assert site_rates(second) == Enum.sort(site_rates(second), :desc), second
+  end
+
+  # A peer named `name`, with this node's code paths and mtrace started;
+  # the name may take a moment to be free again after a peer of that name.
+  defp named_peer(name, tries \\ 50) do
+    case :peer.start(%{name: name}) do
+      {:ok, peer, node} ->
+        :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+        {:ok, _} = :erpc.call(node, Application, :ensure_all_started, [:mtrace])
+        {peer, node}
+
+      {:error, _} when tries > 0 ->
+        Process.sleep(100)
+        named_peer(name, tries - 1)
+    end
+  end
+
+  # Polls `fun` until it is true (at most ~30 s).
+  defp wait_until(fun, tries \\ 300) do
+    cond do
+      fun.() -> :ok
+      tries == 0 -> flunk("never happened")
+      true -> Process.sleep(100) && wait_until(fun, tries - 1)
+    end
   end
 
   test "bad options raise ArgumentError naming the option" do

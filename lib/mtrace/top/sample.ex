@@ -7,7 +7,11 @@ defmodule Mtrace.Top.Sample do
   allocations (preloaded, and the program one `MTRACE_PROGRAMS` names);
   `left_out` that it is preloaded but `MTRACE_PROGRAMS` leaves the program
   out. `take/2` is given the previous sample's `:state` to measure growth
-  against; the first refresh has nothing to compare with.
+  against; the first refresh has nothing to compare with, nor has one
+  given a state from another run of the node (it restarted since: the
+  state says which OS process and start time it came from). Rates divide
+  by the time between the two marks on the tracer's clock (this node's
+  clock when it is not traced).
   """
 
   alias Mtrace.VM.{Memory, Native, Procs}
@@ -41,10 +45,12 @@ defmodule Mtrace.Top.Sample do
   """
   @spec take(map | nil, pos_integer, [pid]) :: t
   def take(state, n, viewers \\ []) do
+    incarnation = incarnation()
+    state = if match?(%{incarnation: ^incarnation}, state), do: state
     at = System.monotonic_time(:millisecond)
-    secs = state && max(at - state.at_ms, 1) / 1000
     memory = Memory.read()
     mark = if memory.native, do: Native.mark()
+    secs = secs(state, mark, at)
     procs = process_memory([self() | viewers])
 
     %{
@@ -58,9 +64,25 @@ defmodule Mtrace.Top.Sample do
       nif: nif_rows(n),
       sites: if(state && state.mark, do: Native.sites(n, state.mark, secs), else: []),
       procs: growing(state, procs, secs, n),
-      state: %{at_ms: at, mark: mark, procs: procs, native: native_bytes(memory)}
+      state: %{
+        incarnation: incarnation,
+        at_ms: at,
+        mark: mark,
+        procs: procs,
+        native: native_bytes(memory)
+      }
     }
   end
+
+  # Which run of the node this is: a restarted node has the same name but
+  # another OS process, and its own clocks and allocation table.
+  defp incarnation, do: {System.pid(), :erlang.system_info(:start_time)}
+
+  # On the tracer's clock when both marks were taken; else (not traced) on
+  # this node's, which the same run of the node keeps.
+  defp secs(nil, _mark, _at), do: nil
+  defp secs(%{mark: %{t_ms: before}}, %{t_ms: now}, _at), do: max(now - before, 1) / 1000
+  defp secs(%{at_ms: before}, _mark, at), do: max(at - before, 1) / 1000
 
   defp native_bytes(%{native: %{live_bytes: bytes}}), do: bytes
   defp native_bytes(_memory), do: nil
