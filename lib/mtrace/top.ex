@@ -9,6 +9,13 @@ defmodule Mtrace.Top do
   on the screen and asked again at the next refresh: the view never raises
   once it runs. Growth is measured afresh once it answers again (it may
   have restarted meanwhile).
+
+  A refresh starts `interval` after the previous one started; when
+  sampling takes longer (scanning hundreds of thousands of processes can
+  take seconds), the next starts as soon as one is drawn, and the title
+  gives the time between them. The view leaves one process on the watched
+  node between refreshes, which keeps each process's memory for the next
+  comparison and ends with the view (`Mtrace.Top.Sample`).
   """
 
   alias Mtrace.Top.Sample
@@ -48,7 +55,7 @@ defmodule Mtrace.Top do
     reader = spawn_link(fn -> read_keys(caller) end)
     # the view's own processes are not among those it shows growing
     o = Map.put(o, :viewers, [caller, reader])
-    renderer = spawn_link(fn -> refresh_loop(o, caller, nil, 0) end)
+    renderer = spawn_link(fn -> refresh_loop(o, caller, nil, 0, nil) end)
     wait(renderer, reader)
   end
 
@@ -92,7 +99,12 @@ defmodule Mtrace.Top do
     if is_binary(line) and String.trim(line) not in ["q", "Q"], do: read_keys(caller)
   end
 
-  defp refresh_loop(o, caller, state, done) do
+  # Each refresh starts `interval` after the previous one started, or as
+  # soon as it is drawn when sampling took longer (the title then says so).
+  defp refresh_loop(o, caller, state, done, last) do
+    start = System.monotonic_time(:millisecond)
+    o = Map.put(o, :period, last && start - last)
+
     {screen, state} =
       case sample(o, state) do
         {:ok, s} -> {render(s, o, size()), s.state}
@@ -105,19 +117,31 @@ defmodule Mtrace.Top do
     if o.refreshes != :infinity and done + 1 >= o.refreshes do
       send(caller, :top_done)
     else
-      Process.sleep(o.interval)
-      refresh_loop(o, caller, state, done + 1)
+      Process.sleep(pause(o.interval, start, System.monotonic_time(:millisecond)))
+      refresh_loop(o, caller, state, done + 1, start)
     end
   end
 
+  @doc false
+  # The wait before the next refresh, for one started at `start` that is
+  # drawn at `now`: what is left of `interval`, if anything.
+  @spec pause(pos_integer, integer, integer) :: non_neg_integer
+  def pause(interval, start, now), do: max(start + interval - now, 0)
+
+  # On the watched node, a helper keeps each process's memory between
+  # refreshes (Mtrace.Top.Sample); it ends with this renderer, or when no
+  # refresh has come for a while.
   defp sample(%{node: node} = o, state) when node == node(),
-    do: {:ok, Sample.take(state, o.rows, o.viewers)}
+    do: {:ok, Sample.take(state, o.rows, viewers: o.viewers, keep: keep(o))}
 
   defp sample(o, state) do
-    {:ok, Mtrace.Remote.call(o.node, Sample, :take, [state, o.rows], o.timeout)}
+    opts = [owner: self(), keep: keep(o)]
+    {:ok, Mtrace.Remote.call(o.node, Sample, :take, [state, o.rows, opts], o.timeout)}
   rescue
     e in Mtrace.Error -> {:error, e.message}
   end
+
+  defp keep(o), do: 2 * o.interval + o.timeout
 
   defp size do
     cols = with {:ok, c} <- :io.columns(), do: c, else: (_ -> 80)
@@ -128,6 +152,9 @@ defmodule Mtrace.Top do
   @doc """
   The screen for sample `s` in a terminal of `{columns, rows}`: lines cut
   to the width, sections cut to the height (one row is left for typing).
+  `o` gives the `interval` asked for (ms) and, optionally, `period`, the
+  ms since the previous refresh started, which the title says instead
+  when sampling made it longer.
 
   ## Example
 
@@ -158,11 +185,18 @@ defmodule Mtrace.Top do
   end
 
   defp title(node, o, cols) do
-    left = "mtrace top #{node}  every #{o.interval / 1000}s  q + Enter quits"
+    left = "mtrace top #{node}  #{every(o)}  q + Enter quits"
     time = Time.utc_now() |> Time.truncate(:second) |> Time.to_string()
     pad = max(cols - String.length(left) - String.length(time) - 4, 1)
     left <> String.duplicate(" ", pad) <> time <> " UTC"
   end
+
+  # The interval asked for, or the time the last refresh really took when
+  # sampling made it longer.
+  defp every(%{period: ms, interval: interval}) when is_integer(ms) and ms > interval * 1.1,
+    do: "every #{Float.round(ms / 1000, 1)}s (asked #{interval / 1000}s)"
+
+  defp every(o), do: "every #{o.interval / 1000}s"
 
   defp memory_lines(%{memory: m} = s, cols) do
     left_out = Map.get(s, :left_out, false)
@@ -267,6 +301,8 @@ defmodule Mtrace.Top do
   defp stack([]), do: "[no stack]"
 
   defp proc_lines(%{secs: nil}), do: []
+  # the helper on the node is new: nothing to compare with yet
+  defp proc_lines(%{procs_secs: nil}), do: []
   defp proc_lines(%{procs: []}), do: ["  none grew since the last refresh"]
 
   defp proc_lines(%{procs: procs}) do

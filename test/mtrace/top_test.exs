@@ -99,6 +99,117 @@ defmodule Mtrace.TopTest do
     assert rates == Enum.sort(rates, :desc), screen
   end
 
+  # `n` processes that wait, killed when the test ends.
+  defp idle_processes(n) do
+    pids = for _ <- 1..n, do: spawn(fn -> receive do: (:stop -> :ok) end)
+    on_exit(fn -> Enum.each(pids, &Process.exit(&1, :kill)) end)
+    pids
+  end
+
+  defp leak_bytes(sites) do
+    sites
+    |> Enum.filter(&(Mtrace.Frame.name(hd(&1.frames)) == "fixture_leak_malloc"))
+    |> Enum.map(& &1.est_bytes)
+    |> Enum.sum()
+  end
+
+  test "sites are counted up to the new mark, before the process scan: no block twice" do
+    # the scan of 20_000 processes takes a while, and blocks leak during it
+    idle_processes(20_000)
+
+    leaker =
+      spawn(fn ->
+        Stream.repeatedly(fn -> ErlangCallers.append(1) && Process.sleep(1) end) |> Stream.run()
+      end)
+
+    on_exit(fn -> Process.exit(leaker, :kill) end)
+    first = Mtrace.Top.Sample.take(nil, 20)
+    second = Mtrace.Top.Sample.take(first.state, 20)
+    third = Mtrace.Top.Sample.take(second.state, 20)
+    # everything the leak allocated since the first mark, none of it freed
+    total = leak_bytes(Mtrace.sites(since: first.state.mark, limit: 50))
+
+    # each block counted in one refresh at most
+    assert leak_bytes(second.sites) > 0
+    assert leak_bytes(second.sites) + leak_bytes(third.sites) <= total
+
+    for s <- [second, third],
+        site <- s.sites,
+        do: assert(site.growth_per_s == site.est_bytes / s.secs)
+  end
+
+  test "the state carried between refreshes is small; a helper on the node keeps the processes" do
+    idle_processes(20_000)
+    first = Mtrace.Top.Sample.take(nil, 5)
+    s = Mtrace.Top.Sample.take(first.state, 5)
+    assert byte_size(:erlang.term_to_binary(s.state)) < 1000
+    # one helper across refreshes, not among the processes shown
+    assert is_pid(s.state.helper) and s.state.helper == first.state.helper
+    assert {:dictionary, dict} = Process.info(s.state.helper, :dictionary)
+    assert dict[:"$initial_call"] == {Mtrace.Top.Sample, :helper, 0}
+    refute Enum.any?(s.procs, fn {pid, _, _, _} -> pid == s.state.helper end)
+    assert {first.procs, first.procs_secs} == {[], nil}
+    assert is_float(s.procs_secs)
+
+    # it ends with the process it serves
+    me = self()
+
+    owner =
+      spawn(fn ->
+        send(me, {:helper, Mtrace.Top.Sample.take(nil, 5).state.helper})
+        receive do: (:stop -> :ok)
+      end)
+
+    assert_receive {:helper, helper}, 30_000
+    ref = Process.monitor(helper)
+    send(owner, :stop)
+    assert_receive {:DOWN, ^ref, :process, ^helper, _}, 30_000
+
+    # ... or when no refresh asks for it
+    helper = Mtrace.Top.Sample.take(nil, 5, keep: 100).state.helper
+    ref = Process.monitor(helper)
+    assert_receive {:DOWN, ^ref, :process, ^helper, _}, 30_000
+  end
+
+  @tag :peer
+  test "watching another node leaves no process there once the view ends" do
+    {peer, node} = Remote.start_peer()
+    on_exit(fn -> Remote.stop_peer(peer) end)
+
+    helpers = fn ->
+      for pid <- :erpc.call(node, Process, :list, []),
+          {:dictionary, dict} <- [:erpc.call(node, Process, :info, [pid, :dictionary])],
+          dict[:"$initial_call"] == {Mtrace.Top.Sample, :helper, 0},
+          do: pid
+    end
+
+    out =
+      capture_io(fn ->
+        assert :ok = Mtrace.top(node: node, interval: 200, refreshes: 3, ansi: false)
+      end)
+
+    assert length(screens(out)) == 3
+    assert List.last(screens(out)) =~ "processes growing fastest"
+    wait_until(fn -> helpers.() == [] end)
+  end
+
+  test "the title says the real time between refreshes when sampling takes longer" do
+    s = Mtrace.Top.Sample.take(nil, 5)
+    title = fn o -> Mtrace.Top.render(s, o, {80, 24}) |> IO.iodata_to_binary() end
+
+    slow = title.(%{interval: 1000, period: 2140, ansi: false})
+    assert slow =~ ~r/^mtrace top \S+  every 2.1s \(asked 1.0s\)  q \+ Enter quits/
+    assert slow |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80))
+
+    for period <- [nil, 1000, 1040],
+        do: assert(title.(%{interval: 1000, period: period, ansi: false}) =~ "  every 1.0s  q")
+  end
+
+  test "refreshes are scheduled from the start of each one" do
+    assert Mtrace.Top.pause(1000, 5000, 5300) == 700
+    assert Mtrace.Top.pause(1000, 5000, 7100) == 0
+  end
+
   @tag :peer
   test "a node restarted under the same name: the first refresh after shows no growth" do
     Remote.distribute!()

@@ -6,12 +6,32 @@ defmodule Mtrace.Top.Sample do
   most. `traced` says whether the native tracer records this program's
   allocations (preloaded, and the program one `MTRACE_PROGRAMS` names);
   `left_out` that it is preloaded but `MTRACE_PROGRAMS` leaves the program
-  out. `take/2` is given the previous sample's `:state` to measure growth
+  out. `take/3` is given the previous sample's `:state` to measure growth
   against; the first refresh has nothing to compare with, nor has one
   given a state from another run of the node (it restarted since: the
-  state says which OS process and start time it came from). Rates divide
-  by the time between the two marks on the tracer's clock (this node's
-  clock when it is not traced).
+  state says which OS process and start time it came from).
+
+  ## Rates
+
+  The native sites that grew are read together with the new mark, before
+  the processes are scanned (which takes seconds on a node with hundreds
+  of thousands of them), and their rates divide by the time between the
+  two marks on the tracer's clock (this node's clock when it is not
+  traced): a slow scan neither adds to what they count nor to the time.
+  The processes' rates divide by the time between two scans.
+
+  ## What stays on the watched node
+
+  The memory of every process at the last refresh (megabytes with
+  hundreds of thousands of processes) does not travel to the view and
+  back: a helper process on the watched node keeps it, scans the processes
+  at each refresh and hands back only the `n` that grew most. It is the
+  one process the view leaves running there between refreshes, and it ends
+  when the process it serves (`:owner`: the caller, or the view's renderer
+  on another node) ends or its node disconnects, or when no refresh has
+  asked it for `:keep` ms. `:state`, what the view carries from one
+  refresh to the next, is a few words: that helper, the tracer's mark, the
+  native bytes, and the run of the node they belong to.
   """
 
   alias Mtrace.VM.{Memory, Native, Procs}
@@ -24,17 +44,25 @@ defmodule Mtrace.Top.Sample do
           memory: map,
           traced: boolean,
           left_out: boolean,
+          native_per_s: float | nil,
           nif: [map] | {:error, atom},
           sites: [map],
-          procs: [{pid, integer, integer, term}],
+          procs: [{pid, integer, float, term}],
+          procs_secs: float | nil,
           state: map
         }
 
   @doc """
   A sample, growth measured against `state` (`nil` the first time); `n`
-  rows of sites and processes at most. The processes in `viewers` (the
-  view's own, when it runs on the node it watches) and the caller are not
-  among the processes shown.
+  rows of sites and processes at most. `secs` is the time since the sample
+  `state` came from (`nil` for a first one); `procs_secs` the time between
+  the two scans of the processes `procs` compares, `nil` (and `procs`
+  empty) when the helper has no earlier scan.
+
+  Options: `:viewers`, processes not to show (the view's own, when it runs
+  on the node it watches; the caller and the helper are never shown);
+  `:owner`, the process the helper serves (default the caller); `:keep`,
+  ms the helper waits for the next sample before it ends (default 60_000).
 
   ## Example
 
@@ -43,15 +71,25 @@ defmodule Mtrace.Top.Sample do
       second.secs > 0
       #=> true
   """
-  @spec take(map | nil, pos_integer, [pid]) :: t
-  def take(state, n, viewers \\ []) do
+  @spec take(map | nil, pos_integer, keyword) :: t
+  def take(state, n, opts \\ []) do
     incarnation = incarnation()
     state = if match?(%{incarnation: ^incarnation}, state), do: state
+
     at = System.monotonic_time(:millisecond)
     memory = Memory.read()
+    # The sites since the last mark, then the new mark: the next refresh
+    # counts from where this one stopped, and the slow scan comes after.
+    sites = if state && state.mark && memory.native, do: Native.sites(n, state.mark), else: []
     mark = if memory.native, do: Native.mark()
     secs = secs(state, mark, at)
-    procs = process_memory([self() | viewers])
+
+    {helper, {procs, procs_secs}} =
+      scan(state && state.helper, n, %{
+        owner: Keyword.get(opts, :owner, self()),
+        keep: Keyword.get(opts, :keep, 60_000),
+        viewers: Keyword.get(opts, :viewers, [])
+      })
 
     %{
       node: node(),
@@ -62,14 +100,15 @@ defmodule Mtrace.Top.Sample do
       left_out: match?(%{active: false}, Native.stats()),
       native_per_s: native_rate(state, memory, secs),
       nif: nif_rows(n),
-      sites: if(state && state.mark, do: Native.sites(n, state.mark, secs), else: []),
-      procs: growing(state, procs, secs, n),
+      sites: if(secs && state.mark && mark, do: with_growth(sites, secs), else: []),
+      procs: procs,
+      procs_secs: procs_secs,
       state: %{
         incarnation: incarnation,
         at_ms: at,
         mark: mark,
-        procs: procs,
-        native: native_bytes(memory)
+        native: native_bytes(memory),
+        helper: helper
       }
     }
   end
@@ -81,8 +120,13 @@ defmodule Mtrace.Top.Sample do
   # On the tracer's clock when both marks were taken; else (not traced) on
   # this node's, which the same run of the node keeps.
   defp secs(nil, _mark, _at), do: nil
+
   defp secs(%{mark: %{t_ms: before}}, %{t_ms: now}, _at), do: max(now - before, 1) / 1000
   defp secs(%{at_ms: before}, _mark, at), do: max(at - before, 1) / 1000
+
+  defp with_growth(sites, secs) do
+    Enum.map(sites, &Map.put(&1, :growth_per_s, Map.get(&1, :est_bytes, &1.bytes) / secs))
+  end
 
   defp native_bytes(%{native: %{live_bytes: bytes}}), do: bytes
   defp native_bytes(_memory), do: nil
@@ -103,18 +147,72 @@ defmodule Mtrace.Top.Sample do
     end
   end
 
-  # Every other process's memory: the watcher leaves itself out.
-  defp process_memory(viewers) do
-    for pid <- Process.list(), pid not in viewers, into: %{} do
+  # ---- the helper ----------------------------------------------------------------------
+
+  # Asks the helper (a new one if it has ended) for the processes that grew
+  # most since its last scan: {helper, {procs, secs}}, secs nil (and no
+  # procs) when it has no earlier scan.
+  defp scan(helper, n, ask) do
+    helper = if alive?(helper), do: helper, else: start_helper(ask.owner)
+    ref = Process.monitor(helper)
+    send(helper, {:scan, self(), ref, n, ask})
+
+    receive do
+      {^ref, procs} ->
+        Process.demonitor(ref, [:flush])
+        {helper, procs}
+
+      # ended (its keep ran out) between the check and the question
+      {:DOWN, ^ref, :process, _, _} ->
+        scan(nil, n, ask)
+    end
+  end
+
+  defp alive?(pid) when is_pid(pid) and node(pid) == node() do
+    Process.alive?(pid)
+  rescue
+    # a pid of an earlier run of the node, which bears its name
+    ArgumentError -> false
+  end
+
+  defp alive?(_pid), do: false
+
+  defp start_helper(owner) do
+    spawn(fn ->
+      # what it is, for whoever lists the node's processes
+      Process.put(:"$initial_call", {__MODULE__, :helper, 0})
+      owner = Process.monitor(owner)
+      helper(owner, nil, nil, 60_000)
+    end)
+  end
+
+  # The memory of every process at the last scan, and when it was taken.
+  defp helper(owner, procs, at, keep) do
+    receive do
+      {:scan, from, ref, n, ask} ->
+        now = System.monotonic_time(:millisecond)
+        now_procs = process_memory([self(), from | ask.viewers])
+        secs = procs && max(now - at, 1) / 1000
+        send(from, {ref, {if(secs, do: growing(procs, now_procs, secs, n), else: []), secs}})
+        helper(owner, now_procs, now, min(ask.keep, 0xFFFF_FFFF))
+
+      {:DOWN, ^owner, :process, _, _} ->
+        :ok
+    after
+      keep -> :ok
+    end
+  end
+
+  # Every other process's memory: the view leaves itself out.
+  defp process_memory(left_out) do
+    for pid <- Process.list(), pid not in left_out, into: %{} do
       {pid, Procs.value(pid, :memory) || 0}
     end
   end
 
-  defp growing(nil, _procs, _secs, _n), do: []
-
-  defp growing(state, procs, secs, n) do
-    procs
-    |> Enum.map(fn {pid, bytes} -> {pid, bytes, bytes - Map.get(state.procs, pid, bytes)} end)
+  defp growing(before, now, secs, n) do
+    now
+    |> Enum.map(fn {pid, bytes} -> {pid, bytes, bytes - Map.get(before, pid, bytes)} end)
     |> Enum.filter(fn {_pid, _bytes, delta} -> delta > 0 end)
     |> Enum.sort_by(fn {_pid, _bytes, delta} -> -delta end)
     |> Enum.take(n)
