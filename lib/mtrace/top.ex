@@ -15,7 +15,9 @@ defmodule Mtrace.Top do
   take seconds), the next starts as soon as one is drawn, and the title
   gives the time between them. The view leaves one process on the watched
   node between refreshes, which keeps each process's memory for the next
-  comparison and ends with the view (`Mtrace.Top.Sample`).
+  comparison and ends with the view (`Mtrace.Top.Sample`). When the
+  tracer samples (`MTRACE_SAMPLE_BYTES`), the native figures are
+  estimates, and say "about".
   """
 
   alias Mtrace.Top.Sample
@@ -213,13 +215,14 @@ defmodule Mtrace.Top do
         _ when left_out ->
           "native: not traced (MTRACE_PROGRAMS does not name beam.smp: unset it)"
 
-        %{enabled: false, live_bytes: bytes, live_count: count} ->
-          "native #{Format.bytes(bytes)} in #{Format.count(count, "block")}  " <>
-            "tracking switched off: Mtrace.enable/0"
+        %{enabled: false, live_bytes: _, live_count: _} = native ->
+          two_parts(native_held(native), "tracking switched off: Mtrace.enable/0", cols)
 
-        %{live_bytes: bytes, live_count: count} ->
-          "native #{Format.bytes(bytes)} in #{Format.count(count, "block")}" <>
-            if(s.native_per_s, do: "  #{Format.rate(s.native_per_s)}", else: "")
+        %{live_bytes: _, live_count: _} = native when is_number(s.native_per_s) ->
+          two_parts(native_held(native), about(native) <> Format.rate(s.native_per_s), cols)
+
+        %{live_bytes: _, live_count: _} = native ->
+          native_held(native)
 
         _ ->
           # the release's line: the path it finds holds on every node
@@ -230,6 +233,21 @@ defmodule Mtrace.Top do
       end
 
     ["RSS #{Format.bytes(m.rss)}" <> vm | List.wrap(native)] ++ nif_line(s.nif, cols)
+  end
+
+  # Under sampling (MTRACE_SAMPLE_BYTES) the native figures are estimates.
+  defp about(%{sampled: true}), do: "about "
+  defp about(_native), do: ""
+
+  defp native_held(%{live_bytes: bytes, live_count: count} = native) do
+    about = about(native)
+    "native #{about}#{Format.bytes(bytes)} in #{about}#{Format.count(count, "block")}"
+  end
+
+  # On one line, or on two when one is too narrow.
+  defp two_parts(first, second, cols) do
+    line = first <> "  " <> second
+    if String.length(line) <= cols, do: line, else: [first, "  " <> second]
   end
 
   defp nif_line([], _cols), do: []
@@ -262,15 +280,19 @@ defmodule Mtrace.Top do
   # The rate says how much grew (the bytes since the last refresh would only
   # repeat it), so the room goes to who allocated: the site and the Erlang
   # code that called it, on a second line when one is too narrow.
-  defp site_lines(%{sites: sites}, cols) do
+  defp site_lines(%{sites: sites} = s, cols) do
+    about = about(s.memory.native)
+
     sites
     |> Mtrace.VMSites.merge()
     # merged, the VM's own sites of one kind may outgrow those above them
     |> Enum.sort_by(&(-&1.growth_per_s))
     |> Enum.flat_map(fn site ->
+      count = about <> Format.count(site.est_count, "block")
+
       head =
-        "  #{rate(site.growth_per_s)}  " <>
-          String.pad_leading(Format.count(site.est_count, "block"), 11) <> "  "
+        "  #{rate(site.growth_per_s, about)}  " <>
+          String.pad_leading(count, 11 + String.length(about)) <> "  "
 
       case Mtrace.VMSites.note(site.frames, :short) || stack(site.frames) do
         {first, caller} ->
@@ -311,7 +333,8 @@ defmodule Mtrace.Top do
     end)
   end
 
-  defp rate(per_s), do: String.pad_leading("+#{Format.bytes(per_s)}/s", 12)
+  defp rate(per_s, about \\ ""),
+    do: String.pad_leading("#{about}+#{Format.bytes(per_s)}/s", 12 + String.length(about))
 
   # Sites first, then processes, within the rows there are.
   defp fit(sites, procs, room) do

@@ -210,6 +210,73 @@ defmodule Mtrace.TopTest do
     assert Mtrace.Top.pause(1000, 5000, 7100) == 0
   end
 
+  test "sampling: the native line and the site lines say about, within 80 columns" do
+    first = Mtrace.Top.Sample.take(nil, 5)
+    s = Mtrace.Top.Sample.take(first.state, 5)
+    frames = [%{symbol: "fixture_leak_malloc", lib: "/opt/leaky_nif.so", offset: 0}]
+    site = %{count: 80, bytes: 80_000, est_count: 525, est_bytes: 508_518, frames: frames}
+    native = %{s.memory.native | live_bytes: 13_495_904, live_count: 2219}
+    screen = fn s -> Mtrace.Top.render(s, %{interval: 1000, ansi: false}, {80, 24}) end
+
+    sampled = %{
+      s
+      | memory: %{s.memory | native: Map.put(native, :sampled, true)},
+        native_per_s: 508_518.0,
+        sites: [Map.put(site, :growth_per_s, 508_518.0)],
+        procs: []
+    }
+
+    out = IO.iodata_to_binary(screen.(sampled))
+
+    assert out =~
+             ~r/^native about 12.9 MiB in about 2_219 blocks  about \+496.6 KiB\/s \(\+1.7 GiB\/h\)$/m
+
+    assert out =~ ~r/^  about \+496.6 KiB\/s +about 525 blocks  fixture_leak_malloc /m
+
+    # large figures, tracking off: the line breaks rather than being cut off
+    big = %{native | live_bytes: 1_073_000_000_000, live_count: 123_456_789, sampled: true}
+
+    for variant <- [
+          %{sampled | memory: %{s.memory | native: big}, native_per_s: 1_000_000_000.0},
+          %{sampled | memory: %{s.memory | native: %{big | enabled: false}}}
+        ] do
+      lines = variant |> screen.() |> IO.iodata_to_binary() |> String.split("\n")
+      assert Enum.all?(lines, &(String.length(&1) <= 80)), Enum.join(lines, "\n")
+      refute Enum.any?(lines, &String.ends_with?(&1, "…")), Enum.join(lines, "\n")
+      assert Enum.any?(lines, &(&1 =~ ~r/^native about 999.3 GiB in about 123_456_789 blocks$/))
+    end
+
+    # exact figures say no about
+    exact = %{sampled | memory: %{s.memory | native: Map.put(native, :sampled, false)}}
+    exact = IO.iodata_to_binary(screen.(exact))
+    refute exact =~ "about"
+    assert exact =~ ~r/^native 12.9 MiB in 2_219 blocks  \+496.6 KiB\/s/m
+    assert exact =~ ~r/^  \+496.6 KiB\/s +525 blocks  fixture_leak_malloc /m
+  end
+
+  @tag :peer
+  test "a node that samples (MTRACE_SAMPLE_BYTES): top says about" do
+    Remote.distribute!()
+    env = [{~c"MTRACE_SAMPLE_BYTES", ~c"524288"}]
+    {:ok, peer, node} = :peer.start(%{name: :peer.random_name(), env: env})
+    on_exit(fn -> Remote.stop_peer(peer) end)
+    :ok = :erpc.call(node, :code, :add_paths, [:code.get_path()])
+    {:ok, _} = :erpc.call(node, Application, :ensure_all_started, [:mtrace])
+
+    first = :erpc.call(node, Mtrace.Top.Sample, :take, [nil, 5])
+    # blocks of 1 MiB, each above the sampling interval: they are recorded
+    :ok = :erpc.call(node, LeakyNif, :leak, [:malloc, 20, 1 <<< 20])
+    s = :erpc.call(node, Mtrace.Top.Sample, :take, [first.state, 5])
+
+    out =
+      s |> Mtrace.Top.render(%{interval: 1000, ansi: false}, {80, 24}) |> IO.iodata_to_binary()
+
+    # the rate on the line, or on the next when the line would be too long
+    assert out =~ ~r/^native about [\d.]+ \w+ in about [\d_]+ blocks\s+about [+-][\d.]+ \w+\/s/m
+    assert out =~ ~r/^ +about \+[\d.]+ \w+\/s +about [\d_]+ blocks  fixture_leak_malloc/m
+    assert out |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), out
+  end
+
   @tag :peer
   test "a node restarted under the same name: the first refresh after shows no growth" do
     Remote.distribute!()
