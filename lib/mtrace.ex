@@ -353,11 +353,15 @@ defmodule Mtrace do
   (80×24 and up). In a local IEx it redraws in place; where ANSI escapes are
   off (a remote shell, `bin/app remote`) each refresh is printed below the
   last. A node that stops answering is said so on the screen, and asked
-  again at the next refresh. Returns `:ok`.
+  again at the next refresh. To compare processes between refreshes, one
+  helper process on the watched node (`{Mtrace.Top.Sample, :helper, 0}`)
+  keeps their memory; it ends with the view. Returns `:ok`.
 
   Options:
 
-    * `interval:` — ms between refreshes (default 2000, at least 100);
+    * `interval:` — ms from the start of one refresh to the next (default
+      2000, at least 100); when a refresh takes longer (a node with very
+      many processes), the title gives the real period;
     * `node:` — the node to watch (mtrace loaded there), default this one;
       one that cannot be reached raises `Mtrace.Error` (reason `:nodedown`);
     * `rows:` — sites and processes listed (default 5, fewer if the
