@@ -7,7 +7,8 @@
  * its own, mtrace knows the values the VM's fields must hold: the NIF's env
  * (ErtsSchedulerData.current_nif), its process (found by its pid), that
  * process's stack (whose top return address must name the calling Elixir
- * function at the line it passed in, and whose bottom holds the VM's
+ * function, at the line it passed in when line numbers can be trusted
+ * (lines_check), and whose bottom holds the VM's
  * beam_normal_exit), and the running NIF's own {M, F, A}.  Each field is
  * searched for by value within a bounded window, reading memory only through
  * process_vm_readv (an unmapped address fails, never faults), and must be
@@ -97,7 +98,8 @@ struct expect {
 };
 
 /* Whether stop looks like the top of our stack: one of its top words is a
- * return address into the caller at the line it passed. */
+ * return address into the caller.  The line it passed is checked afterwards
+ * (lines_check), and decides only whether line numbers are used. */
 static int is_stop(const struct expect *x, uintptr_t stop) {
     uint64_t top[TOP_WORDS];
     if (stop & 7 || !peek((void *)stop, top, sizeof top))

@@ -4,9 +4,10 @@
  * entries, symbolization of cold addresses) with the calling thread ignored
  * by the tracer, so their own allocations are never reported.
  *
- * A filter arrives as {SinceMs, MinAgeMs, MaxAgeMs, MinSize, MaxSize} where
- * each is a non-negative integer or nil; ages are turned into times here, on
- * the table's clock, right before the scan.
+ * A filter arrives as {SinceMs, MinAgeMs, MaxAgeMs, MinSize, MaxSize,
+ * BeforeMs} where each is a non-negative integer or nil (BeforeMs: allocated
+ * before that time, for report/1's boot figure); ages are turned into times
+ * here, on the table's clock, right before the scan.
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -320,7 +321,8 @@ static int get_order(ErlNifEnv *env, ERL_NIF_TERM t, int *order) {
     return 1;
 }
 
-/* sites(Limit, Order, Demangle, Filter, Lib) -> {Total, [#{count, bytes, oldest, newest, frames}]}
+/* sites(Limit, Order, Demangle, Filter, Lib) ->
+ *     {Total, [#{count, bytes, oldest, newest, est_count, est_bytes, frames}]}
  * where Total is the same map, frames [], summed over every matching allocation. */
 ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc;

@@ -7,8 +7,9 @@
  *     same counter); modules still loaded keep their caches.
  *   - Per module, on first use: the function symbols of the file on disk (.symtab, else .dynsym)
  *     in a sorted array, and with libdw its DWARF.
- *   - Per module, a direct-mapped cache of finished answers: a DWARF scope walk costs tens of
- *     microseconds on a large compilation unit, and leak reports repeat the same addresses.
+ *   - Per module, a 4-way set-associative cache of finished answers: a DWARF scope walk costs
+ *     tens of microseconds on a large compilation unit, and leak reports repeat the same
+ *     addresses.
  *
  * Only files are read, never the memory of the objects, so an address inside a library that
  * has been unloaded since it was recorded cannot fault.

@@ -46,8 +46,8 @@ static inline double mt_ln(double x) {
  * into n ln 2 + j ln 2/16 + r with 0 <= r < ln 2/16, so that a series of 10
  * terms is exact for r, and the sum adds two positive terms (no
  * cancellation).  The earlier series over all of [0, ln 2) took 19 terms,
- * each with a division: a sampled block's record computes this twice and
- * its free twice again, which took 8% of a churn sampled at 16 KiB. */
+ * each with a division (a sampled block's record then computed it twice and
+ * its free twice again), which took 8% of a churn sampled at 16 KiB. */
 #define MT_LN2_16_HI 0x1.62e42fefa3000p-5   /* ln 2/16, its low 12 bits zero */
 #define MT_LN2_16_LO 1.7647056601894736e-14 /* ln 2/16 - MT_LN2_16_HI */
 #define MT_16_LN2 23.083120654223414

@@ -5,7 +5,7 @@
  * are a flat array indexed by id: one pass over the table adds each entry to
  * its stack's totals, one pass over the array keeps the top n.  The array is
  * mapped for the query and unmapped after it, so a query never calls malloc
- * and leaves nothing behind; it costs 32 bytes per interned stack.
+ * and leaves nothing behind; it costs 48 bytes per interned stack.
  */
 #include <stdint.h>
 #include <sys/mman.h>

@@ -34,7 +34,7 @@
  * only the chain heads; the chains themselves are in the records, which the
  * child keeps, so a child rebuilds the heads on its first miss. */
 #define BUCKET_BITS 17
-#define DIR_BITS 12 /* ids = DIR_SLOTS * BLOCK_SLOTS = 2^24, the table's id width */
+#define DIR_BITS 12 /* ids = 2^DIR_BITS * 2^BLOCK_BITS = 2^24, the table's id width */
 #define BLOCK_BITS 12
 #define CHUNK_BYTES (1u << 20)
 #define MAX_OWN_FRAMES 8  /* frames of this library above the caller of malloc */

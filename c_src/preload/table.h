@@ -93,7 +93,7 @@ static inline int mt_table_may_hold(uint64_t addr) {
 
 /* The filter is kept only while a free may ask it: not while lossless
  * tracking is on (gate TRACK), when every free goes to the table anyway and
- * keeping it cost a lossless malloc/free pair about 40 instructions.
+ * keeping it cost a lossless malloc/free pair about 32 instructions.
  * mt_table_filter_keep(1) rebuilds it from the entries, a shard's counters
  * at a time under its lock, before tracking switches off (table_filter.c);
  * its callers take turns.  While it is not exact, a "no" from

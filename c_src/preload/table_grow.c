@@ -2,7 +2,8 @@
  * A shard's growth (see table_grow.h): buckets taken 8 at a time, the
  * directory doubled, a full bucket's entries parted by one more hash bit.
  * Growth moves at most 15 entries inside someone's malloc, and memory grows
- * in 256-byte steps; buckets are freed only by a reset (table.c).
+ * a 2 KiB slab of buckets at a time (and by directory doublings); buckets
+ * are freed only by a reset (table.c).
  */
 #include "table_grow.h"
 

@@ -59,7 +59,7 @@ static void update_gate(void) {
     mt_lock(&gate_turn);
     enum mt_mode m = atomic_load(&mt_state.mode);
     /* A provisional configuration may have recorded blocks.  (Not from the
-     * shards' figures: reading them faults in 17 pages in every untraced
+     * shards' figures: reading them faults in some 20 pages in every untraced
      * program.) */
     uint64_t held = mt_table_mapped();
     enum mt_gate g = m == MT_MODE_UNCONFIGURED || m == MT_MODE_CONFIGURING ? MT_GATE_SETUP

@@ -4,7 +4,7 @@
  * loop; the other calls dl_iterate_phdr, whose callback strdup()s each
  * object's name while the loader's lock is held.  libunwind holds its own lock while it waits for
  * the loader's: a capture that waited for libunwind inside that callback
- * hung both threads for ever (2 runs in 3).  The test ends, or the alarm
+ * hung both threads for ever (in most runs).  The test ends, or the alarm
  * kills it. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
