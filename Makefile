@@ -20,7 +20,7 @@ AARCH64_MAKE = $(MAKE) --no-print-directory -f c_src/build.mk CC=$(AARCH64_CC) \
 .PHONY: all fixtures ctest ctest-asan ctest-valgrind ctest-musl ctest-aarch64 test bench clean
 
 all fixtures ctest ctest-asan ctest-valgrind: $(MAKEVARS)
-	$(SUBMAKE) $@
+	+$(SUBMAKE) $@
 
 $(MAKEVARS): c_src/makevars.sh
 	@mkdir -p $(BUILD)
@@ -31,7 +31,7 @@ MUSL_CC ?= musl-gcc
 MUSL_BUILD ?= _build/c-musl
 
 ctest-musl: $(MUSL_BUILD)/makevars.mk
-	$(MAKE) --no-print-directory -f c_src/build.mk PRIV=$(MUSL_BUILD)/priv BUILD=$(MUSL_BUILD) \
+	+$(MAKE) --no-print-directory -f c_src/build.mk PRIV=$(MUSL_BUILD)/priv BUILD=$(MUSL_BUILD) \
 		MAKEVARS=$(MUSL_BUILD)/makevars.mk $@
 
 $(MUSL_BUILD)/makevars.mk: c_src/makevars.sh
@@ -41,7 +41,7 @@ $(MUSL_BUILD)/makevars.mk: c_src/makevars.sh
 	CC=$(MUSL_CC) sh c_src/makevars.sh $@
 
 ctest-aarch64: $(AARCH64_BUILD)/makevars.mk
-	$(AARCH64_MAKE) ctest-emulated
+	+$(AARCH64_MAKE) ctest-emulated
 
 $(AARCH64_BUILD)/makevars.mk: c_src/makevars.sh
 	@mkdir -p $(AARCH64_BUILD)
@@ -51,7 +51,7 @@ test:
 	bin/test
 
 bench: $(MAKEVARS)
-	$(SUBMAKE) bench-c
+	+$(SUBMAKE) bench-c
 
 clean:
 	rm -rf $(BUILD) $(MUSL_BUILD) $(AARCH64_BUILD) $(PRIV)/mtrace.so $(PRIV)/mtrace_nif.so

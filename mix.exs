@@ -16,8 +16,11 @@ defmodule Mix.Tasks.Compile.Mtrace do
     root = Path.dirname(Mix.Project.project_file())
     priv = Path.join(Mix.Project.app_path(), "priv")
     build = Path.join(Mix.Project.build_path(), "mtrace_c")
-    args = ["-f", makefile, "PRIV=#{priv}", "BUILD=#{build}", "all"]
+    # EXTRA_CFLAGS (-Werror in mtrace's own test builds) is not taken from
+    # the environment: a newer compiler's new warning must not fail a release.
+    args = ["-f", makefile, "PRIV=#{priv}", "BUILD=#{build}", "EXTRA_CFLAGS=", "all"]
     env = [{"ERTS_INCLUDE_DIR", erts_include()}]
+    forget_other_erts(Path.join(build, "makevars.mk"), erts_include())
 
     case System.cmd(make, args, cd: root, env: env, stderr_to_stdout: true) do
       {out, 0} ->
@@ -37,6 +40,18 @@ defmodule Mix.Tasks.Compile.Mtrace do
   def clean do
     priv = Path.join(Mix.Project.app_path(), "priv")
     Enum.each(["mtrace.so", "mtrace_nif.so"], &File.rm(Path.join(priv, &1)))
+    # The objects and the probed settings (makevars.mk) go too, so that a
+    # clean build sees what was installed since.
+    File.rm_rf(Path.join(Mix.Project.build_path(), "mtrace_c"))
+  end
+
+  # The settings make keeps are probed once; built against another OTP's
+  # headers (Erlang upgraded since), they are probed again.
+  defp forget_other_erts(makevars, include) do
+    with {:ok, text} <- File.read(makevars),
+         false <- String.contains?(text, "\nERTS_INCLUDE = #{include}\n") do
+      File.rm(makevars)
+    end
   end
 
   defp erts_include do

@@ -12,11 +12,13 @@ release_copy() {
 }
 # release_boot_ms DIR [ENV=VALUE...]: ms to boot the copy in DIR (every
 # application started) and halt; prints nothing when the boot failed.
+# Without distribution: a named node would start epmd, which the first boot
+# pays for and which outlives the benchmark.
 release_boot_ms() {
     dir=$1
     shift
     t0=$(date +%s%N)
-    env "$@" ELIXIR_ERL_OPTIONS="-eval erlang:halt()" RELEASE_NODE="mtrace_bench_$$" \
+    env "$@" ELIXIR_ERL_OPTIONS="-eval erlang:halt()" RELEASE_NODE="mtrace_bench_$$" RELEASE_DISTRIBUTION=none \
         RELEASE_TMP="$dir.tmp" "$dir/bin/leaky_app" start >/dev/null 2>&1 </dev/null || return 0
     echo $((($(date +%s%N) - t0) / 1000000))
 }

@@ -66,6 +66,11 @@ try() {
     $cc $extra_inc "$tmp/t.c" -o "$tmp/t" $extra_lib $3 >"$tmp/log" 2>&1
 }
 
+# A compiler that builds nothing would read below as "not glibc".
+printf '#include <stdlib.h>\nint main(void) { return 0; }\n' >"$tmp/cc.c"
+$cc "$tmp/cc.c" -o "$tmp/cc" >"$tmp/log" 2>&1 ||
+    die "$cc cannot build a C program: install a C compiler (Debian: apt-get install gcc); it said: $(head -3 "$tmp/log")"
+
 # The C library $cc builds for.  Debian's libunwind and libdw are built for
 # glibc; with musl the stack walker works without libunwind (MT_NO_LIBUNWIND)
 # and the symbolizer without libdw.
@@ -95,7 +100,8 @@ elif try dw elfutils/libdw.h "-ldw -lelf"; then
     dw_cflags="-DMT_HAVE_LIBDW"
     dw_libs="-ldw -lelf"
 else
-    echo "mtrace: elfutils libdw not found by $cc (install libdw-dev$deb_arch): building without source file:line" >&2
+    echo "mtrace: elfutils libdw not found by $cc: building without source file:line" \
+        "(install libdw-dev$deb_arch, then delete $out to build with it)" >&2
 fi
 
 # Link-time optimization for the interposer: a tracked malloc crosses
