@@ -22,6 +22,17 @@ defmodule Mtrace.VMTest do
   end
 
   describe "on this node" do
+    test "slices of one large binary in a table are not counted past the node's binary memory" do
+      big = :binary.copy(<<7>>, 64 * 1_048_576)
+      table = :ets.new(:slices, [])
+      :ets.insert(table, for(i <- 1..2_000, do: {i, binary_part(big, i * 100, 70)}))
+
+      estimate = VM.ETS.binary_estimate(table, 64)
+      assert estimate >= 64 * 1_048_576
+      assert estimate <= :erlang.memory(:binary), inspect(estimate)
+      :ets.delete(table)
+    end
+
     test "memory/0 ties the VM's figures to RSS" do
       m = VM.memory()
 

@@ -159,7 +159,9 @@ defmodule Mtrace.VM.BinaryChecks do
         info = ETS.describe(t, :erlang.system_info(:wordsize)) || []
         # an unnamed table's name reaches nothing: said (as :ets_growth does)
         name = inspect(info[:name] || t)
-        {t, bins, Keyword.put(info, :called, if(is_atom(t), do: name, else: "#{name} (unnamed)"))}
+        called = if(is_atom(t), do: name, else: "#{name} (unnamed)")
+        # an estimate from a sample, of what the GC left at most
+        {t, min(bins, left), Keyword.put(info, :called, called)}
       end
       |> Enum.sort_by(&(-elem(&1, 1)))
       |> Enum.take(@named)

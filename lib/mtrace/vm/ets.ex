@@ -8,6 +8,7 @@ defmodule Mtrace.VM.ETS do
   """
 
   import Mtrace.VM.Procs, only: [ranking: 1, rank: 3, ranked: 1]
+  alias Mtrace.VM.Procs
 
   @typedoc "How a table is described in results."
   @type info :: [
@@ -84,7 +85,10 @@ defmodule Mtrace.VM.ETS do
   read (private to another process, or deleted).
 
   Measured on the first `samples` objects and scaled to the table's size, so
-  binaries shared by many objects are counted once per object.
+  binaries shared by many objects are counted once per object (a slice
+  counts the whole binary it is part of, which it keeps alive): never more
+  than the node's binary memory (`erlang:memory(binary)`), which a table of
+  slices of one large binary would pass many times over.
 
   ## Example
 
@@ -97,7 +101,12 @@ defmodule Mtrace.VM.ETS do
     case :ets.select(table, [{:_, [], [:"$_"]}], samples) do
       {objects, _continuation} ->
         bytes = Enum.reduce(objects, 0, &(offheap(&1, 1_000) + &2))
-        round(bytes / length(objects) * :ets.info(table, :size))
+        estimate = round(bytes / length(objects) * :ets.info(table, :size))
+
+        case Procs.binary_memory() do
+          all when is_integer(all) -> min(estimate, all)
+          nil -> estimate
+        end
 
       :"$end_of_table" ->
         0
