@@ -110,8 +110,10 @@ defmodule Mtrace.Top do
     {screen, state} =
       case sample(o, state) do
         {:ok, s} -> {render(s, o, size()), s.state}
-        # the node may come back restarted: the next refresh starts afresh
-        {:error, message} -> {render_error(o, message, size()), nil}
+        # The state is kept: a scan slower than the timeout goes on in the
+        # helper, which the next refresh asks again; a node that comes back
+        # restarted is told by the sample (Sample's incarnation).
+        {:error, message} -> {render_error(o, message, size()), state}
       end
 
     IO.write(if o.ansi, do: [IO.ANSI.home(), IO.ANSI.clear(), screen], else: ["\n", screen])

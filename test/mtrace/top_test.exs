@@ -156,7 +156,7 @@ defmodule Mtrace.TopTest do
 
     owner =
       spawn(fn ->
-        send(me, {:helper, Mtrace.Top.Sample.take(nil, 5).state.helper})
+        send(me, {:helper, Mtrace.Top.Sample.take(nil, 5, owner: self()).state.helper})
         receive do: (:stop -> :ok)
       end)
 
@@ -169,6 +169,14 @@ defmodule Mtrace.TopTest do
     helper = Mtrace.Top.Sample.take(nil, 5, keep: 100).state.helper
     ref = Process.monitor(helper)
     assert_receive {:DOWN, ^ref, :process, ^helper, _}, 30_000
+
+    # Without an owner (an older view, through a short-lived RPC process)
+    # it outlives its caller, so the next refresh has an earlier scan.
+    caller = spawn(fn -> send(me, {:state, Mtrace.Top.Sample.take(nil, 5).state}) end)
+    assert_receive {:state, state}, 30_000
+    ref = Process.monitor(caller)
+    assert_receive {:DOWN, ^ref, :process, ^caller, _}, 30_000
+    assert is_float(Mtrace.Top.Sample.take(state, 5, keep: 100).procs_secs)
   end
 
   @tag :peer

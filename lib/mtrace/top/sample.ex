@@ -27,9 +27,8 @@ defmodule Mtrace.Top.Sample do
   back: a helper process on the watched node keeps it, scans the processes
   at each refresh and hands back only the `n` that grew most. It is the
   one process the view leaves running there between refreshes, and it ends
-  when the process it serves (`:owner`: the caller, or the view's renderer
-  on another node) ends or its node disconnects, or when no refresh has
-  asked it for `:keep` ms. `:state`, what the view carries from one
+  when the process it serves (`:owner`, the view's renderer) ends or its
+  node disconnects, or when no refresh has asked it for `:keep` ms. `:state`, what the view carries from one
   refresh to the next, is a few words: that helper, the tracer's mark, the
   native bytes, and the run of the node they belong to.
   """
@@ -61,8 +60,9 @@ defmodule Mtrace.Top.Sample do
 
   Options: `:viewers`, processes not to show (the view's own, when it runs
   on the node it watches; the caller and the helper are never shown);
-  `:owner`, the process the helper serves (default the caller); `:keep`,
-  ms the helper waits for the next sample before it ends (default 60_000).
+  `:owner`, the process the helper serves, which it ends with (default
+  none: it then ends only by `:keep`); `:keep`, ms the helper waits for
+  the next sample before it ends (default 60_000).
 
   ## Example
 
@@ -86,7 +86,7 @@ defmodule Mtrace.Top.Sample do
 
     {helper, {procs, procs_secs}} =
       scan(state && state.helper, n, %{
-        owner: Keyword.get(opts, :owner, self()),
+        owner: Keyword.get(opts, :owner),
         keep: Keyword.get(opts, :keep, 60_000),
         viewers: Keyword.get(opts, :viewers, [])
       })
@@ -113,9 +113,16 @@ defmodule Mtrace.Top.Sample do
     }
   end
 
-  # Which run of the node this is: a restarted node has the same name but
-  # another OS process, and its own clocks and allocation table.
-  defp incarnation, do: {System.pid(), :erlang.system_info(:start_time)}
+  # Which run of the node this is: a restarted node has the same name, and
+  # in a container often the same OS pid, but its own clocks and allocation
+  # table. Its creation (drawn anew each time distribution starts) and the
+  # system time it started at tell the runs apart.
+  defp incarnation do
+    started = :erlang.system_info(:start_time) + :erlang.time_offset()
+
+    {System.pid(), :erlang.system_info(:creation),
+     :erlang.convert_time_unit(started, :native, :second)}
+  end
 
   # On the tracer's clock when both marks were taken; else (not traced) on
   # this node's, which the same run of the node keeps.
@@ -181,7 +188,9 @@ defmodule Mtrace.Top.Sample do
     spawn(fn ->
       # what it is, for whoever lists the node's processes
       Process.put(:"$initial_call", {__MODULE__, :helper, 0})
-      owner = Process.monitor(owner)
+      # Without an owner (a caller that does not say, an older view) only
+      # its keep ends it: the caller may be an RPC's short-lived process.
+      owner = if is_pid(owner), do: Process.monitor(owner)
       helper(owner, nil, nil, 60_000)
     end)
   end
