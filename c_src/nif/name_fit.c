@@ -7,6 +7,7 @@
 #include "name_fit.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Is s[i] part of an operator's name ("operator<<", "operator->",
@@ -88,8 +89,40 @@ static int collapse_arguments(char *s) {
     return 1;
 }
 
+/* Collapses every template argument list that opens at depth d (1: the
+ * outermost) and is longer than "<...>", in one pass: each collapse of
+ * collapse_template rescans the name, which is quadratic in a name of
+ * hundreds of KiB (deeply templated C++ makes them). */
+static void collapse_depth(char *s, size_t d) {
+    size_t n = strlen(s);
+    char *src = malloc(n + 1);
+    if (!src)
+        return; /* left to collapse_template */
+    memcpy(src, s, n + 1);
+    size_t w = 0, depth = 0, open_w = 0, open_i = 0;
+    for (size_t i = 0; i < n; i++) {
+        s[w++] = src[i];
+        if ((src[i] != '<' && src[i] != '>') || operator_char(src, i))
+            continue;
+        if (src[i] == '<' && ++depth == d) {
+            open_w = w - 1, open_i = i;
+        } else if (src[i] == '>' && depth > 0 && depth-- == d && i - open_i + 1 > 5) {
+            memcpy(s + open_w, "<...>", 5); /* the list's copy was longer: it fits */
+            w = open_w + 5;
+        }
+    }
+    s[w] = '\0';
+    free(src);
+}
+
 size_t mt_name_fit(char *s, size_t max) {
     size_t n = strlen(s);
+    /* A name many times too long loses its inner lists a level at a time
+     * first; what is left is then shortened as below. */
+    for (size_t d = 2; d >= 1 && n > 4 * max; d--) {
+        collapse_depth(s, d);
+        n = strlen(s);
+    }
     while (n > max && collapse_template(s))
         n = strlen(s);
     if (n > max && collapse_arguments(s))

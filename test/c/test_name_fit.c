@@ -73,10 +73,27 @@ static void arguments_then_the_start(void) {
     CHECK(n == 12 && is(out, "short_enough"));
 }
 
+/* A name of hundreds of KiB (deeply templated C++) is shortened in a few
+ * passes, not one pass a template list. */
+static void very_long(void) {
+    size_t cap = 300000;
+    char *name = malloc(cap);
+    if (!name)
+        return;
+    size_t n = (size_t)snprintf(name, cap, "ns::T<");
+    while (n < cap - 100)
+        n += (size_t)snprintf(name + n, cap - n, "X<int, Y<long> >, ");
+    snprintf(name + n - 2, cap - n + 2, ">::grow(unsigned long)");
+    CHECK(mt_name_fit(name, 511) <= 511);
+    CHECK(is(name, "ns::T<...>::grow(unsigned long)"));
+    free(name);
+}
+
 int main(void) {
     methods_stay_apart();
     as_the_report_does();
     operators();
     arguments_then_the_start();
+    very_long();
     return check_summary();
 }
