@@ -16,15 +16,21 @@ defmodule Mix.Tasks.Compile.Mtrace do
     root = Path.dirname(Mix.Project.project_file())
     priv = Path.join(Mix.Project.app_path(), "priv")
     build = Path.join(Mix.Project.build_path(), "mtrace_c")
+    # make builds into a directory of its own, which Mix never touches: the
+    # app's priv/ may be a copy of the checkout's (build_embedded), whose
+    # new modification times would make stale libraries look up to date.
+    built = Path.join(build, "priv")
     # EXTRA_CFLAGS (-Werror in mtrace's own test builds) is not taken from
     # the environment: a newer compiler's new warning must not fail a release.
-    args = ["-f", makefile, "PRIV=#{priv}", "BUILD=#{build}", "EXTRA_CFLAGS=", "all"]
+    args = ["-f", makefile, "PRIV=#{built}", "BUILD=#{build}", "EXTRA_CFLAGS=", "all"]
     env = [{"ERTS_INCLUDE_DIR", erts_include()}]
     forget_other_erts(Path.join(build, "makevars.mk"), erts_include())
 
     case System.cmd(make, args, cd: root, env: env, stderr_to_stdout: true) do
       {out, 0} ->
-        if String.contains?(out, "-o ") do
+        copied = Enum.filter(["mtrace.so", "mtrace_nif.so"], &install(built, priv, &1))
+
+        if copied != [] or String.contains?(out, "-o ") do
           Mix.shell().info("==> mtrace: built #{priv}/mtrace.so and mtrace_nif.so")
         end
 
@@ -43,6 +49,21 @@ defmodule Mix.Tasks.Compile.Mtrace do
     # The objects and the probed settings (makevars.mk) go too, so that a
     # clean build sees what was installed since.
     File.rm_rf(Path.join(Mix.Project.build_path(), "mtrace_c"))
+  end
+
+  # Copies a library make built into the app's priv/ when it differs from
+  # the one there; true when it did.
+  defp install(built, priv, file) do
+    from = Path.join(built, file)
+    to = Path.join(priv, file)
+
+    if File.read(from) != File.read(to) do
+      File.mkdir_p!(priv)
+      # a new file, not a write into one a running VM may have mapped
+      File.rm(to)
+      File.cp!(from, to)
+      true
+    end
   end
 
   # The settings make keeps are probed once; built against another OTP's

@@ -111,10 +111,9 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/mtrace-release.XXXXXX")
 # ---- build -----------------------------------------------------------------
 command -v mix >/dev/null 2>&1 || die "mix not found (install Elixir)"
 say "building $rel"
-# Build mtrace afresh: with build_embedded (prod, see the example's mix.exs)
-# Mix copies the checkout's priv/*.so, if any, into _build with a new mtime,
-# and make would then take them as up to date even if c_src/ changed since.
-# Without its makevars file, make rebuilds both libraries from c_src/.
+# Build mtrace afresh, as a first release build does: without its build
+# directory (mtrace_c) make probes the platform and builds both libraries
+# from c_src/.
 rm -rf "$rel" "$app/_build/prod/lib/mtrace" "$app/_build/prod/mtrace_c"
 if ! (cd "$app" && mix deps.get && mix release --overwrite) </dev/null >"$tmp/build.log" 2>&1; then
     cat "$tmp/build.log"
