@@ -7,8 +7,7 @@ defmodule Mtrace.Top do
   without them (a remote shell, a pipe) each refresh is printed below the
   previous one, headed by a rule. A node that stops answering is reported
   on the screen and asked again at the next refresh: the view never raises
-  once it runs. Growth is measured afresh once it answers again (it may
-  have restarted meanwhile).
+  once it runs. A node that restarted meanwhile is measured afresh.
 
   A refresh starts `interval` after the previous one started; when
   sampling takes longer (scanning hundreds of thousands of processes can
@@ -286,9 +285,7 @@ defmodule Mtrace.Top do
     about = about(s.memory.native)
 
     sites
-    |> Mtrace.VMSites.merge()
-    # merged, the VM's own sites of one kind may outgrow those above them
-    |> Enum.sort_by(&(-&1.growth_per_s))
+    |> Mtrace.VMSites.merge(& &1.growth_per_s)
     |> Enum.flat_map(fn site ->
       count = about <> Format.count(site.est_count, "block")
 

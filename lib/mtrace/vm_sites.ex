@@ -54,7 +54,9 @@ defmodule Mtrace.VMSites do
   oldest `oldest` and newest `newest`, the first site's frames, and
   `:sites`, how many were merged (absent for a site that stands alone).
   The merged site takes the first one's place; other sites are left as
-  they are, in their order.
+  they are, in their order. With `rank` (a site's figure, such as
+  `& &1.growth_per_s`) the result is ordered by it again, largest first:
+  merged sums may outgrow the sites above them.
 
   ## Example
 
@@ -65,9 +67,15 @@ defmodule Mtrace.VMSites do
       ...>   %{count: 3, bytes: 10, frames: own}
       ...> ]) |> Enum.map(&{&1.count, &1.bytes, &1[:sites]})
       [{5, 110, 2}, {1, 50, nil}]
+      iex> Mtrace.VMSites.merge([
+      ...>   %{count: 1, bytes: 60, frames: own},
+      ...>   %{count: 1, bytes: 50, frames: [%{symbol: "leak", lib: "x.so", offset: 0}]},
+      ...>   %{count: 1, bytes: 40, frames: own}
+      ...> ], & &1.bytes) |> Enum.map(& &1.bytes)
+      [100, 50]
   """
-  @spec merge([map()]) :: [map()]
-  def merge(sites) do
+  @spec merge([map()], (map() -> number()) | nil) :: [map()]
+  def merge(sites, rank \\ nil) do
     {merged, _} =
       Enum.reduce(sites, {[], %{}}, fn site, {out, at} ->
         case note(Map.get(site, :frames, [])) do
@@ -83,8 +91,21 @@ defmodule Mtrace.VMSites do
         end
       end)
 
-    Enum.reverse(merged)
+    merged = Enum.reverse(merged)
+    if rank, do: Enum.sort_by(merged, rank, :desc), else: merged
   end
+
+  @doc """
+  The bytes a site is ranked by: its estimate under sampling, else what
+  the table recorded (a `rank` for `merge/2`).
+
+      iex> Mtrace.VMSites.bytes(%{bytes: 10, est_bytes: 1_000})
+      1000
+      iex> Mtrace.VMSites.bytes(%{bytes: 10})
+      10
+  """
+  @spec bytes(map()) :: number()
+  def bytes(site), do: Map.get(site, :est_bytes, Map.get(site, :bytes, 0))
 
   @doc """
   How many sites a site from `merge/1` stands for, in words for its line:

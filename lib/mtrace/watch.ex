@@ -174,7 +174,8 @@ defmodule Mtrace.Watch do
   end
 
   defp warn(o, mark, from, to, about) do
-    sites = Mtrace.sites(since: mark, limit: o.limit, demangle: true) |> Mtrace.VMSites.merge()
+    sites = Mtrace.sites(since: mark, limit: o.limit, demangle: true)
+    sites = Mtrace.VMSites.merge(sites, &Mtrace.VMSites.bytes/1)
     Logger.warning(warning(o, sites, from, to, about))
   end
 

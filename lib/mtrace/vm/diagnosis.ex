@@ -157,7 +157,9 @@ defmodule Mtrace.VM.Diagnosis do
       "native  #{live}; heap " <>
         "#{Format.bytes(stats[:used_bytes])} used, #{Format.bytes(stats[:free_bytes])} free, " <>
         "#{Format.bytes(stats[:mmap_bytes])} mmapped"
-    ] ++ off ++ Enum.map(Mtrace.VMSites.merge(sites), &site_line(&1, window))
+    ] ++
+      off ++
+      Enum.map(Mtrace.VMSites.merge(sites, &Mtrace.VMSites.bytes/1), &site_line(&1, window))
   end
 
   defp native_lines(native, _window) do

@@ -133,17 +133,17 @@ defmodule Mtrace.VM.Native do
          {:ok, list} when is_list(list) <- sites_call(opts) do
       list
       |> Enum.filter(&is_map/1)
-      |> Enum.sort_by(&(-site_bytes(&1)))
+      |> Enum.sort_by(&(-Mtrace.VMSites.bytes(&1)))
       |> Enum.take(n)
       |> Enum.map(fn site ->
-        if mark && secs, do: Map.put(site, :growth_per_s, site_bytes(site) / secs), else: site
+        if mark && secs,
+          do: Map.put(site, :growth_per_s, Mtrace.VMSites.bytes(site) / secs),
+          else: site
       end)
     else
       _ -> []
     end
   end
-
-  defp site_bytes(site), do: Map.get(site, :est_bytes, Map.get(site, :bytes, 0))
 
   # The option set of Mtrace.sites/1 is the tracer's own; options are asked
   # for first and, if the tracer rejects them, the full list is trimmed here.
