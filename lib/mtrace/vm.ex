@@ -259,6 +259,31 @@ defmodule Mtrace.VM do
   end
 
   @doc """
+  The `n` largest terms kept in `persistent_term`, largest first, as
+  `[{key, bytes}]`: the flat size of each value, which is what
+  `persistent_term` copies and keeps (refc binaries a value references
+  live outside it and count under `binary` in `memory/0`).
+
+  Cost: walks every stored value once (`:erts_debug.flat_size/1`), about
+  as long as copying them; only the keys and sizes are kept.
+
+  ## Example
+
+      Mtrace.VM.persistent_terms(2)
+      #=> [{{MyApp.Config, :tenant_42}, 12_000_000}, {:router_table, 80_000}]
+  """
+  @spec persistent_terms(pos_integer) :: [{term, non_neg_integer}]
+  def persistent_terms(n \\ 10) do
+    n = Options.arg!(n, :pos_int, "n", "VM.persistent_terms/1")
+    words = :erlang.system_info(:wordsize)
+
+    :persistent_term.get()
+    |> Enum.map(fn {key, value} -> {key, :erts_debug.flat_size(value) * words} end)
+    |> Enum.sort_by(&(-elem(&1, 1)))
+    |> Enum.take(n)
+  end
+
+  @doc """
   Processes, ports, atoms and ETS tables, each as `{count, limit}`.
 
   The VM rounds some limits up (`+P 100000` gives a process limit of
@@ -394,6 +419,11 @@ defmodule Mtrace.VM do
       large binaries is sampled too when binaries are a quarter of the
       VM's memory), or 64 MiB+ that is half of the VM's memory (or growing
       by 1 MiB/s);
+    * `:persistent_term` — terms in `persistent_term` holding 100 MiB, or
+      64 MiB+ that is half of the VM's memory (or growing by 1 MiB/s):
+      they are under `system`, not processes, binary or ETS, so a store
+      that only grows shows nowhere else (`persistent_terms/1` names the
+      largest);
     * `:binary_leak` — refc binaries dominate memory and a forced GC frees a
       lot of them (32 MiB, or a quarter of the VM's memory if more);
     * `:binary_held` — refc binaries the forced GC left: in use, not

@@ -251,7 +251,7 @@ defmodule Mtrace.VMTest do
     test "without the tracer, native memory is named as untraced memory outside the allocators" do
       snap = VM.Diagnose.snapshot()
       extra = %{bin_leak: nil, preloaded: false, sites: []}
-      [_, _, _, native, _, _] = VM.MemoryChecks.run(nil, snap, nil, extra)
+      [_, _, _, _, native, _, _] = VM.MemoryChecks.run(nil, snap, nil, extra)
 
       assert native.kind == :native_leak
       assert native.summary =~ ~r/^memory outside the VM's allocators, untraced \(/
@@ -265,7 +265,7 @@ defmodule Mtrace.VMTest do
       # cached, outside the allocators' figures but still resident.
       memory = %{snap.memory | outside_vm: 330 * mib, carrier_cache: 300 * mib}
       extra = %{bin_leak: nil, preloaded: false, sites: []}
-      [_, _, _, native, _, _] = VM.MemoryChecks.run(nil, %{snap | memory: memory}, nil, extra)
+      [_, _, _, _, native, _, _] = VM.MemoryChecks.run(nil, %{snap | memory: memory}, nil, extra)
 
       assert native.evidence.bytes == 30 * mib
       assert native.summary =~ "less up to 300.0 MiB of carriers the VM freed", native.summary
@@ -322,7 +322,7 @@ defmodule Mtrace.VMTest do
       # is outside the allocators), says what to change.
       snap = VM.Diagnose.snapshot()
       extra = %{bin_leak: nil, preloaded: false, program_left_out: true, sites: []}
-      [_, _, _, native, _, _] = VM.MemoryChecks.run(nil, snap, nil, extra)
+      [_, _, _, _, native, _, _] = VM.MemoryChecks.run(nil, snap, nil, extra)
       assert native.next =~ "MTRACE_PROGRAMS leaves this program out"
 
       if Enum.any?(result.findings, &(&1.kind == :native_leak)),
@@ -662,6 +662,29 @@ defmodule Mtrace.VMTest do
       assert evidence.pid == keeper
       assert evidence.memory > 300 * 1_048_576
       assert summary =~ ~r/holds [\d.]+ MiB \(\d+% of the VM's memory\)/
+    end
+
+    test "terms piling up in persistent_term are named, though only system memory shows them" do
+      node = start_peer()
+      # 150 MiB in 150 terms: none of it in processes, binary, ets or code
+      keys = :erpc.call(node, @scenarios, :persistent_terms, [150, 1024], 60_000)
+
+      result = diagnose(node, gc: false)
+      assert result.verdict == :persistent_term, VM.Diagnosis.render(result)
+
+      assert [%{kind: :persistent_term, evidence: evidence, summary: summary, next: next} | _] =
+               result.findings
+
+      assert evidence.count >= 150
+      assert evidence.memory > 150 * 1_048_576
+      assert summary =~ ~r/^persistent_term holds 15\d\.\d MiB in \d+ terms \(\d+% of the VM's/
+
+      assert next =~ "Mtrace.VM.persistent_terms(node: #{inspect(node)}, 5)" or
+               next =~ ":erpc.call(#{inspect(node)}, Mtrace.VM, :persistent_terms, [5])"
+
+      [{key, bytes} | _] = :erpc.call(node, VM, :persistent_terms, [3])
+      assert key in keys
+      assert bytes == 1024 * 1024
     end
 
     test "atoms near their limit are a finding, with what makes them" do

@@ -55,6 +55,25 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  `count` terms put in `persistent_term`, keys `{:mtrace_config, i}`, each a
+  list of `kib` KiB of small integers (a store that only grows); returns
+  the keys.
+
+  ## Example
+
+      keys = Mtrace.VMScenarios.persistent_terms(2, 1)
+  """
+  @spec persistent_terms(pos_integer, pos_integer) :: [term]
+  def persistent_terms(count, kib) do
+    # 1 KiB is 64 cons cells of 2 words
+    for i <- 1..count do
+      key = {:mtrace_config, i}
+      :persistent_term.put(key, Enum.to_list(1..(kib * 64)))
+      key
+    end
+  end
+
+  @doc """
   A process that never reads its mailbox, sent `n` messages.
 
   ## Example

@@ -216,6 +216,7 @@ defmodule Mtrace.VM.Diagnose do
           counts: Procs.counts(),
           allocators: [Memory.allocator_row()],
           ets: %{:ets.table() => non_neg_integer},
+          persistent_term: %{count: non_neg_integer, memory: non_neg_integer} | nil,
           procs: map
         }
 
@@ -237,8 +238,18 @@ defmodule Mtrace.VM.Diagnose do
       counts: Procs.counts(),
       allocators: Memory.allocators(),
       ets: ETS.sizes(),
+      persistent_term: persistent_term(),
       procs: procs(prev && prev.procs)
     }
+  end
+
+  # Terms in persistent_term and the bytes they take (the VM's literal
+  # memory, under system in erlang:memory/0); nil where it cannot be read.
+  defp persistent_term do
+    %{count: count, memory: memory} = :persistent_term.info()
+    %{count: count, memory: memory}
+  rescue
+    _ -> nil
   end
 
   @items [:message_queue_len, :monitors, :memory, :status, :initial_call, :current_function]

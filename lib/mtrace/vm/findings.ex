@@ -49,6 +49,10 @@ defmodule Mtrace.VM.Findings do
     the VM's memory from 8 of each of the next 256 too: a small table
     can keep large binaries); growth over a window: a table growing by
     `ets_growth`/s;
+  * `:persistent_term` — size: terms in `persistent_term` holding
+    `persistent_term_bytes`, or `persistent_term_share_min`+ that is
+    `persistent_term_share` of the VM's memory; growth over a window:
+    growing by `persistent_term_growth`/s;
   * `:binary_leak` — size: a forced GC freeing `binary_freed` of
     binaries, or `binary_freed_share` of the VM's memory if larger
     (without the GC, binaries holding half of the VM's memory score at
@@ -128,6 +132,7 @@ defmodule Mtrace.VM.Findings do
     :binary_leak,
     :binary_held,
     :ets_growth,
+    :persistent_term,
     :nif_alloc_leak,
     :native_leak,
     :native_heap,

@@ -1,7 +1,7 @@
 defmodule Mtrace.VM.MemoryChecks do
   @moduledoc """
   The checks of `Mtrace.VM.diagnose/1` that look at where memory sits: ETS
-  tables, refc binaries (`Mtrace.VM.BinaryChecks`), native memory, allocator fragmentation, and memory
+  tables, persistent_term, refc binaries (`Mtrace.VM.BinaryChecks`), native memory, allocator fragmentation, and memory
   NIFs and drivers hold in the VM's own allocators (`enif_alloc` blocks,
   resources and binaries, which the native tracer cannot see: see
   `Mtrace.VM.Native`). Scores are those of `Mtrace.VM.Findings`;
@@ -33,7 +33,7 @@ defmodule Mtrace.VM.MemoryChecks do
 
       snap = Mtrace.VM.Diagnose.snapshot()
       extra = %{bin_leak: nil, preloaded: false, sites: []}
-      [_ets, _binary_leak, _binary_held, _native, _fragmentation, _nif] =
+      [_ets, _persistent_term, _binary_leak, _binary_held, _native, _fragmentation, _nif] =
         Mtrace.VM.MemoryChecks.run(nil, snap, nil, extra)
   """
   @spec run(Diagnose.snapshot() | nil, Diagnose.snapshot(), number | nil, map) ::
@@ -46,6 +46,7 @@ defmodule Mtrace.VM.MemoryChecks do
 
     [
       ets(prev, snap, secs, estimates, th),
+      persistent_term(prev, snap, secs, th),
       BinaryChecks.leak(snap, extra.bin_leak, th),
       BinaryChecks.held(snap, extra.bin_leak, ets_binaries, th),
       native(snap, secs, extra, th),
@@ -116,6 +117,48 @@ defmodule Mtrace.VM.MemoryChecks do
       ) <>
         "(owner #{inspect(info[:owner])}) without deleting"
     )
+  end
+
+  # Terms kept in persistent_term: never collected, and not in processes,
+  # binary, ets or code of erlang:memory/0 (they are under system), so a
+  # store that only grows shows nowhere else.
+  defp persistent_term(prev, snap, secs, th) do
+    case Map.get(snap, :persistent_term) do
+      %{count: count, memory: bytes} ->
+        total = snap.memory[:total]
+        before = prev && Map.get(prev, :persistent_term)
+        delta = if is_map(before), do: bytes - before.memory
+        per_s = delta && rate(delta, secs)
+
+        share =
+          if bytes >= th.persistent_term_share_min and is_integer(total) and total > 0,
+            do: ratio(bytes / total, th.persistent_term_share),
+            else: 0
+
+        size = max(ratio(bytes, th.persistent_term_bytes), share)
+
+        growth =
+          growth_ratio(delta, secs, th.persistent_term_growth, th.persistent_term_growth_min)
+
+        of =
+          if is_integer(total) and total > 0,
+            do: " (#{round(100 * bytes / total)}% of the VM's memory, under system)",
+            else: ""
+
+        finding(
+          :persistent_term,
+          max(size, growth),
+          "persistent_term holds #{Format.bytes(bytes)} in " <>
+            "#{Format.count(count, "term")}#{of}" <>
+            if(per_s && per_s > 0, do: ", growing by #{Format.bytes(per_s)}/s", else: ""),
+          %{count: count, memory: bytes, growth_per_s: per_s, vm_total: total},
+          "Mtrace.VM.persistent_terms(5) names the largest; look for :persistent_term.put/2 " <>
+            "with keys made from data, and never erased"
+        )
+
+      _ ->
+        nil
+    end
   end
 
   # Native memory: the tracer's live bytes (estimated when sampling), else

@@ -43,6 +43,15 @@ defmodule Mtrace.VM.Thresholds do
     `ets_growth_min`);
   * `ets_growth_min` (8 MiB) — a table's growth over the window below
     which it is noise;
+  * `persistent_term_bytes` (100 MiB) — terms kept in `persistent_term`;
+  * `persistent_term_share` (0.5) — or this share of the VM's memory, when
+    they hold `persistent_term_share_min` or more;
+  * `persistent_term_share_min` (64 MiB) — the least they must hold for
+    `persistent_term_share` to count;
+  * `persistent_term_growth` (1 MiB) — bytes/s they grow by (over at
+    least `persistent_term_growth_min`);
+  * `persistent_term_growth_min` (8 MiB) — their growth over the window
+    below which it is noise;
   * `binary_freed` (32 MiB) — refc binaries a forced GC frees (or
     `binary_freed_share` of the VM's memory if more);
   * `binary_freed_share` (0.25) — what a forced GC frees as a share of
@@ -110,6 +119,11 @@ defmodule Mtrace.VM.Thresholds do
     ets_share_min: 64 * @mib,
     ets_growth: 1 * @mib,
     ets_growth_min: 8 * @mib,
+    persistent_term_bytes: 100 * @mib,
+    persistent_term_share: 0.5,
+    persistent_term_share_min: 64 * @mib,
+    persistent_term_growth: 1 * @mib,
+    persistent_term_growth_min: 8 * @mib,
     binary_freed: 32 * @mib,
     binary_freed_share: 0.25,
     binary_gc_share: 0.25,
