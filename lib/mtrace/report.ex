@@ -82,7 +82,7 @@ defmodule Mtrace.Report do
     node = Keyword.get(opts, :node, node())
 
     [
-      header(stats, node, opts[:filter], opts[:total]),
+      header(stats, node, opts[:filter], with_boot(opts[:total], opts[:boot])),
       reset_since(stats, opts[:since]),
       off(stats),
       incomplete(stats),
@@ -135,6 +135,20 @@ defmodule Mtrace.Report do
   end
 
   defp boot(_), do: []
+
+  # The boot blocks that match are part of what matches: the filtered header
+  # counts them, as the node's whole does without a filter, and the boot
+  # line below says how much of it they are.
+  defp with_boot(%{count: _} = total, %{count: _} = boot) do
+    Enum.reduce([:count, :bytes, :est_count, :est_bytes], total, fn key, acc ->
+      case {acc, boot} do
+        {%{^key => a}, %{^key => b}} -> Map.put(acc, key, a + b)
+        _ -> acc
+      end
+    end)
+  end
+
+  defp with_boot(total, _boot), do: total
 
   # Filtered, what matches comes first, the node's whole after it.
   defp header(stats, node, filter, %{count: _} = total) when is_binary(filter) do

@@ -282,6 +282,17 @@ defmodule Mtrace.ReportTest do
     assert Enum.at(lines([], @exact, filter: ~s|with a frame in "leaky"|, total: total), 1) ==
              "  (of 12.0 MiB in 3_072 blocks in all)"
 
+    # the boot blocks that match are counted in what matches, as they are in
+    # the node's whole without a filter; the boot line says how much
+    boot = %{count: 12, bytes: 4 * 1024 ** 2, est_count: 12, est_bytes: 4 * 1024 ** 2}
+    filtered = lines([], @exact, filter: "of at least 0 B each", total: total, boot: boot)
+
+    assert Enum.take(filtered, 3) == [
+             "Native memory live on app@host: 4.0 MiB in 15 blocks of at least 0 B each",
+             "  (of 12.0 MiB in 3_072 blocks in all)",
+             "Boot (before mtrace started): 4.0 MiB in 12 blocks; boot: true ranks them"
+           ]
+
     # no filter, no matching total
     assert hd(lines([], @exact, total: total)) ==
              "Native memory live on app@host: 12.0 MiB in 3_072 blocks"
