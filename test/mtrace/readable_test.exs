@@ -64,6 +64,18 @@ defmodule Mtrace.ReadableTest do
     end
   end
 
+  test "a size just under a unit rounds up into that unit, never to 1024 of the one below" do
+    alias Mtrace.VM.Format
+
+    assert Format.bytes(1023) == "1023 B"
+    assert Format.bytes(1023.6) == "1.0 KiB"
+    assert Format.bytes(1_048_524) == "1023.9 KiB"
+    assert Format.bytes(1_048_575) == "1.0 MiB"
+    assert Format.bytes(1024 ** 3 - 1) == "1.0 GiB"
+    assert Format.bytes(-5) == "-5 B"
+    assert Format.rate(1023.97) == "+1.0 KiB/s (+3.5 MiB/h)"
+  end
+
   test "after a reset, the stats' first line says how long ago it was" do
     LeakyNif.fresh_table(&on_exit/1)
     LeakyNif.leak(:malloc, 2, 4096)

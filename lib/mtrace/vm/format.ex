@@ -16,9 +16,11 @@ defmodule Mtrace.VM.Format do
   """
   @spec bytes(number | nil) :: String.t()
   def bytes(nil), do: "n/a"
-  def bytes(n) when n < 1024, do: "#{round(n)} B"
-  def bytes(n) when n < 1024 * 1024, do: unit(n / 1024, "KiB")
-  def bytes(n) when n < 1024 * 1024 * 1024, do: unit(n / (1024 * 1024), "MiB")
+  # Each unit up to what still rounds below 1024 of it (1023.9 KiB): a
+  # value that would read "1024.0 KiB" reads "1.0 MiB".
+  def bytes(n) when n < 1023.5, do: "#{round(n)} B"
+  def bytes(n) when n < 1023.95 * 1024, do: unit(n / 1024, "KiB")
+  def bytes(n) when n < 1023.95 * 1024 * 1024, do: unit(n / (1024 * 1024), "MiB")
   def bytes(n), do: unit(n / (1024 * 1024 * 1024), "GiB")
 
   defp unit(value, name), do: "#{:erlang.float_to_binary(value * 1.0, decimals: 1)} #{name}"
