@@ -277,6 +277,18 @@ defmodule Mtrace.VMTest do
       assert lines =~ "outside the VM 330.0 MiB (RSS the ERTS allocators do not hold); up to"
     end
 
+    test "without the tracer, a carrier cache too small to be named leaves the figure whole" do
+      snap = VM.Diagnose.snapshot()
+      mib = 1_048_576
+      # the memory line says "outside the VM 30.0 MiB": so does the finding
+      memory = %{snap.memory | outside_vm: 30 * mib, carrier_cache: div(mib, 2)}
+      extra = %{bin_leak: nil, preloaded: false, sites: []}
+      [_, _, _, native, _, _] = VM.MemoryChecks.run(nil, %{snap | memory: memory}, nil, extra)
+
+      assert native.evidence.bytes == 30 * mib
+      assert native.summary =~ "libraries), is 30.0 MiB", native.summary
+    end
+
     test "untraced, growth and sizes are named as on the memory lines" do
       for tracer <- [Mtrace.VMTest.NoTracer, Mtrace.VMTest.InactiveTracer] do
         use_native(tracer)

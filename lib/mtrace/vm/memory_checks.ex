@@ -242,9 +242,12 @@ defmodule Mtrace.VM.MemoryChecks do
 
   # Carriers the VM freed and still maps for reuse (Memory.carrier_cache/0)
   # are the VM's: right after a large process dies they can be most of it.
+  # Taken off only when the summary says so (1 MiB or more), so that the
+  # figure is the memory line's "outside the VM" unless told otherwise.
   defp native_bytes(snap, _extra) do
     outside = snap.memory.outside_vm
     cache = min(snap.memory[:carrier_cache] || 0, outside || 0)
+    cache = if cache >= 1_048_576, do: cache, else: 0
 
     {outside && outside - cache,
      "memory outside the VM's allocators, untraced (the emulator itself, NIFs, " <>
