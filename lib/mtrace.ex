@@ -303,11 +303,7 @@ defmodule Mtrace do
     o = Options.parse!(opts, @site_defaults ++ [frames: 8, boot: false], "report/1")
     filter = filter_words(o)
 
-    say = fn ms ->
-      Mtrace.VM.Format.waiting(ms, "Recording what #{Options.target(o)} allocates", "report")
-    end
-
-    {o, opts} = after_window(o, opts, "report/1", say)
+    {o, opts} = after_window(o, opts, "report/1", recording(o, "the report follows"))
     snap = snapshot(o, Keyword.put_new(opts, :boot, false), [:frames])
 
     IO.write(
@@ -416,7 +412,7 @@ defmodule Mtrace do
       do: raise(ArgumentError, "export/2: weight: applies to format: :folded only")
 
     {window_ms, filter} = {o.window, filter_words(o)}
-    {o, opts} = after_window(o, opts, "export/2")
+    {o, opts} = after_window(o, opts, "export/2", recording(o, "then #{path} is written"))
     snap = snapshot(o, opts, [:format, :weight])
 
     {data, weight} =
@@ -452,7 +448,7 @@ defmodule Mtrace do
     defaults = [sort: :bytes, limit: :all, window: nil, weight: :bytes, title: nil, width: 1200]
     o = Options.parse!(opts, defaults, "flamegraph/2")
     filter = filter_words(o)
-    {o, opts} = after_window(o, opts, "flamegraph/2")
+    {o, opts} = after_window(o, opts, "flamegraph/2", recording(o, "then #{path} is written"))
     snap = snapshot(o, opts, [:weight, :title, :width])
     render = [weight: o.weight, width: o.width, stats: snap.stats, filter: filter]
     render = render ++ if(o.title, do: [title: o.title], else: [])
@@ -665,6 +661,17 @@ defmodule Mtrace do
   end
 
   defp after_window(o, opts, _where, _say), do: {o, opts}
+
+  # What an output that waits out a window says first, so that a shell that
+  # prints nothing for a minute does not look hung.
+  defp recording(o, then) do
+    fn ms ->
+      if ms >= 1000 do
+        "Recording what #{Options.target(o)} allocates for " <>
+          "#{Mtrace.VM.Format.duration_ms(ms)}; #{then}."
+      end
+    end
+  end
 
   # The data of an output, taken where the table is; render-only options
   # stay here.

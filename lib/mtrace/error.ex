@@ -177,12 +177,18 @@ defmodule Mtrace.Error do
       prefix <> first <> tail <> ">"
     end
 
-    # At most about `max` characters, cut at a space.
+    # At most about `max` characters, cut at a space, and not between a
+    # number and its unit ("within 2000 ..." would read as a count).
     defp shorten(text, max) do
       if String.length(text) <= max do
         {text, false}
       else
-        cut = text |> String.slice(0, max + 1) |> String.replace(~r/\s+\S*$/, "")
+        cut =
+          text
+          |> String.slice(0, max + 1)
+          |> String.replace(~r/\s+\S*$/, "")
+          |> String.replace(~r/\s+[\d_.,]+$/, "")
+
         {String.trim_trailing(cut, ","), true}
       end
     end

@@ -128,6 +128,17 @@ defmodule Mtrace.OutputsTest do
     assert is_integer(doc["since"]) and doc["since"] >= mark.t_ms
     assert Enum.all?(doc["sites"], &is_number(&1["growth_per_s"]))
 
+    # a window of a second or more is said before it is waited for
+    said =
+      capture_io(fn ->
+        capture_log(fn ->
+          assert :ok = Mtrace.flamegraph(path <> ".svg", window: 1000, lib: @lib)
+        end)
+      end)
+
+    assert said =~
+             ~r/\ARecording what .* allocates for 1s; then .*growth\.json\.svg is written\.\n\z/
+
     # a snapshot of everything live: no mark, no growth
     assert :ok = Mtrace.export(path, format: :json, lib: @lib)
     doc = path |> File.read!() |> JSONParser.decode!()

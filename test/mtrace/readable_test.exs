@@ -98,6 +98,14 @@ defmodule Mtrace.ReadableTest do
 
     short = %Mtrace.Error{reason: :nodedown, message: "mtrace: cannot connect to node :a@b"}
     assert inspect(short) == "#Mtrace.Error<:nodedown: cannot connect to node :a@b>"
+
+    # a cut never leaves a number without its unit
+    slow = %Mtrace.Error{
+      reason: :timeout,
+      message: "mtrace: node :leaky1@vm did not answer within 2000 ms (the call may still run)"
+    }
+
+    assert inspect(slow) == "#Mtrace.Error<:timeout: node :leaky1@vm did not answer within ...>"
   end
 
   test "Mtrace.cluster/2's map of nodes, diagnoses and errors, fits iex's 80 columns" do
