@@ -302,7 +302,8 @@ defmodule Mtrace.VM do
   @doc """
   Memory NIFs and drivers hold in the VM's own allocators, by module and
   kind, largest first: `enif_alloc` blocks (`:enif_alloc`), resources
-  (`:resource`) and `enif_alloc_binary` binaries (`:binary`). This memory
+  and binaries made with `enif_make_new_binary` (`:resource`: the VM tags
+  both alike) and `enif_alloc_binary` binaries (`:binary`). This memory
   never reaches malloc, so the native tracer does not see it; the VM tags
   it with the module that allocated it (see `Mtrace.VM.Native`).
 
@@ -442,7 +443,9 @@ defmodule Mtrace.VM do
     * `:nif_alloc_leak` — a NIF module holding 64 MiB (or a quarter of the
       VM's memory) in the VM's own allocators through `enif_alloc`,
       resources or binaries (`nif_memory/1`), or growing there steadily by
-      50 KiB/s;
+      50 KiB/s; after a forced GC, its resources and binaries count only
+      as far as no process or ETS table is shown holding them (a process
+      keeping a NIF's binaries is `:binary_held`);
     * `:fragmentation` — an allocator type less than half used, wasting 64 MiB;
     * `:healthy` — nothing reached its threshold.
 

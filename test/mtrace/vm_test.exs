@@ -568,6 +568,27 @@ defmodule Mtrace.VMTest do
       assert output |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), output
     end
 
+    test "binaries a NIF made but a process keeps are the process's, not a NIF leak" do
+      node = start_peer()
+      # 150 slices of 100 bytes, each keeping a 1 MiB binary :crypto made
+      cache = :erpc.call(node, @scenarios, :header_cache, [150, 1_048_576], 60_000)
+
+      result = diagnose(node)
+      text = VM.Diagnosis.render(result)
+      assert result.verdict == :binary_held, text
+      assert [%{kind: :binary_held, evidence: evidence} | rest] = result.findings
+      assert [{^cache, bytes, [registered_name: :mtrace_header_cache]} | _] = evidence.holders
+      assert bytes >= 150 * 1_048_576
+
+      # the VM's tag for them is named as either kind it covers
+      assert text =~ ~r/:crypto at least 150.0 MiB in 150 resources or\s+binaries/
+
+      case Enum.find(rest, &(&1.kind == :nif_alloc_leak)) do
+        nil -> :ok
+        nif -> assert nif.score < 50 and nif.summary =~ "resources or binaries", text
+      end
+    end
+
     test "binaries a small ETS table keeps are counted, though it is not among the largest" do
       node = start_peer()
       owner = :erpc.call(node, @scenarios, :blob_table, [60, 2 * 1_048_576], 60_000)

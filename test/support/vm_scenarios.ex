@@ -125,6 +125,32 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  An Agent registered as `:mtrace_header_cache` whose state is a 100-byte
+  sub-binary of each of `count` binaries of `size` bytes that the `crypto`
+  NIF made (`:crypto.strong_rand_bytes/1`): each slice keeps its whole
+  binary, which the VM tags as the NIF's. Returns it.
+
+  ## Example
+
+      cache = Mtrace.VMScenarios.header_cache(10, 65_536)
+  """
+  @spec header_cache(pos_integer, pos_integer) :: pid
+  def header_cache(count, size) do
+    keep = fn ->
+      for _ <- 1..count do
+        <<head::binary-size(100), _::binary>> = :crypto.strong_rand_bytes(size)
+        head
+      end
+    end
+
+    {:ok, pid} = Agent.start(keep, name: :mtrace_header_cache)
+    # the whole binaries are garbage in its heap, but for the slices
+    :ok = Agent.cast(pid, fn state -> :erlang.garbage_collect() && state end)
+    _ = Agent.get(pid, &length/1)
+    pid
+  end
+
+  @doc """
   A small ETS table `:mtrace_blob_cache` of `count` objects `{i, blob}`,
   each blob a refc binary of `size` bytes: little table memory, and large
   binaries only the table keeps. Returns the owner.

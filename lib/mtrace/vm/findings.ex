@@ -74,8 +74,10 @@ defmodule Mtrace.VM.Findings do
   * `:nif_alloc_leak` — size: one NIF module holding `nif_bytes` in the
     VM's allocators (enif_alloc, resources, binaries:
     `Mtrace.VM.nif_memory/1`), or `nif_share_min`+ that is `nif_share`
-    of the VM's memory; growth over a window: that memory growing by
-    `nif_growth`/s;
+    of the VM's memory (after a forced GC, its resources and binaries
+    count for at most what processes and ETS tables holding binaries do
+    not explain: `Mtrace.VM.MemoryChecks.nif/5`); growth over a window:
+    that memory growing by `nif_growth`/s;
   * `:fragmentation` — size: an allocator type used below `frag_usage`,
     wasting `frag_wasted`.
 

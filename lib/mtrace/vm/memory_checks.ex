@@ -51,9 +51,22 @@ defmodule Mtrace.VM.MemoryChecks do
       BinaryChecks.held(snap, extra.bin_leak, ets_binaries, th),
       native(snap, secs, extra, th),
       fragmentation(snap, th),
-      nif(extra[:nif], secs, snap.memory, th)
+      nif(extra[:nif], secs, snap.memory, th, erlang_held(extra.bin_leak, estimates))
     ]
   end
+
+  # What the forced GC shows Erlang code still holding of the binaries it
+  # left: its largest holders' binaries and the binaries sampled ETS tables
+  # reference, at most all it left; nil without the GC.
+  defp erlang_held(%{binary_after: left} = bin_leak, estimates) when is_integer(left) do
+    procs =
+      for {_pid, bytes, _info} <- Map.get(bin_leak, :held, []), reduce: 0, do: (n -> n + bytes)
+
+    tables = for {_t, _, bins} <- estimates, is_integer(bins), reduce: 0, do: (n -> n + bins)
+    %{left: left, held: min(procs + tables, left)}
+  end
+
+  defp erlang_held(_bin_leak, _estimates), do: nil
 
   defp ets(_prev, _snap, _secs, [], _th), do: nil
 
@@ -336,6 +349,15 @@ defmodule Mtrace.VM.MemoryChecks do
   counts only when steady (up in `native_steady` of the steps), as for
   native memory; `secs` is the window, or `nil`.
 
+  A NIF's resources and binaries (kinds `:resource` and `:binary`) are
+  Erlang code's once handed over: a sub-binary kept in a process keeps the
+  whole binary the NIF made. `held` is what a forced GC left of refc
+  binaries and how much of it Erlang code was shown to hold (`%{left:
+  bytes, held: bytes}`: its largest holders, and the binaries sampled ETS
+  tables reference), or `nil` without the GC. With it, a module's
+  resources and binaries count for at most what no holder explains
+  (`left - held`); its `enif_alloc` blocks always count.
+
   ## Example
 
       row = %{module: :my_nif, kind: :enif_alloc, count: 10_240, bytes: 80 <<< 20,
@@ -344,22 +366,26 @@ defmodule Mtrace.VM.MemoryChecks do
                                  Mtrace.VM.Thresholds.defaults()).kind
       #=> :nif_alloc_leak
   """
-  @spec nif(map | nil, number | nil, map, Thresholds.t()) :: Findings.finding() | nil
-  def nif(%{now: {:ok, rows}} = nif, secs, memory, th) when rows != [] do
+  @spec nif(map | nil, number | nil, map, Thresholds.t(), map | nil) ::
+          Findings.finding() | nil
+  def nif(nif, secs, memory, th, held \\ nil)
+
+  def nif(%{now: {:ok, rows}} = nif, secs, memory, th, held) when rows != [] do
     series = if secs && is_list(nif[:series]), do: Enum.reject(nif.series, &is_nil/1)
 
     rows
     |> Enum.group_by(& &1.module)
-    |> Enum.map(fn {module, mine} -> nif_module(module, mine, series, secs, memory, th) end)
+    |> Enum.map(fn {module, mine} -> nif_module(module, mine, series, secs, memory, th, held) end)
     |> Enum.max_by(& &1.score, fn -> nil end)
   end
 
-  def nif(_nif, _secs, _memory, _th), do: nil
+  def nif(_nif, _secs, _memory, _th, _held), do: nil
 
-  defp nif_module(module, rows, series, secs, memory, th) do
+  defp nif_module(module, rows, series, secs, memory, th, held) do
     # Judged on the lower bounds of the size classes: never more than is held.
     bytes = rows |> Enum.map(& &1.bytes_min) |> Enum.sum()
     total = memory[:total] || 0
+    {counted, held_text} = unheld(rows, bytes, held)
 
     # each kind's growth across the window's steps; only steady growth counts
     grown =
@@ -372,11 +398,11 @@ defmodule Mtrace.VM.MemoryChecks do
     per_s = for(%{steady: true, growth: g} <- grown, do: g.per_s) |> Enum.sum()
 
     share =
-      if bytes >= th.nif_share_min and total > 0,
-        do: ratio(bytes / total, th.nif_share),
+      if counted >= th.nif_share_min and total > 0,
+        do: ratio(counted / total, th.nif_share),
         else: 0
 
-    score = Enum.max([ratio(bytes, th.nif_bytes), share, ratio(per_s, th.nif_growth)])
+    score = Enum.max([ratio(counted, th.nif_bytes), share, ratio(per_s, th.nif_growth)])
 
     # Binaries a NIF or a driver made (a file read, a socket's data) are the
     # Erlang code's once handed over: whoever keeps them is named first.
@@ -394,13 +420,39 @@ defmodule Mtrace.VM.MemoryChecks do
       score,
       "#{Native.origin(module)} #{inspect(module)} holds " <>
         Enum.map_join(rows, ", ", &Native.nif_held/1) <>
-        " in the VM's allocators" <> nif_growth_text(grown, series),
-      %{module: module, bytes: bytes, rows: grown, growth_per_s: series && per_s},
+        " in the VM's allocators" <> held_text <> nif_growth_text(grown, series),
+      %{
+        module: module,
+        bytes: bytes,
+        counted_bytes: counted,
+        rows: grown,
+        growth_per_s: series && per_s
+      },
       held <>
         "Mtrace.VM.nif_memory(window: 10_000) shows which kind grows; for the C stacks that " <>
         "allocate it, start the VM with +MRe false +MBe false (enif_alloc, resources and " <>
         "binaries then go through malloc) and run Mtrace.report()"
     )
+  end
+
+  # The bytes a module's size is judged on: its resources and binaries
+  # count for at most what the forced GC left and no Erlang holder
+  # explains. With the text saying so when that lowered them.
+  defp unheld(_rows, bytes, nil), do: {bytes, ""}
+
+  defp unheld(rows, bytes, %{left: left, held: held}) do
+    bins =
+      for %{kind: k, bytes_min: b} <- rows, k in [:resource, :binary], reduce: 0, do: (n -> n + b)
+
+    alone = max(left - held, 0)
+
+    if bins > alone,
+      do:
+        {bytes - bins + alone,
+         "; processes and ETS tables still hold #{Format.bytes(held)} of refc binaries " <>
+           "after a forced GC, so at most #{Format.bytes(alone)} of its resources or " <>
+           "binaries are not Erlang code's"},
+      else: {bytes, ""}
   end
 
   defp bytes_of(rows, module, kind) do

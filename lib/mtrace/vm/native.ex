@@ -46,11 +46,13 @@ defmodule Mtrace.VM.Native do
   @histogram_width 32
   @allocators [:driver_alloc, :binary_alloc]
   @kinds %{nif_internal: :enif_alloc, binary: :resource, drv_binary: :binary}
+  # binary_alloc's `binary` tag covers resources and the binaries made with
+  # enif_make_new_binary alike: the VM does not tell them apart.
   @nouns %{
-    enif_alloc: "enif_alloc block",
-    resource: "resource",
-    binary: "binary",
-    drv_internal: "driver_alloc block"
+    enif_alloc: {"enif_alloc block", "enif_alloc blocks"},
+    resource: {"resource or binary", "resources or binaries"},
+    binary: {"binary", "binaries"},
+    drv_internal: {"driver_alloc block", "driver_alloc blocks"}
   }
 
   @enable_hint "export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)"
@@ -333,18 +335,22 @@ defmodule Mtrace.VM.Native do
   histograms only bound each block) and its count.
 
       iex> Mtrace.VM.Native.nif_held(%{kind: :resource, count: 1000, bytes_min: 8_192_000})
-      "at least 7.8 MiB in 1_000 resources"
+      "at least 7.8 MiB in 1_000 resources or binaries"
   """
   @spec nif_held(map) :: String.t()
   def nif_held(row), do: "at least #{Format.bytes(row.bytes_min)} in #{nif_count(row)}"
 
   @doc """
-  A row's count with the name of its kind. mtrace's own NIF makes no
+  A row's count with the name of its kind. Kind `:resource` is binary_alloc's
+  `binary` tag, which resources and the binaries a NIF made with
+  `enif_make_new_binary` share: named as either. mtrace's own NIF makes no
   resources: its blocks of that kind are the binaries of its answers
   (symbol names, paths), held by whoever kept them, and say so.
 
       iex> Mtrace.VM.Native.nif_count(%{kind: :binary, count: 3})
       "3 binaries"
+      iex> Mtrace.VM.Native.nif_count(%{kind: :resource, count: 300})
+      "300 resources or binaries"
       iex> Mtrace.VM.Native.nif_count(%{module: Mtrace.Native, kind: :resource, count: 9})
       "9 binaries (mtrace's answers, held by who asked)"
   """
@@ -352,7 +358,10 @@ defmodule Mtrace.VM.Native do
   def nif_count(%{module: Mtrace.Native, kind: :resource} = row),
     do: Format.count(row.count, "binary") <> " (mtrace's answers, held by who asked)"
 
-  def nif_count(row), do: Format.count(row.count, Map.get(@nouns, row.kind, "#{row.kind} block"))
+  def nif_count(row) do
+    {one, many} = Map.get(@nouns, row.kind, {"#{row.kind} block", "#{row.kind} blocks"})
+    if row.count == 1, do: "1 " <> one, else: "#{Format.int(row.count)} #{many}"
+  end
 
   @doc """
   What made a row's memory, in words: a NIF module, or a port driver (an
