@@ -412,7 +412,8 @@ defmodule Mtrace.VM do
     * `:monitor_leak` — a process holding more than 10_000 monitors (or
       gaining 100/s);
     * `:process_memory` — one process holding 256 MiB, or 64 MiB+ that is
-      half of the VM's memory (a cache or a state that only grows);
+      half of the VM's memory (a cache or a state that only grows), or,
+      over a window, one process growing by 1 MiB/s (named with its rate);
     * `:limit_near` — atoms or ports at half their limit (at the limit the
       VM stops, or refuses new ports; atoms are never freed);
     * `:ets_growth` — a table holding over 100 MiB with the binaries it

@@ -697,6 +697,25 @@ defmodule Mtrace.VMTest do
       assert summary =~ ~r/holds [\d.]+ MiB \(\d+% of the VM's memory\)/
     end
 
+    test "with a window, the process whose memory grows is named before a larger stable one" do
+      node = start_peer()
+      stable = :erpc.call(node, @scenarios, :big_state, [100], 60_000)
+      # about 10 MiB/s for longer than the window
+      grower = :erpc.call(node, @scenarios, :growing_state, [10, 6_000])
+
+      result = diagnose(node, gc: false, window: 2_000)
+      text = VM.Diagnosis.render(result)
+      assert result.verdict == :process_memory, text
+
+      assert [%{kind: :process_memory, evidence: evidence, summary: summary} | _] =
+               result.findings
+
+      assert evidence.pid == grower, text
+      refute evidence.pid == stable
+      assert evidence.growth_per_s >= 2 * 1_048_576, text
+      assert summary =~ ~r/, growing by [\d.]+ MiB\/s over the window$/
+    end
+
     test "terms piling up in persistent_term are named, though only system memory shows them" do
       node = start_peer()
       # 150 MiB in 150 terms: none of it in processes, binary, ets or code

@@ -55,6 +55,22 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  A process whose state grows by about `mib_per_s` MiB a second (a list of
+  small terms, added to every 100 ms) for `ms` milliseconds, then stays;
+  returns it once it started growing.
+
+  ## Example
+
+      grower = Mtrace.VMScenarios.growing_state(10, 3_000)
+  """
+  @spec growing_state(pos_integer, pos_integer) :: pid
+  def growing_state(mib_per_s, ms) do
+    # 1 MiB is 65_536 cons cells of 2 words; a tenth of the rate per tick
+    per_tick = div(mib_per_s * 65_536, 10)
+    start(fn -> :ok end, [], fn -> grow([], per_tick, div(ms, 100)) end)
+  end
+
+  @doc """
   `count` terms put in `persistent_term`, keys `{:mtrace_config, i}`, each a
   list of `kib` KiB of small integers (a store that only grows); returns
   the keys.
@@ -332,6 +348,18 @@ defmodule Mtrace.VMScenarios do
     end
   end
 
+  defp grow(kept, _per_tick, 0) do
+    receive do
+      :never -> length(kept)
+    end
+  end
+
+  defp grow(kept, per_tick, ticks) do
+    kept = Enum.to_list(1..per_tick) ++ kept
+    Process.sleep(100)
+    grow(kept, per_tick, ticks - 1)
+  end
+
   defp flood(_sink, _per_tick, 0), do: :ok
 
   defp flood(sink, per_tick, ticks) do
@@ -359,7 +387,7 @@ defmodule Mtrace.VMScenarios do
 
   # Runs `setup` in a new unlinked process, then parks it; returns once
   # `setup` is done so callers observe the finished state.
-  defp start(setup, opts \\ []) do
+  defp start(setup, opts \\ [], then \\ &park/0) do
     caller = self()
     ref = make_ref()
 
@@ -368,7 +396,7 @@ defmodule Mtrace.VMScenarios do
         fn ->
           setup.()
           send(caller, {ref, :ready})
-          park()
+          then.()
         end,
         opts
       )

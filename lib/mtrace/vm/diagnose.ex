@@ -8,10 +8,13 @@ defmodule Mtrace.VM.Diagnose do
 
   A snapshot (`snapshot/1`) is one sample of everything the diagnosis
   judges, taken with a single pass over the processes. Given the previous
-  snapshot, the pass also ranks processes by how much their mailbox and
-  monitor counts grew since then. To make that possible a snapshot
-  remembers those two figures for every process where they are not zero
-  (most processes have neither messages waiting nor monitors).
+  snapshot, the pass also ranks processes by how much their mailbox,
+  monitor counts and memory grew since then. To make that possible a
+  snapshot remembers the first two for every process where they are not
+  zero (most processes have neither messages waiting nor monitors), and
+  memory only for processes holding at least 1 MiB: on a node of 100_000
+  processes, the few large ones. A process under that floor in the
+  previous snapshot (or born since) counts as having grown from the floor.
 
   ## Idle groups
 
@@ -59,6 +62,10 @@ defmodule Mtrace.VM.Diagnose do
   # How many processes and native sites are kept as evidence (and processes
   # per ranking in a snapshot): enough for evidence, small enough to print.
   @keep 5
+
+  # The least a process holds for a snapshot to remember its memory (see
+  # the module documentation).
+  @memory_floor 1_048_576
 
   # The shortest step of a window (see sample/3).
   @min_step 20
@@ -267,11 +274,13 @@ defmodule Mtrace.VM.Diagnose do
       count: 0,
       mql: %{},
       monitors: %{},
+      memory: %{},
       mql_top: ranking(@keep),
       monitors_top: ranking(@keep),
       memory_top: ranking(@keep),
       mql_growth: ranking(@keep),
       monitors_growth: ranking(@keep),
+      memory_growth: ranking(@keep),
       idle_groups: %{}
     }
 
@@ -283,7 +292,14 @@ defmodule Mtrace.VM.Diagnose do
       end
     end)
     |> Map.update!(:idle_groups, &largest_group/1)
-    |> finish([:mql_top, :monitors_top, :memory_top, :mql_growth, :monitors_growth])
+    |> finish([
+      :mql_top,
+      :monitors_top,
+      :memory_top,
+      :mql_growth,
+      :monitors_growth,
+      :memory_growth
+    ])
   end
 
   defp add(acc, pid, i, prev, lookup) do
@@ -295,6 +311,7 @@ defmodule Mtrace.VM.Diagnose do
       | count: acc.count + 1,
         mql: put_nonzero(acc.mql, pid, mql),
         monitors: put_nonzero(acc.monitors, pid, monitors),
+        memory: put_large(acc.memory, pid, i.memory),
         mql_top: rank(acc.mql_top, pid, mql),
         monitors_top: rank(acc.monitors_top, pid, monitors),
         memory_top: rank(acc.memory_top, pid, i.memory)
@@ -307,7 +324,8 @@ defmodule Mtrace.VM.Diagnose do
         acc
         | mql_growth: rank(acc.mql_growth, pid, mql - Map.get(prev.mql, pid, 0)),
           monitors_growth:
-            rank(acc.monitors_growth, pid, monitors - Map.get(prev.monitors, pid, 0))
+            rank(acc.monitors_growth, pid, monitors - Map.get(prev.monitors, pid, 0)),
+          memory_growth: memory_growth(acc.memory_growth, pid, i.memory, prev)
       }
     else
       acc
@@ -370,6 +388,16 @@ defmodule Mtrace.VM.Diagnose do
       sample: sample
     }
   end
+
+  # Only processes over the floor are remembered, and ranked by growth: one
+  # the previous snapshot did not remember grew from the floor.
+  defp put_large(map, pid, bytes) when bytes >= @memory_floor, do: Map.put(map, pid, bytes)
+  defp put_large(map, _pid, _bytes), do: map
+
+  defp memory_growth(ranking, pid, bytes, prev) when bytes >= @memory_floor,
+    do: rank(ranking, pid, bytes - Map.get(Map.get(prev, :memory, %{}), pid, @memory_floor))
+
+  defp memory_growth(ranking, _pid, _bytes, _prev), do: ranking
 
   defp put_nonzero(map, _pid, 0), do: map
   defp put_nonzero(map, pid, value), do: Map.put(map, pid, value)

@@ -38,7 +38,9 @@ defmodule Mtrace.VM.Findings do
     monitors/s;
   * `:process_memory` — size: one process holding `process_memory`
     (its heap and mailbox: what it keeps), or `process_memory_min`+ that
-    is `process_memory_share` of the VM's memory;
+    is `process_memory_share` of the VM's memory; growth over a window:
+    one process growing by `process_memory_growth`/s (processes under 1
+    MiB are not followed: one that grew past it counts from 1 MiB);
   * `:limit_near` — size: atoms or ports at `limit_share` of their
     limit (at the limit the VM stops, or refuses new ports; atoms are
     never freed);
@@ -356,30 +358,55 @@ defmodule Mtrace.VM.Findings do
       mailbox(snap, secs, t),
       processes(prev, snap, secs, t),
       monitors(snap, secs, t),
-      process_memory(snap, t),
+      process_memory(snap, secs, t),
       limits(snap, t)
     ]
   end
 
   # The process holding the most memory, against the VM's: a cache or a
-  # state that only grows shows here (the seeds' proc_count(memory)).
-  defp process_memory(snap, t) do
-    {pid, bytes} = first(snap.procs.memory_top)
+  # state that only grows shows here (the seeds' proc_count(memory)); with
+  # a window, the fastest-growing one when its growth scores higher.
+  defp process_memory(snap, secs, t) do
     total = snap.memory[:total] || 0
 
-    share =
-      if bytes >= t.process_memory_min and total > 0,
-        do: ratio(bytes / total, t.process_memory_share),
-        else: 0
+    size = fn {pid, bytes} ->
+      share =
+        if pid && bytes >= t.process_memory_min and total > 0,
+          do: ratio(bytes / total, t.process_memory_share),
+          else: 0
+
+      max(ratio(bytes, t.process_memory), share)
+    end
+
+    largest = first(snap.procs.memory_top)
+    {gpid, delta} = first(Map.get(snap.procs, :memory_growth, []))
+
+    growth = growth_ratio(delta, secs, t.process_memory_growth, t.process_memory_growth_min)
+
+    # what the growing one held when sampled (a snapshot remembers memory
+    # for every process it ranks by growth)
+    {pid, bytes, score, per_s} =
+      if gpid && growth > size.(largest) do
+        bytes = Map.get(Map.get(snap.procs, :memory, %{}), gpid, 0)
+        {gpid, bytes, max(growth, size.({gpid, bytes})), rate(delta, secs)}
+      else
+        {pid, bytes} = largest
+        {pid, bytes, size.(largest), nil}
+      end
 
     if pid do
       of = if total > 0, do: " (#{round(100 * bytes / total)}% of the VM's memory)", else: ""
 
+      grew =
+        if per_s && per_s > 0,
+          do: ", growing by #{Format.bytes(per_s)}/s over the window",
+          else: ""
+
       finding(
         :process_memory,
-        max(ratio(bytes, t.process_memory), share),
-        "#{Format.process(pid, Procs.info(pid))} holds #{Format.bytes(bytes)}" <> of,
-        %{pid: pid, memory: bytes, vm_total: total},
+        score,
+        "#{Format.process(pid, Procs.info(pid))} holds #{Format.bytes(bytes)}" <> of <> grew,
+        %{pid: pid, memory: bytes, vm_total: total, growth_per_s: per_s},
         ":sys.get_state(#{Format.pid_expr(pid)}) shows what a GenServer or an Agent keeps; " <>
           "Process.info(#{Format.pid_expr(pid)}, [:current_stacktrace, :message_queue_len, " <>
           ":total_heap_size]) what any process is doing"

@@ -20,6 +20,10 @@ defmodule Mtrace.VM.Thresholds do
     it is at least `process_memory_min`;
   * `process_memory_min` (64 MiB) — the least one process must hold for
     its share to count;
+  * `process_memory_growth` (1 MiB) — bytes/s one process's memory grows
+    by (over at least `process_memory_growth_min`);
+  * `process_memory_growth_min` (8 MiB) — a process's growth over the
+    window below which it is noise;
   * `idle_group` (10_000) — idle processes sharing what they were started
     as (for a GenServer, an Agent or a Task, the function proc_lib
     records, not `:proc_lib.init_p/5`) and current function, when they are
@@ -107,6 +111,8 @@ defmodule Mtrace.VM.Thresholds do
     process_memory: 256 * @mib,
     process_memory_share: 0.5,
     process_memory_min: 64 * @mib,
+    process_memory_growth: 1 * @mib,
+    process_memory_growth_min: 8 * @mib,
     idle_group: 10_000,
     idle_share: 0.5,
     process_growth: 100,
