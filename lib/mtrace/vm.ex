@@ -415,7 +415,9 @@ defmodule Mtrace.VM do
       half of the VM's memory (a cache or a state that only grows), or,
       over a window, one process growing by 1 MiB/s (named with its rate);
     * `:limit_near` — atoms or ports at half their limit (at the limit the
-      VM stops, or refuses new ports; atoms are never freed);
+      VM stops, or refuses new ports; atoms are never freed), or, over a
+      window, growing fast enough to reach it within a day (said with the
+      rate and the time left);
     * `:ets_growth` — a table holding over 100 MiB with the binaries it
       references (estimated from sampled objects; a small table keeping
       large binaries is sampled too when binaries are a quarter of the

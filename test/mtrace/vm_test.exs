@@ -756,6 +756,25 @@ defmodule Mtrace.VMTest do
       assert next =~ "String.to_existing_atom/1"
     end
 
+    test "with a window, atoms far from their limit but growing fast are named with the time left" do
+      node = start_peer()
+      # up to 2_000 atoms a second for longer than the window: 1% of the
+      # limit, reached within hours at that rate
+      :erpc.call(node, @scenarios, :atom_flood, [20, 6_000])
+
+      result = diagnose(node, gc: false, window: 2_000)
+      text = VM.Diagnosis.render(result)
+      assert result.verdict == :limit_near, text
+      assert [%{kind: :limit_near, evidence: evidence, summary: summary} | _] = result.findings
+      assert evidence.what == :atoms
+      assert evidence.count < 0.1 * evidence.limit
+      assert evidence.growth_per_s >= 500
+      assert evidence.seconds_to_limit > 0
+
+      assert String.replace(summary, ~r/\s+/, " ") =~
+               ~r/^atoms at [\d_]+ of a limit of 1_048_576 \(\d+%\), growing by [\d_]+ atoms\/s over the window: at this rate the limit is reached in \d+[hm] /
+    end
+
     test "with a window, a mailbox still small but growing fast is a build-up" do
       node = start_peer()
       # About 5_000 messages a second for 3 s: under 10_000 when judged, but

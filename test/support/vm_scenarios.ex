@@ -307,6 +307,19 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  A process making `per_tick` new atoms every 10 ms, for at most `ms`
+  milliseconds (as code turning outside data into atoms does). Returns it.
+
+  ## Example
+
+      maker = Mtrace.VMScenarios.atom_flood(20, 3_000)
+  """
+  @spec atom_flood(pos_integer, pos_integer) :: pid
+  def atom_flood(per_tick, ms) do
+    spawn(fn -> make_atoms(per_tick, div(ms, 10), 0) end)
+  end
+
+  @doc """
   Loads every `Mtrace.VM` module and the option checks they share
   (`Mtrace.Options`), then makes the native module `Mtrace` unloadable, as
   on a node that never had it.
@@ -358,6 +371,14 @@ defmodule Mtrace.VMScenarios do
     kept = Enum.to_list(1..per_tick) ++ kept
     Process.sleep(100)
     grow(kept, per_tick, ticks - 1)
+  end
+
+  defp make_atoms(_per_tick, 0, _made), do: :ok
+
+  defp make_atoms(per_tick, ticks, made) do
+    for i <- 1..per_tick, do: String.to_atom("mtrace_request_#{made + i}")
+    Process.sleep(10)
+    make_atoms(per_tick, ticks - 1, made + per_tick)
   end
 
   defp flood(_sink, _per_tick, 0), do: :ok

@@ -43,7 +43,10 @@ defmodule Mtrace.VM.Findings do
     MiB are not followed: one that grew past it counts from 1 MiB);
   * `:limit_near` — size: atoms or ports at `limit_share` of their
     limit (at the limit the VM stops, or refuses new ports; atoms are
-    never freed);
+    never freed); growth over a window: at the rate they grew (by at
+    least `limit_growth_min` over the window), the limit reached within
+    `limit_time` seconds (scoring 50 then, 100 within half that), said
+    with the rate and the time left;
   * `:ets_growth` — size: a table holding `ets_bytes`, or
     `ets_share_min`+ that is `ets_share` of the VM's memory, counting
     the binaries it references (estimated from 64 objects of each of
@@ -359,7 +362,7 @@ defmodule Mtrace.VM.Findings do
       processes(prev, snap, secs, t),
       monitors(snap, secs, t),
       process_memory(snap, secs, t),
-      limits(snap, t)
+      limits(prev, snap, secs, t)
     ]
   end
 
@@ -425,24 +428,32 @@ defmodule Mtrace.VM.Findings do
         "which processes hold the ports (files, sockets) left open"
   }
 
-  # Atoms and ports, the nearer their limit (processes have their own check,
-  # with idle groups and growth; ETS tables are limited only by memory
-  # since OTP 20, whatever ets_limit says).
-  defp limits(snap, t) do
-    nearest =
+  # Atoms and ports, the one scoring highest: by how near its limit it is,
+  # and with a window by how soon it would reach it at the rate it grew
+  # (processes have their own check, with idle groups and growth; ETS
+  # tables are limited only by memory since OTP 20, whatever ets_limit
+  # says).
+  defp limits(prev, snap, secs, t) do
+    scored =
       for key <- [:atoms, :ports],
           {count, limit} <- [Map.get(snap.counts, key)],
-          is_integer(count) and is_integer(limit) and limit > 0,
-          do: {key, count, limit}
+          is_integer(count) and is_integer(limit) and limit > 0 do
+        before = prev && Map.get(prev.counts, key)
+        delta = if match?({n, _} when is_integer(n), before), do: count - elem(before, 0)
+        per_s = if delta && secs && delta >= t.limit_growth_min, do: rate(delta, secs)
+        eta = per_s && time_to(%{per_s: per_s}, limit - count)
+        growth = if eta, do: ratio(t.limit_time, max(eta, 1)), else: 0
+        {key, count, limit, per_s, eta, max(ratio(count / limit, t.limit_share), growth)}
+      end
 
-    case Enum.max_by(nearest, fn {_k, c, l} -> c / l end, fn -> nil end) do
-      {key, count, limit} ->
+    case Enum.max_by(scored, fn {_k, c, l, _, _, r} -> {r, c / l} end, fn -> nil end) do
+      {key, count, limit, per_s, eta, score} ->
         finding(
           :limit_near,
-          ratio(count / limit, t.limit_share),
+          score,
           "#{key} at #{Format.int(count)} of a limit of #{Format.int(limit)} " <>
-            "(#{round(100 * count / limit)}%)",
-          %{what: key, count: count, limit: limit},
+            "(#{round(100 * count / limit)}%)" <> limit_growth_text(key, per_s, eta),
+          %{what: key, count: count, limit: limit, growth_per_s: per_s, seconds_to_limit: eta},
           Map.fetch!(@limit_next, key)
         )
 
@@ -450,6 +461,13 @@ defmodule Mtrace.VM.Findings do
         nil
     end
   end
+
+  defp limit_growth_text(key, per_s, eta) when is_number(per_s) and is_integer(eta),
+    do:
+      ", growing by #{Format.int(round(per_s))} #{key}/s over the window: at this rate " <>
+        "the limit is reached in #{Format.age(eta)}"
+
+  defp limit_growth_text(_key, _per_s, _eta), do: ""
 
   defp mailbox(snap, secs, t) do
     {pid, score, per_s, own_per_s} =

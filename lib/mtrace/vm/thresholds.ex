@@ -13,6 +13,10 @@ defmodule Mtrace.VM.Thresholds do
     window's mailbox growth is noise;
   * `process_share` (0.5) — processes as a share of the process limit;
   * `limit_share` (0.5) — atoms or ports as a share of their limit;
+  * `limit_time` (86_400) — seconds in which atoms or ports, growing as
+    they did over a window, would reach their limit;
+  * `limit_growth_min` (1_000) — atoms or ports of growth over the window
+    below which it is noise;
   * `process_memory` (256 MiB) — what one process holds (heap, stack,
     mailbox), or the refc binaries it still references after a forced
     GC (`:binary_held`);
@@ -108,6 +112,8 @@ defmodule Mtrace.VM.Thresholds do
     mailbox_growth_min: 1_000,
     process_share: 0.5,
     limit_share: 0.5,
+    limit_time: 86_400,
+    limit_growth_min: 1_000,
     process_memory: 256 * @mib,
     process_memory_share: 0.5,
     process_memory_min: 64 * @mib,
