@@ -649,6 +649,30 @@ defmodule Mtrace.VMTest do
       assert output |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), output
     end
 
+    test "with a window, a process count growing fast still names the idle group" do
+      node = start_peer()
+      # up to 2_000 workers a second, never given work, for longer than the window
+      :erpc.call(node, @scenarios, :spawn_flood, [20, 6_000])
+
+      result = diagnose(node, gc: false, window: 2_000)
+      text = VM.Diagnosis.render(result)
+      assert result.verdict == :process_leak, text
+
+      assert [%{kind: :process_leak, evidence: evidence, summary: summary, next: next} | _] =
+               result.findings
+
+      assert evidence.growth_per_s >= 100
+      assert evidence.idle_group.current_function == {@scenarios, :worker_loop, 0}
+      flat = String.replace(summary, ~r/\s+/, " ")
+      # growth scored highest, and leads; the idle ones it says next are named
+      assert flat =~ ~r/^[\d_]+ processes of a limit of 262_144, growing by [\d_]+ processes\/s; /
+
+      assert flat =~
+               ~r/; [\d_]+ of them are idle in Mtrace.VMScenarios.worker_loop\/0, started as :erlang.apply\/2$/
+
+      assert next =~ "shows one of the idle ones"
+    end
+
     test "20_000 monitors held by one process are a monitor leak" do
       node = start_peer()
       {hog, target} = :erpc.call(node, @scenarios, :monitor_hog, [20_000], 60_000)

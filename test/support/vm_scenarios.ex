@@ -198,6 +198,19 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  A process starting `per_tick` workers every 10 ms, for at most `ms`
+  milliseconds, none of which is ever given work. Returns it.
+
+  ## Example
+
+      spawner = Mtrace.VMScenarios.spawn_flood(20, 3_000)
+  """
+  @spec spawn_flood(pos_integer, pos_integer) :: pid
+  def spawn_flood(per_tick, ms) do
+    spawn(fn -> spawn_workers(per_tick, div(ms, 10)) end)
+  end
+
+  @doc """
   `servers` idle GenServers running `Mtrace.VMScenarios.IdleServer` and
   `agents` idle Agents, none of them ever called: two kinds of lost
   workers, both `:proc_lib.init_p/5` to the VM, waiting in
@@ -371,6 +384,14 @@ defmodule Mtrace.VMScenarios do
     kept = Enum.to_list(1..per_tick) ++ kept
     Process.sleep(100)
     grow(kept, per_tick, ticks - 1)
+  end
+
+  defp spawn_workers(_per_tick, 0), do: :ok
+
+  defp spawn_workers(per_tick, ticks) do
+    for _ <- 1..per_tick, do: spawn(&worker_loop/0)
+    Process.sleep(10)
+    spawn_workers(per_tick, ticks - 1)
   end
 
   defp make_atoms(_per_tick, 0, _made), do: :ok

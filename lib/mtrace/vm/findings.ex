@@ -512,14 +512,22 @@ defmodule Mtrace.VM.Findings do
 
     growth = growth_ratio(delta, secs, t.process_growth, t.process_growth_min)
 
+    # The idle group is named whenever there is one: first when it scores
+    # highest, else after the count and its growth.
     summary =
       cond do
-        grouped >= max(share, growth) and group != nil ->
+        group == nil ->
+          "#{Format.int(count)} processes of a limit of #{Format.int(limit)}" <>
+            growth_text(per_s, "processes")
+
+        grouped >= max(share, growth) ->
           "#{Format.int(group.count)} of #{Format.int(count)} processes are idle in " <>
-            "#{Format.mfa(group.current_function)}, started as #{Format.mfa(group.started_as)}"
+            "#{idle_as(group)}" <> growth_text(per_s, "processes")
 
         true ->
-          "#{Format.int(count)} processes of a limit of #{Format.int(limit)}"
+          "#{Format.int(count)} processes of a limit of #{Format.int(limit)}" <>
+            growth_text(per_s, "processes") <>
+            "; #{Format.int(group.count)} of them are idle in #{idle_as(group)}"
       end
 
     next =
@@ -532,11 +540,14 @@ defmodule Mtrace.VM.Findings do
     finding(
       :process_leak,
       Enum.max([share, grouped, growth]),
-      summary <> growth_text(per_s, "processes"),
+      summary,
       %{processes: count, limit: limit, idle_group: group, growth_per_s: per_s},
       next
     )
   end
+
+  defp idle_as(group),
+    do: "#{Format.mfa(group.current_function)}, started as #{Format.mfa(group.started_as)}"
 
   defp monitors(snap, secs, t) do
     {pid, score, per_s, own_per_s} =
