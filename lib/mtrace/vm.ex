@@ -375,7 +375,10 @@ defmodule Mtrace.VM do
   more, then the small ones by size (a nearly empty 64 KiB carrier is not
   fragmentation). Allocators that are disabled (e.g. under `+Mea min`) are
   left out. A large allocator with low usage holds memory the OS cannot get
-  back: see the `+M<X>as` and `+M<X>lmbcs` emulator flags.
+  back: see the `+M<X>as` and `+M<X>lmbcs` emulator flags, `<X>` the
+  allocator's letter (`E` for ets_alloc, `B` binary_alloc, `H`
+  eheap_alloc, ...); the `:fragmentation` finding of `diagnose/1` gives
+  them for the allocator it names (`Mtrace.VM.MemoryChecks.frag_flags/1`).
 
   ## Example
 

@@ -283,10 +283,27 @@ defmodule Mtrace.VMTest do
       # the memory line says "outside the VM 30.0 MiB": so does the finding
       memory = %{snap.memory | outside_vm: 30 * mib, carrier_cache: div(mib, 2)}
       extra = %{bin_leak: nil, preloaded: false, sites: []}
-      [_, _, _, native, _, _] = VM.MemoryChecks.run(nil, %{snap | memory: memory}, nil, extra)
+      [_, _, _, _, native, _, _] = VM.MemoryChecks.run(nil, %{snap | memory: memory}, nil, extra)
 
       assert native.evidence.bytes == 30 * mib
       assert native.summary =~ "libraries), is 30.0 MiB", native.summary
+    end
+
+    test "a fragmented allocator is told the VM flags for that allocator" do
+      snap = VM.Diagnose.snapshot()
+      mib = 1_048_576
+      # ets_alloc after a table grew and was mostly emptied: 400 MiB in
+      # carriers, 40 MiB used
+      row = %{allocator: :ets_alloc, allocated: 400 * mib, used: 40 * mib, wasted: 360 * mib}
+      row = Map.merge(row, %{usage: 0.1, instances: 3})
+      extra = %{bin_leak: nil, preloaded: false, sites: []}
+      [_, _, _, _, _, frag, _] = VM.MemoryChecks.run(nil, %{snap | allocators: [row]}, nil, extra)
+
+      assert frag.kind == :fragmentation
+      assert frag.score >= 50
+      assert frag.next =~ "start the VM with +MEas aobf"
+      assert frag.next =~ ~r/ or \+MElmbcs \d+ \(carriers of at most /
+      refute frag.next =~ "<X>"
     end
 
     test "untraced, growth and sizes are named as on the memory lines" do

@@ -335,10 +335,77 @@ defmodule Mtrace.VM.MemoryChecks do
           "#{worst.allocator} has #{Format.bytes(worst.allocated)} in carriers but uses " <>
             "#{Format.bytes(worst.used)} (#{round(worst.usage * 100)}%)",
           %{worst: worst, allocators: Enum.take(snap.allocators, 5)},
-          "Mtrace.VM.allocators(); if it stays low, start the VM with a different " <>
-            "allocation strategy for it (e.g. +M<X>as aobf) or smaller carriers (+M<X>lmbcs)"
+          "Mtrace.VM.allocators(); if it stays low, " <> frag_flags(worst.allocator)
         )
     end
+  end
+
+  # The letter of each allocator type in the VM's +M<letter><flag> options
+  # (erts_alloc): +MEas aobf sets ets_alloc's strategy.
+  @alloc_letters %{
+    binary_alloc: "B",
+    std_alloc: "D",
+    ets_alloc: "E",
+    fix_alloc: "F",
+    eheap_alloc: "H",
+    literal_alloc: "I",
+    ll_alloc: "L",
+    driver_alloc: "R",
+    sl_alloc: "S",
+    temp_alloc: "T",
+    exec_alloc: "X"
+  }
+
+  @doc """
+  The VM flags to try for an allocator type that stays fragmented: another
+  allocation strategy (address order best fit, `+M<letter>as aobf`), or
+  smaller multiblock carriers (`+M<letter>lmbcs`, in KiB: half the largest
+  size in force, when the VM tells it).
+
+  ## Example
+
+      iex> Mtrace.VM.MemoryChecks.frag_flags(:ets_alloc) =~ "start the VM with +MEas aobf"
+      true
+      iex> Mtrace.VM.MemoryChecks.frag_flags(:mystery_alloc)
+      "see erts_alloc for its +M flags: a different allocation strategy (as aobf) or smaller carriers (lmbcs)"
+  """
+  @spec frag_flags(atom) :: String.t()
+  def frag_flags(allocator) do
+    case Map.fetch(@alloc_letters, allocator) do
+      {:ok, l} ->
+        "start the VM with +M#{l}as aobf (address order best fit for #{allocator})" <>
+          case lmbcs(allocator) do
+            kib when is_integer(kib) and kib >= 2 ->
+              " or +M#{l}lmbcs #{div(kib, 2)} (carriers of at most " <>
+                "#{Format.bytes(div(kib, 2) * 1024)}, half the current size)"
+
+            _ ->
+              " or a smaller +M#{l}lmbcs (largest carrier, in KiB)"
+          end
+
+      :error ->
+        "see erts_alloc for its +M flags: a different allocation strategy (as aobf) or " <>
+          "smaller carriers (lmbcs)"
+    end
+  end
+
+  # The largest multiblock carrier size in force for an allocator type, in
+  # KiB, or nil.
+  defp lmbcs(allocator) do
+    :erlang.system_info({:allocator, allocator})
+    |> List.wrap()
+    |> Enum.find_value(fn
+      {:instance, _, info} ->
+        with {:options, opts} <- List.keyfind(info, :options, 0),
+             {:lmbcs, bytes} when is_integer(bytes) <- List.keyfind(opts, :lmbcs, 0),
+             do: div(bytes, 1024),
+             else: (_ -> nil)
+
+      _ ->
+        nil
+    end)
+  rescue
+    _ -> nil
   end
 
   @doc """
