@@ -625,6 +625,25 @@ defmodule Mtrace.VMTest do
                "ETS table :mtrace_blob_cache references about 120.0 MiB"
     end
 
+    test "on another node, every call a next names runs there as written" do
+      node = start_peer()
+      :erpc.call(node, @scenarios, :blob_table, [60, 2 * 1_048_576, false], 60_000)
+
+      result = diagnose(node)
+      assert %{next: next} = Enum.find(result.findings, &(&1.kind == :ets_growth))
+      # an unnamed table's id, looked up where the table is
+      assert next =~ "(unnamed: its id is in :erpc.call(#{inspect(node)}, :ets, :all, []))"
+      refute next =~ ~r/[^,] :ets\.all\(\)/
+
+      # a pipeline of calls runs there whole, and gives the peer's answer
+      hint = "Port.list() |> Enum.map(&Port.info(&1, :connected)) |> Enum.frequencies() shows"
+      remote = VM.Format.remote_hint(hint, node, & &1)
+      assert [expr] = Regex.run(~r/^:erpc.call\(.* end\)(?= shows$)/, remote)
+      {counts, _} = Code.eval_string(expr)
+      ports = :erpc.call(node, :erlang, :ports, [])
+      assert counts |> Map.values() |> Enum.sum() == length(ports)
+    end
+
     test "50_000 idle workers of a leaking pool are a process leak" do
       node = start_peer()
       :erpc.call(node, @scenarios, :leaking_pool, [50_000], 60_000)

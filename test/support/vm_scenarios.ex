@@ -169,16 +169,19 @@ defmodule Mtrace.VMScenarios do
   @doc """
   A small ETS table `:mtrace_blob_cache` of `count` objects `{i, blob}`,
   each blob a refc binary of `size` bytes: little table memory, and large
-  binaries only the table keeps. Returns the owner.
+  binaries only the table keeps; with `named` false, the table is not
+  named (reached only by its id). Returns the owner.
 
   ## Example
 
       owner = Mtrace.VMScenarios.blob_table(10, 65_536)
   """
-  @spec blob_table(pos_integer, pos_integer) :: pid
-  def blob_table(count, size) do
+  @spec blob_table(pos_integer, pos_integer, boolean) :: pid
+  def blob_table(count, size, named \\ true) do
+    opts = if named, do: [:named_table, :set, :public], else: [:set, :public]
+
     start(fn ->
-      table = :ets.new(:mtrace_blob_cache, [:named_table, :set, :public])
+      table = :ets.new(:mtrace_blob_cache, opts)
       for i <- 1..count, do: :ets.insert(table, {i, :binary.copy(<<i>>, size)})
       :erlang.garbage_collect()
     end)

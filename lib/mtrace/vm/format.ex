@@ -39,19 +39,25 @@ defmodule Mtrace.VM.Format do
     ~s|pid("#{String.trim_trailing(rest, ">")}")|
   end
 
-  # A call a hint names: of the modules whose functions hints name.
-  @call ~r/(?<![\w.:])(Process|Mtrace\.VM|Mtrace)\.([a-z_]+[?!]?)\(/
+  # A call a hint names: a function of an Elixir module (Process,
+  # Mtrace.VM) or an Erlang one (:ets, :sys) followed by its arguments;
+  # not a reference such as String.to_atom/1, nor a call inside a word.
+  @call ~r/(?<![\w.:&])(:[a-z][a-z0-9_]*|[A-Z][A-Za-z0-9_]*(?:\.[A-Z][A-Za-z0-9_]*)*)\.([a-z_][a-zA-Z0-9_]*[?!]?)\(/
+  # A pipe after a call: the next stage follows.
+  @pipe ~r/\A\s*\|>\s*/
   # Calls that take `node:` themselves.
   @with_node [{"Mtrace", "report"}, {"Mtrace.VM", "diagnose"}]
 
   @doc """
-  `hint` (the `next` of a finding, written on `node`) rewritten to work
-  when typed on another node: calls that take a `node:` option get it,
-  other calls go through `:erpc.call/4`, and each `pid("0.x.y")` (local
-  to `node`) is passed to `pid_expr`, which gives the expression for that
-  pid where the hint is printed.
+  `hint` (the `next` of a finding, written on `node`) rewritten so that
+  every call it names runs on `node` when typed on another node: calls
+  that take a `node:` option get it, other calls go through
+  `:erpc.call/4`, a pipeline of calls runs whole in `:erpc.call/2`, and
+  each `pid("0.x.y")` (local to `node`) is passed to `pid_expr`, which
+  gives the expression for that pid where the hint is printed. References
+  to functions (`String.to_atom/1`) are left as they are.
 
-  ## Example
+  ## Examples
 
       iex> Mtrace.VM.Format.remote_hint(
       ...>   ~s|Process.info(pid("0.42.0"), :monitors); Mtrace.report(sort: :growth)|,
@@ -60,19 +66,47 @@ defmodule Mtrace.VM.Format do
       ...> )
       ~s|:erpc.call(:a@host, Process, :info, [pid("7.42.0"), :monitors]); | <>
         "Mtrace.report(node: :a@host, sort: :growth)"
+      iex> Mtrace.VM.Format.remote_hint("find who inserts into :t (its id is in :ets.all())", :a@host, & &1)
+      "find who inserts into :t (its id is in :erpc.call(:a@host, :ets, :all, []))"
+      iex> Mtrace.VM.Format.remote_hint("Port.list() |> Enum.frequencies() shows them", :a@host, & &1)
+      ":erpc.call(:a@host, fn -> Port.list() |> Enum.frequencies() end) shows them"
   """
   @spec remote_hint(String.t(), node, (String.t() -> String.t())) :: String.t()
   def remote_hint(hint, node, pid_expr) do
     case Regex.run(@call, hint, return: :index, capture: :all) do
       [{start, len}, {ms, ml}, {fs, fl}] ->
-        {args, rest} = call_args(binary_part(hint, start + len, byte_size(hint) - start - len))
-        call = remote_call(binary_part(hint, ms, ml), binary_part(hint, fs, fl), args, node)
+        after_call = binary_part(hint, start + len, byte_size(hint) - start - len)
+        {args, rest} = call_args(after_call)
+        {stages, rest} = pipeline(rest)
+
+        call =
+          if stages == "" do
+            remote_call(binary_part(hint, ms, ml), binary_part(hint, fs, fl), args, node)
+          else
+            expr = binary_part(hint, start, byte_size(hint) - start - byte_size(rest))
+            ":erpc.call(#{inspect(node)}, fn -> #{expr} end)"
+          end
 
         remote_pids(binary_part(hint, 0, start), pid_expr) <>
           remote_pids(call, pid_expr) <> remote_hint(rest, node, pid_expr)
 
       nil ->
         remote_pids(hint, pid_expr)
+    end
+  end
+
+  # The stages piped after a call ("|> Enum.map(...) |> ..."), as written,
+  # and the text after them.
+  defp pipeline(text) do
+    with [pipe] <- Regex.run(@pipe, text),
+         after_pipe = binary_part(text, byte_size(pipe), byte_size(text) - byte_size(pipe)),
+         [{0, len} | _] <- Regex.run(@call, after_pipe, return: :index) do
+      {_args, rest} = call_args(binary_part(after_pipe, len, byte_size(after_pipe) - len))
+      stage = binary_part(text, 0, byte_size(text) - byte_size(rest))
+      {stages, rest} = pipeline(rest)
+      {stage <> stages, rest}
+    else
+      _ -> {"", text}
     end
   end
 
