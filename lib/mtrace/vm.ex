@@ -284,7 +284,10 @@ defmodule Mtrace.VM do
   end
 
   @doc """
-  Processes, ports, atoms and ETS tables, each as `{count, limit}`.
+  Processes, ports, atoms and ETS tables, each as `{count, limit}`, and
+  where `/proc` tells them (Linux) `:fds`, the file descriptors the node
+  has open against the OS's soft limit (`ulimit -n`): sockets and files
+  run out there long before the VM's port limit.
 
   The VM rounds some limits up (`+P 100000` gives a process limit of
   131_072). Running out of any of these takes the node down or makes it
@@ -417,8 +420,10 @@ defmodule Mtrace.VM do
     * `:process_memory` — one process holding 256 MiB, or 64 MiB+ that is
       half of the VM's memory (a cache or a state that only grows), or,
       over a window, one process growing by 1 MiB/s (named with its rate);
-    * `:limit_near` — atoms or ports at half their limit (at the limit the
-      VM stops, or refuses new ports; atoms are never freed), or, over a
+    * `:limit_near` — atoms, ports or open file descriptors (against the
+      OS's `ulimit -n`, where `/proc` tells it) at half their limit (at
+      the limit the VM stops, or refuses new ports, sockets and files;
+      atoms are never freed), or, over a
       window, growing fast enough to reach it within a day (said with the
       rate and the time left);
     * `:ets_growth` — a table holding over 100 MiB with the binaries it

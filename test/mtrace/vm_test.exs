@@ -816,6 +816,30 @@ defmodule Mtrace.VMTest do
       assert next =~ "String.to_existing_atom/1"
     end
 
+    @tag skip: not File.exists?("/proc/self/limits") and "no /proc on this OS"
+    test "open file descriptors near the OS's limit are named, far below the port limit" do
+      node = start_peer()
+      os_pid = :erpc.call(node, :os, :getpid, [])
+      # as after `ulimit -n 256`: the soft limit only
+      {_, 0} = System.cmd("prlimit", ["--pid", to_string(os_pid), "--nofile=256:"])
+      pool = :erpc.call(node, @scenarios, :open_sockets, [80], 60_000)
+
+      {result, output} = with_io(fn -> VM.diagnose(node: node, gc: false, timeout: 60_000) end)
+      assert result.verdict == :limit_near, output
+
+      assert [%{kind: :limit_near, evidence: evidence, summary: summary, next: next} | _] =
+               result.findings
+
+      assert %{what: :fds, limit: 256, count: count} = evidence
+      assert count >= 160 and count < 256
+      assert {ports, 65_536} = result.counts.ports
+      assert ports < 0.01 * 65_536
+      assert summary =~ ~r/^fds at \d+ of a limit of 256 \(\d+%\)$/
+      assert next =~ "ulimit -n"
+      assert output =~ ~r/fds \d+\/256/
+      assert is_pid(pool)
+    end
+
     test "with a window, atoms far from their limit but growing fast are named with the time left" do
       node = start_peer()
       # up to 2_000 atoms a second for longer than the window: 1% of the

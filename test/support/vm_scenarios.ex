@@ -323,6 +323,30 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  `pairs` TCP connections to a listener on this node, both ends held by
+  one process registered as `:mtrace_conn_pool` (two file descriptors a
+  pair, and the listener's). Returns it.
+
+  ## Example
+
+      pool = Mtrace.VMScenarios.open_sockets(10)
+  """
+  @spec open_sockets(pos_integer) :: pid
+  def open_sockets(pairs) do
+    start(fn ->
+      Process.register(self(), :mtrace_conn_pool)
+      {:ok, listener} = :gen_tcp.listen(0, [:binary, active: false])
+      {:ok, port} = :inet.port(listener)
+
+      for _ <- 1..pairs do
+        {:ok, client} = :gen_tcp.connect(~c"localhost", port, [:binary, active: false])
+        {:ok, server} = :gen_tcp.accept(listener)
+        {client, server}
+      end
+    end)
+  end
+
+  @doc """
   A process making `per_tick` new atoms every 10 ms, for at most `ms`
   milliseconds (as code turning outside data into atoms does). Returns it.
 

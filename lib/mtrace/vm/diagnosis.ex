@@ -116,12 +116,17 @@ defmodule Mtrace.VM.Diagnosis do
 
   defp cached(_m), do: ""
 
+  # fds only where /proc told them
   defp counts_line(c) do
     "counts  " <>
-      Enum.map_join([:processes, :ports, :atoms, :ets], " | ", fn key ->
-        {count, limit} = Map.fetch!(c, key)
-        "#{key} #{Format.int(count)}/#{Format.int(limit)}"
-      end)
+      Enum.join(
+        for(
+          key <- [:processes, :ports, :atoms, :ets, :fds],
+          {count, limit} <- [Map.get(c, key)],
+          do: "#{key} #{Format.int(count)}/#{Format.int(limit)}"
+        ),
+        " | "
+      )
   end
 
   defp native_lines(%{preloaded: true, program_traced: false}, _window) do

@@ -41,9 +41,10 @@ defmodule Mtrace.VM.Findings do
     is `process_memory_share` of the VM's memory; growth over a window:
     one process growing by `process_memory_growth`/s (processes under 1
     MiB are not followed: one that grew past it counts from 1 MiB);
-  * `:limit_near` — size: atoms or ports at `limit_share` of their
-    limit (at the limit the VM stops, or refuses new ports; atoms are
-    never freed); growth over a window: at the rate they grew (by at
+  * `:limit_near` — size: atoms, ports or open file descriptors (the
+    OS's soft `RLIMIT_NOFILE`, where `/proc` tells it; else not judged)
+    at `limit_share` of their limit (at the limit the VM stops, or
+    refuses new ports, sockets and files; atoms are never freed); growth over a window: at the rate they grew (by at
     least `limit_growth_min` over the window), the limit reached within
     `limit_time` seconds (scoring 50 then, 100 within half that), said
     with the rate and the time left;
@@ -425,17 +426,22 @@ defmodule Mtrace.VM.Findings do
         "binary_to_term(bin, [:safe]))",
     ports:
       "Port.list() |> Enum.map(&Port.info(&1, :connected)) |> Enum.frequencies() shows " <>
-        "which processes hold the ports (files, sockets) left open"
+        "which processes hold the ports (files, sockets) left open",
+    fds:
+      "Port.list() |> Enum.map(&Port.info(&1, :connected)) |> Enum.frequencies() shows " <>
+        "which processes hold the ports (sockets, files) left open; NIFs and drivers open " <>
+        "descriptors of their own; raise the limit with ulimit -n before starting the node"
   }
 
-  # Atoms and ports, the one scoring highest: by how near its limit it is,
+  # Atoms, ports and (where /proc tells them) open file descriptors against
+  # the OS's limit: the one scoring highest, by how near its limit it is,
   # and with a window by how soon it would reach it at the rate it grew
   # (processes have their own check, with idle groups and growth; ETS
   # tables are limited only by memory since OTP 20, whatever ets_limit
   # says).
   defp limits(prev, snap, secs, t) do
     scored =
-      for key <- [:atoms, :ports],
+      for key <- [:atoms, :ports, :fds],
           {count, limit} <- [Map.get(snap.counts, key)],
           is_integer(count) and is_integer(limit) and limit > 0 do
         before = prev && Map.get(prev.counts, key)

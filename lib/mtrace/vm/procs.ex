@@ -375,17 +375,22 @@ defmodule Mtrace.VM.Procs do
     for {pid, value} <- ranked(top), info = info(pid), info != nil, do: {pid, value, info}
   end
 
-  @typedoc "Each entry is `{count, limit}`."
+  @typedoc """
+  Each entry is `{count, limit}`; `:fds` (the OS's open file descriptors
+  against the soft `RLIMIT_NOFILE`) only where `/proc` tells them.
+  """
   @type counts :: %{
-          processes: {non_neg_integer, pos_integer},
-          ports: {non_neg_integer, pos_integer},
-          atoms: {non_neg_integer, pos_integer},
-          ets: {non_neg_integer, pos_integer}
+          required(:processes) => {non_neg_integer, pos_integer},
+          required(:ports) => {non_neg_integer, pos_integer},
+          required(:atoms) => {non_neg_integer, pos_integer},
+          required(:ets) => {non_neg_integer, pos_integer},
+          optional(:fds) => {non_neg_integer, pos_integer}
         }
 
   @doc """
   How many processes, ports, atoms and ETS tables the node has, against the
-  limits it was started with (`+P`, `+Q`, `+t`, `+e`). See
+  limits it was started with (`+P`, `+Q`, `+t`, `+e`), and on Linux its
+  open file descriptors against the OS's limit (`fds/0`). See
   `Mtrace.VM.counts/0`.
 
   ## Example
@@ -395,12 +400,41 @@ defmodule Mtrace.VM.Procs do
   """
   @spec counts() :: counts
   def counts do
-    %{
+    counts = %{
       processes: pair(:process_count, :process_limit),
       ports: pair(:port_count, :port_limit),
       atoms: pair(:atom_count, :atom_limit),
       ets: pair(:ets_count, :ets_limit)
     }
+
+    case fds() do
+      {_count, _limit} = fds -> Map.put(counts, :fds, fds)
+      nil -> counts
+    end
+  end
+
+  @doc """
+  The OS file descriptors this node has open and its soft limit on them
+  (`RLIMIT_NOFILE`, as `ulimit -n` sets it), from `/proc/self/fd` and
+  `/proc/self/limits` (Linux); `nil` where they cannot be read, or the
+  limit is unlimited. Every socket, file and pipe a port opens takes one:
+  the VM's port limit is no use once the OS refuses a descriptor.
+
+  ## Example
+
+      {open, limit} = Mtrace.VM.Procs.fds()
+      true = open <= limit
+  """
+  @spec fds() :: {non_neg_integer, pos_integer} | nil
+  def fds do
+    with {:ok, limits} <- File.read("/proc/self/limits"),
+         [_, soft] <- Regex.run(~r/^Max open files\s+(\d+)\s/m, limits),
+         {:ok, open} <- File.ls("/proc/self/fd") do
+      # the listing's own descriptor is among them
+      {max(length(open) - 1, 0), String.to_integer(soft)}
+    else
+      _ -> nil
+    end
   end
 
   defp pair(count, limit), do: {:erlang.system_info(count), :erlang.system_info(limit)}

@@ -12,7 +12,9 @@ defmodule Mtrace.VM.Thresholds do
   * `mailbox_growth_min` (1_000) — messages of growth below which a
     window's mailbox growth is noise;
   * `process_share` (0.5) — processes as a share of the process limit;
-  * `limit_share` (0.5) — atoms or ports as a share of their limit;
+  * `limit_share` (0.5) — atoms, ports or open file descriptors (against
+    the OS's soft limit, where `/proc` tells it) as a share of their
+    limit;
   * `limit_time` (86_400) — seconds in which atoms or ports, growing as
     they did over a window, would reach their limit;
   * `limit_growth_min` (1_000) — atoms or ports of growth over the window
