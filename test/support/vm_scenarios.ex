@@ -152,9 +152,10 @@ defmodule Mtrace.VMScenarios do
   """
   @spec header_cache(pos_integer, pos_integer) :: pid
   def header_cache(count, size) do
+    # called through apply: mtrace does not depend on the crypto application
     keep = fn ->
       for _ <- 1..count do
-        <<head::binary-size(100), _::binary>> = :crypto.strong_rand_bytes(size)
+        <<head::binary-size(100), _::binary>> = apply(:crypto, :strong_rand_bytes, [size])
         head
       end
     end
@@ -424,7 +425,7 @@ defmodule Mtrace.VMScenarios do
   defp make_atoms(_per_tick, 0, _made), do: :ok
 
   defp make_atoms(per_tick, ticks, made) do
-    for i <- 1..per_tick, do: String.to_atom("mtrace_request_#{made + i}")
+    Enum.each(1..per_tick, &String.to_atom("mtrace_request_#{made + &1}"))
     Process.sleep(10)
     make_atoms(per_tick, ticks - 1, made + per_tick)
   end
