@@ -213,18 +213,65 @@ static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle, 
 
 /* ---- olds -------------------------------------------------------------- */
 
+/* The stack terms of one answer, by stack id: its entries of one stack share
+ * one term, so an answer of a million blocks from a few thousand stacks
+ * holds a few thousand stacks' frames, not a million (tens of GB of them).
+ * Open addressing over at least twice as many slots as distinct ids can
+ * come; without memory for it each entry gets its own term, as before. */
+struct stack_memo {
+    uint32_t *keys; /* stack id + 1; 0 = free */
+    ERL_NIF_TERM *terms;
+    size_t mask;
+};
+
+static void memo_init(struct stack_memo *m, size_t n) {
+    uint64_t most = figures().stacks + 1; /* distinct ids an answer can hold */
+    size_t want = n < most ? n : (size_t)most, slots = 16;
+    while (slots < 2 * want)
+        slots *= 2;
+    m->keys = enif_alloc(slots * sizeof *m->keys);
+    m->terms = enif_alloc(slots * sizeof *m->terms);
+    m->mask = slots - 1;
+    if (m->keys)
+        memset(m->keys, 0, slots * sizeof *m->keys);
+    if (!m->keys || !m->terms) {
+        enif_free(m->keys);
+        enif_free(m->terms);
+        m->keys = NULL;
+    }
+}
+
+static ERL_NIF_TERM memo_stack(ErlNifEnv *env, struct stack_memo *m, uint32_t id, int demangle,
+                               int maps) {
+    if (!m->keys)
+        return stack_term(env, id, demangle, maps);
+    size_t i = (id * 0x9E3779B1u) & m->mask;
+    while (m->keys[i] && m->keys[i] != id + 1)
+        i = (i + 1) & m->mask;
+    if (!m->keys[i]) {
+        m->keys[i] = id + 1;
+        m->terms[i] = stack_term(env, id, demangle, maps);
+    }
+    return m->terms[i];
+}
+
 /* Allocations as terms, in buf's order, each with the ns spent naming its
  * stack: the seed's {AgeS, Size, Addr, Ns, [{Lib, Sym}]} tuples, or with
- * maps #{age, size, addr, ns, frames}. */
+ * maps #{age, size, addr, ns, frames}; each as {StackId, Entry}, so that the
+ * caller can finish each stack's names once per stack (by id: hashing the
+ * shared stack terms would cost more than naming them). */
 static ERL_NIF_TERM olds_terms(ErlNifEnv *env, const struct mtrace_alloc *buf, size_t n,
                                int demangle, int maps) {
     uint64_t now = mt_api->now_ms();
     ERL_NIF_TERM keys[] = {mt_atoms.age, mt_atoms.size, mt_atoms.addr, mt_atoms.ns,
                            mt_atoms.frames};
     ERL_NIF_TERM list = enif_make_list(env, 0);
+    struct stack_memo memo = {NULL, NULL, 0};
+    if (n)
+        memo_init(&memo, n);
     for (size_t i = n; i-- > 0;) {
         uint64_t t0 = mono_ns();
-        ERL_NIF_TERM stack = stack_term(env, buf[i].stack_id, demangle, maps);
+        ERL_NIF_TERM stack = memo_stack(env, &memo, buf[i].stack_id, demangle, maps);
         ERL_NIF_TERM v[] = {enif_make_uint64(env, age_s(now, buf[i].t_ms)),
                             enif_make_uint64(env, buf[i].size), enif_make_uint64(env, buf[i].addr),
                             enif_make_uint64(env, mono_ns() - t0), stack};
@@ -233,8 +280,11 @@ static ERL_NIF_TERM olds_terms(ErlNifEnv *env, const struct mtrace_alloc *buf, s
             enif_make_map_from_arrays(env, keys, v, 5, &entry);
         else
             entry = enif_make_tuple5(env, v[0], v[1], v[2], v[3], v[4]);
+        entry = enif_make_tuple2(env, enif_make_uint(env, buf[i].stack_id), entry);
         list = enif_make_list_cell(env, entry, list);
     }
+    enif_free(memo.keys);
+    enif_free(memo.terms);
     return list;
 }
 
@@ -261,7 +311,7 @@ static ERL_NIF_TERM query_result(ErlNifEnv *env, int ok, ERL_NIF_TERM answer) {
 }
 
 /* olds(N, Demangle, Filter, Lib, Form) -> the N oldest live allocations, as
- * the seed's tuples (Form = seed) or as maps (Form = maps). */
+ * {StackId, Entry}: the seed's tuples (Form = seed) or maps (Form = maps). */
 ERL_NIF_TERM mt_nif_olds(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     (void)argc;
     ErlNifUInt64 want;

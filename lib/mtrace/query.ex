@@ -46,7 +46,7 @@ defmodule Mtrace.Query do
 
     native!(fn -> Native.olds(n, Map.get(o, :demangle, true), filter, o[:lib], :maps) end)
     |> traced!()
-    |> Enum.map(&%{&1 | frames: Mtrace.Frame.named(&1.frames)})
+    |> each_stack_named(& &1.frames, &%{&1 | frames: &2}, &Mtrace.Frame.named/1)
   end
 
   @doc """
@@ -61,9 +61,30 @@ defmodule Mtrace.Query do
   def olds_tuples(n, demangle) do
     all = {nil, nil, nil, nil, nil, nil}
 
-    for {age, size, addr, ns, stack} <-
-          traced!(native!(fn -> Native.olds(n, demangle, all, nil, :seed) end)),
-        do: {age, size, addr, ns, Mtrace.Frame.named_pairs(stack)}
+    native!(fn -> Native.olds(n, demangle, all, nil, :seed) end)
+    |> traced!()
+    |> each_stack_named(&elem(&1, 4), &put_elem(&1, 4, &2), &Mtrace.Frame.named_pairs/1)
+  end
+
+  # Names each distinct stack of an olds answer once. The NIF answers
+  # {stack_id, entry} and gives the entries of one stack one shared term;
+  # naming entry by entry would build a copy of it for each, and a million
+  # entries of a few thousand stacks would then hold a million stacks'
+  # frames (gigabytes).
+  defp each_stack_named(answer, get, put, name) do
+    {named, _memo} =
+      Enum.map_reduce(answer, %{}, fn {id, entry}, memo ->
+        case memo do
+          %{^id => done} ->
+            {put.(entry, done), memo}
+
+          _ ->
+            done = name.(get.(entry))
+            {put.(entry, done), Map.put(memo, id, done)}
+        end
+      end)
+
+    named
   end
 
   @doc """

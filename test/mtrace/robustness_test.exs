@@ -1032,7 +1032,7 @@ defmodule Mtrace.RobustnessTest do
     {:ok, olds} = answers["olds(addr, [])"]
     assert Enum.count(olds, &(&1.size == size)) == 3
     {:ok, olds} = answers["Native.olds(addr, false, _, nil, :seed)"]
-    assert Enum.count(olds, &match?({_, ^size, _, _, _}, &1)) == 3
+    assert Enum.count(olds, &match?({_id, {_, ^size, _, _, _}}, &1)) == 3
     assert {:ok, []} = answers["sites(min_size: addr)"]
     assert {:ok, []} = answers["sites(min_age: addr)"]
     assert {:ok, sites} = answers["sites(limit: addr)"]

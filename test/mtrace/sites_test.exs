@@ -141,6 +141,23 @@ defmodule Mtrace.SitesTest do
     assert [%{size: 100}, %{size: 100}] = Mtrace.olds(10, lib: @lib, max_size: 100)
   end
 
+  test "olds/2 shares one stack term among the entries of a stack, in both forms" do
+    # 4_000 blocks from one stack, with Erlang frames: each entry holding its
+    # own copy of ~30 frames took ~1 KiB, and a million entries gigabytes.
+    Mtrace.Test.ErlangCallers.append(4_000)
+    maps = Mtrace.olds(4_000, lib: @lib)
+    assert length(maps) == 4_000
+    assert [%{symbol: "fixture_leak_malloc"} | _] = hd(maps).frames
+    assert maps |> Enum.map(& &1.frames) |> Enum.uniq() |> length() == 1
+    assert Enum.any?(hd(maps).frames, &(&1[:symbol] == "Mtrace.Test.ErlangCallers.append/1"))
+    assert :erts_debug.size(maps) < 4_000 * 40
+
+    seed = for {_, 1000, _, _, _} = old <- Mtrace.olds(100_000), do: old
+    assert length(seed) == 4_000
+    assert Enum.any?(elem(hd(seed), 4), &(&1 == {"erlang", "Mtrace.Test.ErlangCallers.append/1"}))
+    assert :erts_debug.size(seed) < 4_000 * 40
+  end
+
   test "the frames of a site sum to what stats counts when nothing else allocates" do
     leak_three_sites()
     total = Mtrace.sites(lib: @lib, limit: :all) |> Enum.map(& &1.bytes) |> Enum.sum()
