@@ -200,7 +200,17 @@ defmodule Mtrace do
 
   def olds(n, opts) when is_integer(n) and n >= 0 and is_list(opts) do
     o = Options.parse!(opts, [], "olds/2")
-    remote(o, :olds, [n, drop_node(opts)], fn -> Query.olds(count!(n, "olds/2"), o) end)
+    n = count!(n, "olds/2")
+
+    case Options.target(o) do
+      target when target == node() ->
+        Query.olds(n, o)
+
+      # each stack sent once, not once per entry
+      target ->
+        timeout = Map.get(o, :timeout, @remote_timeout)
+        Query.with_stacks(Remote.call(target, Query, :olds_by_stack, [n, o], timeout))
+    end
   end
 
   def olds(n, demangle) when is_boolean(demangle) or is_list(demangle) do

@@ -41,13 +41,44 @@ defmodule Mtrace.Query do
       true
   """
   @spec olds(non_neg_integer(), map()) :: [Mtrace.old_map()]
-  def olds(n, o) do
+  def olds(n, o), do: n |> olds_by_stack(o) |> with_stacks()
+
+  @doc """
+  `olds/2`'s answer with each distinct stack given once: `{stacks,
+  entries}`, where `stacks` maps a stack id to its frames and each entry's
+  `frames` is that id. This is what another node is sent: a message
+  copies every occurrence of a term, so entries that shared one stack
+  term would each carry the whole stack (a million entries of a few
+  thousand stacks, gigabytes). `with_stacks/1` puts the stacks back.
+
+      iex> {stacks, entries} = Mtrace.Query.olds_by_stack(1, %{min_size: 1})
+      iex> Enum.all?(entries, &Map.has_key?(stacks, &1.frames))
+      true
+  """
+  @spec olds_by_stack(non_neg_integer(), map()) ::
+          {%{non_neg_integer() => [Mtrace.frame_map()]}, [map()]}
+  def olds_by_stack(n, o) do
     filter = Options.filter(o, node())
 
     native!(fn -> Native.olds(n, Map.get(o, :demangle, true), filter, o[:lib], :maps) end)
     |> traced!()
-    |> each_stack_named(& &1.frames, &%{&1 | frames: &2}, &Mtrace.Frame.named/1)
+    |> Enum.map_reduce(%{}, fn {id, entry}, stacks ->
+      stacks = Map.put_new_lazy(stacks, id, fn -> Mtrace.Frame.named(entry.frames) end)
+      {%{entry | frames: id}, stacks}
+    end)
+    |> then(fn {entries, stacks} -> {stacks, entries} end)
   end
+
+  @doc """
+  The entries of an `olds_by_stack/2` answer with their stacks put back,
+  each stack one term shared by its entries.
+
+      iex> Mtrace.Query.with_stacks({%{7 => []}, [%{age: 1, size: 8, addr: 16, ns: 0, frames: 7}]})
+      [%{age: 1, size: 8, addr: 16, ns: 0, frames: []}]
+  """
+  @spec with_stacks({%{non_neg_integer() => [Mtrace.frame_map()]}, [map()]}) :: [Mtrace.old_map()]
+  def with_stacks({stacks, entries}),
+    do: Enum.map(entries, &%{&1 | frames: Map.fetch!(stacks, &1.frames)})
 
   @doc """
   The seed's form of `Mtrace.olds/2`: the `n` oldest allocations as tuples

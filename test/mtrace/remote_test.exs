@@ -47,7 +47,14 @@ defmodule Mtrace.RemoteTest do
     # nothing leaked here
     assert Mtrace.sites(lib: "leaky_nif") == []
     assert [%{count: 2}] = Mtrace.sites(node: peer, lib: "leaky_nif", since: mark)
-    assert length(Mtrace.olds(20, node: peer, lib: "leaky_nif")) == 13
+    olds = Mtrace.olds(20, node: peer, lib: "leaky_nif")
+    assert length(olds) == 13
+    same = &Map.drop(&1, [:age, :ns])
+    there = :erpc.call(peer, Mtrace, :olds, [20, [lib: "leaky_nif"]])
+    assert Enum.map(olds, same) == Enum.map(there, same)
+    # each stack crosses once: the 11 blocks of one site share its frames
+    [a, b | _] = Enum.filter(olds, &(&1.size == 2000))
+    assert :erts_debug.same(a.frames, b.frames)
     assert %{active: true, live_count: n} = Mtrace.stats(node: peer)
     assert n >= 13
 

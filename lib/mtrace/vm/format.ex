@@ -287,8 +287,14 @@ defmodule Mtrace.VM.Format do
       "2h 03m"
       iex> Mtrace.VM.Format.age(190_800)
       "2d 05h"
+      iex> Mtrace.VM.Format.age(40_000_000)
+      "1y 97d"
+      iex> Mtrace.VM.Format.age(1.0e300)
+      "over 1000y"
   """
   @spec age(number) :: String.t()
+  @year 365 * 86_400
+  def age(seconds) when seconds >= 1000 * @year, do: "over 1000y"
   def age(seconds) when is_float(seconds), do: age(round(seconds))
   def age(seconds) when seconds < 60, do: "#{seconds}s"
 
@@ -298,7 +304,10 @@ defmodule Mtrace.VM.Format do
   def age(seconds) when seconds < 86_400,
     do: two_units(div(seconds, 3600), "h", div(rem(seconds, 3600), 60), "m")
 
-  def age(seconds), do: two_units(div(seconds, 86_400), "d", div(rem(seconds, 86_400), 3600), "h")
+  def age(seconds) when seconds < @year,
+    do: two_units(div(seconds, 86_400), "d", div(rem(seconds, 86_400), 3600), "h")
+
+  def age(seconds), do: "#{div(seconds, @year)}y #{div(rem(seconds, @year), 86_400)}d"
 
   defp two_units(major, major_unit, minor, minor_unit) do
     "#{major}#{major_unit} #{String.pad_leading(Integer.to_string(minor), 2, "0")}#{minor_unit}"
