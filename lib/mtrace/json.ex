@@ -12,7 +12,8 @@ defmodule Mtrace.JSON do
   | `nil` | `null` |
   | other atom | string |
 
-  Anything else (tuples, pids, structs, improper lists, binaries that are not
+  `Mtrace.JSON.Encoded` holds text already encoded, written as it is.
+  Anything else (tuples, pids, other structs, improper lists, binaries that are not
   valid UTF-8, other map keys) raises `ArgumentError` rather than producing
   output a reader would reject or misread.
 
@@ -46,6 +47,7 @@ defmodule Mtrace.JSON do
   # :short prints the shortest text that reads back as the same float.
   def encode(float) when is_float(float), do: :erlang.float_to_binary(float, [:short])
   def encode(list) when is_list(list), do: [?[, elements(list, list), ?]]
+  def encode(%Mtrace.JSON.Encoded{iodata: iodata}), do: iodata
   def encode(%{__struct__: _} = struct), do: cannot_encode(struct)
   def encode(map) when is_map(map), do: object(map)
   def encode(other), do: cannot_encode(other)

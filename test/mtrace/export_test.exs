@@ -6,6 +6,7 @@ defmodule Mtrace.ExportTest do
   alias Mtrace.Test.JSONParser
 
   doctest Mtrace.JSON
+  doctest Mtrace.JSON.Encoded
   doctest Mtrace.Export
   doctest Mtrace.Test.JSONParser
 
@@ -131,6 +132,18 @@ defmodule Mtrace.ExportTest do
       dropped: 0,
       config_errors: ["MTRACE_X"]
     }
+
+    test "frames that many stacks share are encoded once; each site is one binary" do
+      outer = for i <- 1..20, do: frame("outer_#{i}", file: "src/outer.c", line: i)
+      many = for i <- 1..500, do: site(i, i, [frame("own_#{i}") | outer])
+      json = Export.json(many, @stats, @meta)
+      doc = json |> IO.iodata_to_binary() |> JSONParser.decode!()
+      assert length(doc["sites"]) == 500
+      assert Enum.all?(doc["sites"], &(length(&1["frames"]) == 21))
+      # what the encoding keeps on the heap is a list of binaries, not
+      # iodata for each occurrence of each frame (some 300 words a frame)
+      assert :erts_debug.flat_size(json) < 20 * 500, "#{:erts_debug.flat_size(json)} words"
+    end
 
     test "round-trips: totals, stats, sites and frames" do
       frames = [
