@@ -318,7 +318,19 @@ defmodule Mtrace.ReportTest do
   end
 
   test "ages" do
-    assert Enum.map([0, 59, 60, 3599, 3600, 86_399, 86_400, 400 * 86_400], &Report.age/1) ==
-             ["0s", "59s", "1m 00s", "59m 59s", "1h 00m", "23h 59m", "1d 00h", "400d 00h"]
+    ages = [0, 59, 60, 3599, 3600, 86_399, 86_400, 364 * 86_400, 400 * 86_400]
+
+    assert Enum.map(ages, &Report.age/1) ==
+             [
+               "0s",
+               "59s",
+               "1m 00s",
+               "59m 59s",
+               "1h 00m",
+               "23h 59m",
+               "1d 00h",
+               "364d 00h",
+               "1y 35d"
+             ]
   end
 end
