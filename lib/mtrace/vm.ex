@@ -171,7 +171,9 @@ defmodule Mtrace.VM do
   of binaries, which names a process hoarding a few large binaries rather
   than one passing many small ones; as `held`, the `n` processes that still
   reference the most bytes of binaries after the collection (binaries in
-  use, which no collection frees); the total number of references dropped;
+  use, which no collection frees), and as `held_bytes` the bytes of the
+  distinct binaries they reference together (one they share counts once);
+  the total number of references dropped;
   and the node's binary memory before and after (`nil` when
   `erlang:memory/1` is unsupported). A large drop in
   binary memory means binaries were kept alive only by processes that had
@@ -195,12 +197,14 @@ defmodule Mtrace.VM do
       #=>   held: [{#PID<0.4612.0>, 18_000_000,
       #=>           [current_function: {:gen_server, :loop, 7},
       #=>            initial_call: {MyApp.Cache, :init, 1}]}],
+      #=>   held_bytes: 18_000_000,
       #=>   freed: 9400, binary_before: 412_000_000, binary_after: 21_000_000}
   """
   @spec bin_leak(pos_integer) :: %{
           top: [{pid, neg_integer, proc_info}],
           top_bytes: [{pid, pos_integer, proc_info}],
           held: [{pid, pos_integer, proc_info}],
+          held_bytes: non_neg_integer,
           freed: non_neg_integer,
           binary_before: non_neg_integer | nil,
           binary_after: non_neg_integer | nil
@@ -419,7 +423,8 @@ defmodule Mtrace.VM do
       gaining 100/s);
     * `:process_memory` — one process holding 256 MiB, or 64 MiB+ that is
       half of the VM's memory (a cache or a state that only grows), or,
-      over a window, one process growing by 1 MiB/s (named with its rate);
+      over a window, one process growing by 1 MiB/s (named with its rate,
+      and the largest after it when its size alone is a problem);
     * `:limit_near` — atoms, ports or open file descriptors (against the
       OS's `ulimit -n`, where `/proc` tells it) at half their limit (at
       the limit the VM stops, or refuses new ports, sockets and files;

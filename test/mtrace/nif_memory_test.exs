@@ -73,6 +73,21 @@ defmodule Mtrace.NifMemoryTest do
     end)
   end
 
+  test "resources a NIF keeps are its own, though processes share a binary worth more" do
+    Remote.with_peer(fn node ->
+      leak(node, :resource, 10_000, 10_000)
+      # 30 MiB that six processes keep: once in memory, not six times
+      holders = :erpc.call(node, Mtrace.Test.EnifScenarios, :shared_blob, [30, 6])
+      assert length(holders) == 6
+
+      d = diagnose(node, gc: true)
+      text = Mtrace.VM.Diagnosis.render(d)
+      assert d.verdict == :nif_alloc_leak, text
+      assert %{evidence: %{module: LeakyNif, counted_bytes: counted}} = hd(d.findings)
+      assert counted >= 64 * 1_048_576, text
+    end)
+  end
+
   test "+MRe false +MBe false: through malloc, the NIF's own function first, exact counts" do
     Remote.with_peer(~w(+MRe false +MBe false), fn node ->
       :erpc.call(node, Mtrace, :reset, [])

@@ -289,6 +289,50 @@ defmodule Mtrace.VMTest do
       assert native.summary =~ "libraries), is 30.0 MiB", native.summary
     end
 
+    test "atoms that would reach their limit soon score no more than atoms at their limit" do
+      snap = VM.Diagnose.snapshot()
+      prev = %{snap | at_ms: snap.at_ms - 2_000}
+      # 1_500 atoms made in a 2 s window (a burst, say a module loaded), 2%
+      # of the limit: at that rate the limit would be reached in 23 minutes
+      snap = %{snap | counts: %{snap.counts | atoms: {21_500, 1_048_576}}}
+      prev = %{prev | counts: %{prev.counts | atoms: {20_000, 1_048_576}}}
+      [_, _, _, _, limit] = VM.Findings.process_checks(prev, snap, 2.0)
+
+      assert %{kind: :limit_near, evidence: %{what: :atoms, seconds_to_limit: eta}} = limit
+      assert eta in 1_300..1_400
+      assert limit.summary =~ "the limit is reached in 2"
+      # as a count at its limit does; not above a table of 600 MiB (179)
+      assert limit.score == 100.0
+    end
+
+    test "a process that grew is named first, and the largest after it when it is a problem" do
+      snap = VM.Diagnose.snapshot()
+      mib = 1_048_576
+      big = spawn(fn -> Process.sleep(:infinity) end)
+      grower = spawn(fn -> Process.sleep(:infinity) end)
+      on_exit(fn -> Enum.each([big, grower], &Process.exit(&1, :kill)) end)
+
+      # one process holds 880 MiB of a 1 GiB VM; another grew from under 1
+      # MiB to 16 MiB over a 2 s window
+      procs =
+        Map.merge(snap.procs, %{
+          memory_top: [{big, 880 * mib}, {grower, 16 * mib}],
+          memory_growth: [{grower, 15 * mib}],
+          memory: %{big => 880 * mib, grower => 16 * mib}
+        })
+
+      snap = %{snap | procs: procs, memory: %{snap.memory | total: 1024 * mib}}
+      prev = %{snap | at_ms: snap.at_ms - 2_000}
+      [_, _, _, memory, _] = VM.Findings.process_checks(prev, snap, 2.0)
+
+      assert %{kind: :process_memory, evidence: %{pid: ^grower}} = memory
+      summary = String.replace(memory.summary, ~r/\s+/, " ")
+      assert summary =~ "holds 16.0 MiB (2% of the VM's memory), growing by 7.5 MiB/s"
+      assert summary =~ "; #{inspect(big)} (in "
+      assert summary =~ "holds the most, 880.0 MiB (86%)"
+      assert memory.evidence.largest == {big, 880 * mib}
+    end
+
     test "a fragmented allocator is told the VM flags for that allocator" do
       snap = VM.Diagnose.snapshot()
       mib = 1_048_576
@@ -773,7 +817,12 @@ defmodule Mtrace.VMTest do
       assert evidence.pid == grower, text
       refute evidence.pid == stable
       assert evidence.growth_per_s >= 2 * 1_048_576, text
-      assert summary =~ ~r/, growing by [\d.]+ MiB\/s over the window$/
+      assert summary =~ ~r/, growing by [\d.]+ MiB\/s over the window; /
+      # the stable one, 80% of the VM's memory, is a problem too: named after
+      assert String.replace(summary, ~r/\s+/, " ") =~
+               ~r/; #{Regex.escape(inspect(stable))} \(.*\) holds the most, [\d.]+ MiB \(\d+%\)$/
+
+      assert {^stable, _} = evidence.largest
     end
 
     test "terms piling up in persistent_term are named, though only system memory shows them" do

@@ -17,4 +17,11 @@ defmodule Mtrace.Test.EnifScenarios do
     Process.sleep(10)
     churn()
   end
+
+  # One binary of `mib` MiB that `holders` processes keep, as a blob handed
+  # to workers is; returns the holders.
+  def shared_blob(mib, holders) do
+    blob = :binary.copy(<<1>>, mib * 1_048_576)
+    for _ <- 1..holders, do: spawn(fn -> receive(do: (:stop -> byte_size(blob))) end)
+  end
 end

@@ -40,14 +40,16 @@ defmodule Mtrace.VM.Findings do
     (its heap and mailbox: what it keeps), or `process_memory_min`+ that
     is `process_memory_share` of the VM's memory; growth over a window:
     one process growing by `process_memory_growth`/s (processes under 1
-    MiB are not followed: one that grew past it counts from 1 MiB);
+    MiB are not followed: one that grew past it counts from 1 MiB); when
+    it scores higher than the largest, the largest is still named after
+    it if its size alone is a problem;
   * `:limit_near` — size: atoms, ports or open file descriptors (the
     OS's soft `RLIMIT_NOFILE`, where `/proc` tells it; else not judged)
     at `limit_share` of their limit (at the limit the VM stops, or
     refuses new ports, sockets and files; atoms are never freed); growth over a window: at the rate they grew (by at
     least `limit_growth_min` over the window), the limit reached within
-    `limit_time` seconds (scoring 50 then, 100 within half that), said
-    with the rate and the time left;
+    `limit_time` seconds (scoring 50 then, 100 within half that or less,
+    as a count at its limit does), said with the rate and the time left;
   * `:ets_growth` — size: a table holding `ets_bytes`, or
     `ets_share_min`+ that is `ets_share` of the VM's memory, counting
     the binaries it references (estimated from 64 objects of each of
@@ -406,11 +408,30 @@ defmodule Mtrace.VM.Findings do
           do: ", growing by #{Format.bytes(per_s)}/s over the window",
           else: ""
 
+      # A process that grew is named first; one holding enough to be a
+      # problem on its own is not left unsaid for it.
+      {lpid, lbytes} = largest
+
+      also =
+        if lpid && lpid != pid && size.(largest) >= 1,
+          do:
+            "; #{Format.process(lpid, Procs.info(lpid))} holds the most, " <>
+              "#{Format.bytes(lbytes)}" <>
+              if(total > 0, do: " (#{round(100 * lbytes / total)}%)", else: ""),
+          else: ""
+
       finding(
         :process_memory,
         score,
-        "#{Format.process(pid, Procs.info(pid))} holds #{Format.bytes(bytes)}" <> of <> grew,
-        %{pid: pid, memory: bytes, vm_total: total, growth_per_s: per_s},
+        "#{Format.process(pid, Procs.info(pid))} holds #{Format.bytes(bytes)}" <>
+          of <> grew <> also,
+        %{
+          pid: pid,
+          memory: bytes,
+          vm_total: total,
+          growth_per_s: per_s,
+          largest: if(also != "", do: largest)
+        },
         ":sys.get_state(#{Format.pid_expr(pid)}) shows what a GenServer or an Agent keeps; " <>
           "Process.info(#{Format.pid_expr(pid)}, [:current_stacktrace, :message_queue_len, " <>
           ":total_heap_size]) what any process is doing"
@@ -448,7 +469,9 @@ defmodule Mtrace.VM.Findings do
         delta = if match?({n, _} when is_integer(n), before), do: count - elem(before, 0)
         per_s = if delta && secs && delta >= t.limit_growth_min, do: rate(delta, secs)
         eta = per_s && time_to(%{per_s: per_s}, limit - count)
-        growth = if eta, do: ratio(t.limit_time, max(eta, 1)), else: 0
+        # Reaching the limit at this rate is no more urgent than being at
+        # it: scored up to 100, as a count at its limit is.
+        growth = if eta, do: min(ratio(t.limit_time, max(eta, 1)), 2), else: 0
         {key, count, limit, per_s, eta, max(ratio(count / limit, t.limit_share), growth)}
       end
 

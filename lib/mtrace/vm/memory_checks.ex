@@ -56,11 +56,14 @@ defmodule Mtrace.VM.MemoryChecks do
   end
 
   # What the forced GC shows Erlang code still holding of the binaries it
-  # left: its largest holders' binaries and the binaries sampled ETS tables
-  # reference, at most all it left; nil without the GC.
+  # left: its largest holders' binaries (each counted once, however many of
+  # them share it) and the binaries sampled ETS tables reference, at most
+  # all it left; nil without the GC.
   defp erlang_held(%{binary_after: left} = bin_leak, estimates) when is_integer(left) do
     procs =
-      for {_pid, bytes, _info} <- Map.get(bin_leak, :held, []), reduce: 0, do: (n -> n + bytes)
+      Map.get_lazy(bin_leak, :held_bytes, fn ->
+        for {_pid, bytes, _info} <- Map.get(bin_leak, :held, []), reduce: 0, do: (n -> n + bytes)
+      end)
 
     tables = for {_t, _, bins} <- estimates, is_integer(bins), reduce: 0, do: (n -> n + bins)
     %{left: left, held: min(procs + tables, left)}

@@ -237,19 +237,23 @@ defmodule Mtrace.VM.Procs do
       refc binaries after the collections, as `{pid, bytes, info}`: what
       they hold and use, which no collection frees (read in the same pass,
       at no extra cost);
+    * `held_bytes` — the bytes of the distinct binaries those `n`
+      processes reference together: a binary several of them share counts
+      once (their `bytes` count it in each);
     * `freed` — the references dropped by all processes;
     * `binary_before`, `binary_after` — the node's binary memory around the
       collections (`nil` when `erlang:memory/1` is unsupported).
 
   ## Example
 
-      %{top: _, top_bytes: _, held: _, freed: _, binary_before: _, binary_after: _} =
+      %{top: _, top_bytes: _, held: _, held_bytes: _, freed: _, binary_before: _} =
         Mtrace.VM.Procs.bin_leak(5)
   """
   @spec bin_leak(pos_integer) :: %{
           top: [{pid, neg_integer, info}],
           top_bytes: [{pid, pos_integer, info}],
           held: [{pid, pos_integer, info}],
+          held_bytes: non_neg_integer,
           freed: non_neg_integer,
           binary_before: non_neg_integer | nil,
           binary_after: non_neg_integer | nil
@@ -263,14 +267,31 @@ defmodule Mtrace.VM.Procs do
     {top, top_bytes, held, freed} =
       Enum.reduce(before, {ranking(n), ranking(n), ranking(n), 0}, &after_gc/2)
 
+    held = with_info(held)
+
     %{
       top: for({pid, drop, info} <- with_info(top), do: {pid, -drop, info}),
       top_bytes: with_info(top_bytes),
-      held: with_info(held),
+      held: held,
+      held_bytes: held_together(held),
       freed: freed,
       binary_before: binary_before,
       binary_after: binary_after
     }
+  end
+
+  # The bytes of the distinct binaries the held processes reference: one
+  # binary that several of them share (a blob handed to workers) counts
+  # once, not once per holder.
+  defp held_together(held) do
+    held
+    |> Enum.flat_map(fn {pid, _bytes, _info} ->
+      case :erlang.process_info(pid, :binary) do
+        {:binary, bins} -> bins
+        _ -> []
+      end
+    end)
+    |> binary_bytes()
   end
 
   # What one process let go of in the collections, and what it still holds.

@@ -15,10 +15,11 @@ defmodule Mtrace.VM.Thresholds do
   * `limit_share` (0.5) — atoms, ports or open file descriptors (against
     the OS's soft limit, where `/proc` tells it) as a share of their
     limit;
-  * `limit_time` (86_400) — seconds in which atoms or ports, growing as
-    they did over a window, would reach their limit;
-  * `limit_growth_min` (1_000) — atoms or ports of growth over the window
-    below which it is noise;
+  * `limit_time` (86_400) — seconds in which atoms, ports or open file
+    descriptors, growing as they did over a window, would reach their
+    limit;
+  * `limit_growth_min` (1_000) — atoms, ports or open file descriptors of
+    growth over the window below which it is noise;
   * `process_memory` (256 MiB) — what one process holds (heap, stack,
     mailbox), or the refc binaries it still references after a forced
     GC (`:binary_held`);
