@@ -275,6 +275,14 @@ defmodule Mtrace.VMTest do
         VM.Diagnosis.render(%VM.Diagnosis{VM.diagnose(print: false, gc: false) | memory: memory})
 
       assert lines =~ "outside the VM 330.0 MiB (RSS the ERTS allocators do not hold); up to"
+
+      # nothing outside the allocators: no "up to 0 B of it"
+      memory = %{memory | outside_vm: 0}
+
+      lines =
+        VM.Diagnosis.render(%VM.Diagnosis{VM.diagnose(print: false, gc: false) | memory: memory})
+
+      refute lines =~ "of it carriers", lines
     end
 
     test "without the tracer, a carrier cache too small to be named leaves the figure whole" do
@@ -302,6 +310,20 @@ defmodule Mtrace.VMTest do
       assert eta in 1_300..1_400
       assert limit.summary =~ "the limit is reached in 2"
       # as a count at its limit does; not above a table of 600 MiB (179)
+      assert limit.score == 100.0
+    end
+
+    test "descriptors growing toward the usual limit of 1_024 are judged on a smaller floor" do
+      snap = VM.Diagnose.snapshot()
+      prev = %{snap | at_ms: snap.at_ms - 5_000}
+      # 300 sockets opened in 5 s with 1_024 allowed: 10 s left at that rate
+      counts = Map.drop(snap.counts, [:atoms, :ports])
+      snap = %{snap | counts: Map.put(counts, :fds, {700, 1_024})}
+      prev = %{prev | counts: Map.put(counts, :fds, {400, 1_024})}
+      [_, _, _, _, limit] = VM.Findings.process_checks(prev, snap, 5.0)
+
+      assert %{kind: :limit_near, evidence: %{what: :fds, seconds_to_limit: eta}} = limit
+      assert eta in 5..6
       assert limit.score == 100.0
     end
 

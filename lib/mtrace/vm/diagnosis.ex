@@ -110,7 +110,7 @@ defmodule Mtrace.VM.Diagnosis do
   # are part of outside_vm: said when they are a good part of it.
   defp cached(%{carrier_cache: cache, outside_vm: outside})
        when is_integer(cache) and is_integer(outside) and cache >= 1_048_576 and
-              cache * 10 >= outside,
+              outside >= 1_048_576 and cache * 10 >= outside,
        do:
          "; up to #{Format.bytes(min(cache, outside))} of it carriers the VM freed and keeps mapped"
 

@@ -47,7 +47,8 @@ defmodule Mtrace.VM.Findings do
     OS's soft `RLIMIT_NOFILE`, where `/proc` tells it; else not judged)
     at `limit_share` of their limit (at the limit the VM stops, or
     refuses new ports, sockets and files; atoms are never freed); growth over a window: at the rate they grew (by at
-    least `limit_growth_min` over the window), the limit reached within
+    least `limit_growth_min` over the window, or 5% of the limit if that
+    is less), the limit reached within
     `limit_time` seconds (scoring 50 then, 100 within half that or less,
     as a count at its limit does), said with the rate and the time left;
   * `:ets_growth` — size: a table holding `ets_bytes`, or
@@ -320,11 +321,17 @@ defmodule Mtrace.VM.Findings do
       iex> Mtrace.VM.Findings.growth([0, 100, 200, 300, 400, 500], 5.0)
       ...> |> Mtrace.VM.Findings.describe_growth()
       "grew by +100 B/s (+351.6 KiB/h), up in 5 of 5 steps"
+      iex> Mtrace.VM.Findings.describe_growth(%{per_s: -2048, ups: 0, steps: 5})
+      "shrank by 2.0 KiB/s (7.0 MiB/h), up in 0 of 5 steps"
   """
   @spec describe_growth(growth) :: String.t()
+  def describe_growth(%{per_s: per_s, ups: ups, steps: steps}) when per_s >= 0,
+    do: "grew by #{Format.rate(per_s)}, up in #{ups} of #{steps} steps"
+
+  # "shrank by -2.0 KiB/s" would say it twice
   def describe_growth(%{per_s: per_s, ups: ups, steps: steps}) do
-    verb = if per_s >= 0, do: "grew", else: "shrank"
-    "#{verb} by #{Format.rate(per_s)}, up in #{ups} of #{steps} steps"
+    "shrank by #{Format.bytes(-per_s)}/s (#{Format.bytes(-per_s * 3600)}/h), " <>
+      "up in #{ups} of #{steps} steps"
   end
 
   @doc """
@@ -467,7 +474,9 @@ defmodule Mtrace.VM.Findings do
           is_integer(count) and is_integer(limit) and limit > 0 do
         before = prev && Map.get(prev.counts, key)
         delta = if match?({n, _} when is_integer(n), before), do: count - elem(before, 0)
-        per_s = if delta && secs && delta >= t.limit_growth_min, do: rate(delta, secs)
+        # a limit of 1_024 descriptors grows by less than 1_000 in a window
+        floor = min(t.limit_growth_min, div(limit, 20))
+        per_s = if delta && secs && delta >= max(floor, 1), do: rate(delta, secs)
         eta = per_s && time_to(%{per_s: per_s}, limit - count)
         # Reaching the limit at this rate is no more urgent than being at
         # it: scored up to 100, as a count at its limit is.

@@ -19,7 +19,8 @@ defmodule Mtrace.VM.Thresholds do
     descriptors, growing as they did over a window, would reach their
     limit;
   * `limit_growth_min` (1_000) — atoms, ports or open file descriptors of
-    growth over the window below which it is noise;
+    growth over the window below which it is noise (or 5% of their limit,
+    if that is less: 51 of the usual 1_024 descriptors);
   * `process_memory` (256 MiB) — what one process holds (heap, stack,
     mailbox), or the refc binaries it still references after a forced
     GC (`:binary_held`);
