@@ -24,12 +24,12 @@ PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/state.h c_src/preload/clock.h c_s
 	c_src/preload/eh_frame.h c_src/preload/objects.h c_src/preload/counters.h c_src/preload/query.h \
 	c_src/preload/stack_bounds.h c_src/preload/recent_stacks.h c_src/preload/fork_gate.h \
 	c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/dwarf_cfi.h
-NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_erlang.c $(SYM_SRC)
+NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_erlang.c c_src/nif/term_memo.c $(SYM_SRC)
 SYM_SRC = c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/name_fit.c \
 	c_src/nif/dwarf_lines.c c_src/nif/proc_maps.c
 SYM_HDR = c_src/nif/symbols.h c_src/nif/elf_symtab.h c_src/nif/demangle.h c_src/nif/name_fit.h \
 	c_src/nif/dwarf_lines.h c_src/nif/proc_maps.h
-NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h $(SYM_HDR)
+NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h c_src/nif/term_memo.h $(SYM_HDR)
 
 # test_interpose* run with the preload (test/c/run.sh); MTRACE_STRESS=1 in the
 # environment makes some of them run longer.

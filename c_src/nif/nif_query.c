@@ -17,6 +17,7 @@
 
 #include "nif.h"
 #include "symbols.h"
+#include "term_memo.h"
 
 #define MAX_INLINE 8
 
@@ -168,12 +169,39 @@ static int vm_allocator(const struct mt_frame_info *f) {
     return 0;
 }
 
+/* The frame terms of the native frame at ip: with maps, a tuple of a map
+ * per level of inlined code, innermost first; else the seed's {lib,
+ * symbol} pair.  Built once per answer through `frames` (NULL: no memo):
+ * thousands of stacks share their outer frames. */
+static ERL_NIF_TERM frame_terms(ErlNifEnv *env, struct mt_term_memo *frames, uintptr_t ip,
+                                int demangle, int maps) {
+    ERL_NIF_TERM t;
+    if (frames && mt_term_memo_get(frames, ip, &t))
+        return t;
+    struct mt_frame_info info[MAX_INLINE];
+    int n = mt_symbols_resolve(ip, demangle, info, MAX_INLINE);
+    if (maps) {
+        ERL_NIF_TERM levels[MAX_INLINE];
+        for (int k = 0; k < n; k++)
+            levels[k] = frame_map(env, &info[k]);
+        t = enif_make_tuple_from_array(env, levels, n > 0 ? (unsigned)n : 0);
+    } else {
+        const struct mt_frame_info *f = &info[n > 0 ? n - 1 : 0];
+        t = n > 0 ? enif_make_tuple2(env, binary_or_nil(env, f->lib), binary_or_nil(env, f->symbol))
+                  : enif_make_tuple2(env, mt_atoms.nil, mt_atoms.nil);
+    }
+    if (frames)
+        mt_term_memo_put(frames, ip, t);
+    return t;
+}
+
 /* A stack as a list, innermost first: its native frames, then its Erlang
  * frames (if any) from the NIF itself outwards.  With maps: a frame map per
  * level of inlined code at each address, then one for the function that
  * holds them.  Without: the seed's {lib, symbol}, symbol being the ELF
  * function that contains the address (the outermost of any inlined chain). */
-static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle, int maps) {
+static ERL_NIF_TERM stack_term(ErlNifEnv *env, struct mt_term_memo *frames, uint32_t stack_id,
+                               int demangle, int maps) {
     uintptr_t ips[MTRACE_MAX_DEPTH];
     struct mtrace_erl_frame erl[MTRACE_MAX_DEPTH];
     uint32_t depth = mt_api->stack(stack_id, ips, MTRACE_MAX_DEPTH);
@@ -196,63 +224,51 @@ static ERL_NIF_TERM stack_term(ErlNifEnv *env, uint32_t stack_id, int demangle, 
            vm_allocator(&info[0]))
         first++;
     for (uint32_t i = shown; i-- > first;) {
-        int n = mt_symbols_resolve(ips[i], demangle, info, MAX_INLINE);
-        if (maps) {
-            for (int k = n; k-- > 0;)
-                list = enif_make_list_cell(env, frame_map(env, &info[k]), list);
+        ERL_NIF_TERM t = frame_terms(env, frames, ips[i], demangle, maps);
+        if (!maps) {
+            list = enif_make_list_cell(env, t, list);
             continue;
         }
-        const struct mt_frame_info *f = &info[n > 0 ? n - 1 : 0];
-        ERL_NIF_TERM frame =
-            n > 0 ? enif_make_tuple2(env, binary_or_nil(env, f->lib), binary_or_nil(env, f->symbol))
-                  : enif_make_tuple2(env, mt_atoms.nil, mt_atoms.nil);
-        list = enif_make_list_cell(env, frame, list);
+        int n;
+        const ERL_NIF_TERM *levels;
+        if (enif_get_tuple(env, t, &n, &levels))
+            for (int k = n; k-- > 0;)
+                list = enif_make_list_cell(env, levels[k], list);
     }
     return list;
 }
 
 /* ---- olds -------------------------------------------------------------- */
 
-/* The stack terms of one answer, by stack id: its entries of one stack share
- * one term, so an answer of a million blocks from a few thousand stacks
- * holds a few thousand stacks' frames, not a million (tens of GB of them).
- * Open addressing over at least twice as many slots as distinct ids can
- * come; without memory for it each entry gets its own term, as before. */
-struct stack_memo {
-    uint32_t *keys; /* stack id + 1; 0 = free */
-    ERL_NIF_TERM *terms;
-    size_t mask;
+/* Most distinct frames one answer keeps for sharing (4 MiB of memo). */
+#define FRAME_MEMO_MAX (1u << 18)
+
+/* One answer's stacks by id and frames by address: the entries of one stack
+ * share one term, and the stacks their common frames, so a million blocks
+ * from a few thousand stacks hold a few thousand stacks' frames, not a
+ * million (tens of GB of them). */
+struct answer_memo {
+    struct mt_term_memo stacks, frames;
 };
 
-static void memo_init(struct stack_memo *m, size_t n) {
-    uint64_t most = figures().stacks + 1; /* distinct ids an answer can hold */
-    size_t want = n < most ? n : (size_t)most, slots = 16;
-    while (slots < 2 * want)
-        slots *= 2;
-    m->keys = enif_alloc(slots * sizeof *m->keys);
-    m->terms = enif_alloc(slots * sizeof *m->terms);
-    m->mask = slots - 1;
-    if (m->keys)
-        memset(m->keys, 0, slots * sizeof *m->keys);
-    if (!m->keys || !m->terms) {
-        enif_free(m->keys);
-        enif_free(m->terms);
-        m->keys = NULL;
-    }
+static void answer_memo_init(struct answer_memo *m, uint64_t n_stacks) {
+    mt_term_memo_init(&m->stacks, n_stacks, (size_t)1 << 22);
+    mt_term_memo_init(&m->frames, n_stacks * MTRACE_MAX_DEPTH, FRAME_MEMO_MAX);
 }
 
-static ERL_NIF_TERM memo_stack(ErlNifEnv *env, struct stack_memo *m, uint32_t id, int demangle,
+static void answer_memo_free(struct answer_memo *m) {
+    mt_term_memo_free(&m->stacks);
+    mt_term_memo_free(&m->frames);
+}
+
+static ERL_NIF_TERM memo_stack(ErlNifEnv *env, struct answer_memo *m, uint32_t id, int demangle,
                                int maps) {
-    if (!m->keys)
-        return stack_term(env, id, demangle, maps);
-    size_t i = (id * 0x9E3779B1u) & m->mask;
-    while (m->keys[i] && m->keys[i] != id + 1)
-        i = (i + 1) & m->mask;
-    if (!m->keys[i]) {
-        m->keys[i] = id + 1;
-        m->terms[i] = stack_term(env, id, demangle, maps);
+    ERL_NIF_TERM t;
+    if (!mt_term_memo_get(&m->stacks, id, &t)) {
+        t = stack_term(env, &m->frames, id, demangle, maps);
+        mt_term_memo_put(&m->stacks, id, t);
     }
-    return m->terms[i];
+    return t;
 }
 
 /* Allocations as terms, in buf's order, each with the ns spent naming its
@@ -266,9 +282,9 @@ static ERL_NIF_TERM olds_terms(ErlNifEnv *env, const struct mtrace_alloc *buf, s
     ERL_NIF_TERM keys[] = {mt_atoms.age, mt_atoms.size, mt_atoms.addr, mt_atoms.ns,
                            mt_atoms.frames};
     ERL_NIF_TERM list = enif_make_list(env, 0);
-    struct stack_memo memo = {NULL, NULL, 0};
-    if (n)
-        memo_init(&memo, n);
+    uint64_t ids = figures().stacks + 1; /* distinct ids an answer can hold */
+    struct answer_memo memo;
+    answer_memo_init(&memo, n < ids ? n : ids);
     for (size_t i = n; i-- > 0;) {
         uint64_t t0 = mono_ns();
         ERL_NIF_TERM stack = memo_stack(env, &memo, buf[i].stack_id, demangle, maps);
@@ -283,8 +299,7 @@ static ERL_NIF_TERM olds_terms(ErlNifEnv *env, const struct mtrace_alloc *buf, s
         entry = enif_make_tuple2(env, enif_make_uint(env, buf[i].stack_id), entry);
         list = enif_make_list_cell(env, entry, list);
     }
-    enif_free(memo.keys);
-    enif_free(memo.terms);
+    answer_memo_free(&memo);
     return list;
 }
 
@@ -401,9 +416,14 @@ ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     enif_free(set);
     uint64_t now = mt_api->now_ms();
     ERL_NIF_TERM list = enif_make_list(env, 0);
+    struct mt_term_memo frames; /* the sites' common frames, built once */
+    mt_term_memo_init(&frames, (uint64_t)n * MTRACE_MAX_DEPTH, FRAME_MEMO_MAX);
     for (size_t i = n; i-- > 0;)
         list = enif_make_list_cell(
-            env, site_map(env, &buf[i], now, stack_term(env, buf[i].stack_id, demangle, 1)), list);
+            env,
+            site_map(env, &buf[i], now, stack_term(env, &frames, buf[i].stack_id, demangle, 1)),
+            list);
+    mt_term_memo_free(&frames);
     enif_free(buf);
     mt_api->thread_ignore(was);
     return query_result(

@@ -158,6 +158,21 @@ defmodule Mtrace.SitesTest do
     assert :erts_debug.size(seed) < 4_000 * 40
   end
 
+  test "sites share the terms of the native frames their stacks have in common" do
+    # one NIF call site, two Erlang callers: two stacks, the same C frames
+    Mtrace.Test.ErlangCallers.append(2)
+    Mtrace.Test.ErlangCallers.audit(3)
+
+    [a, b] =
+      Mtrace.sites(lib: @lib, limit: :all)
+      |> Enum.filter(&(hd(&1.frames)[:symbol] == "fixture_leak_malloc"))
+      |> Enum.sort_by(& &1.count)
+
+    assert {a.count, b.count} == {2, 3}
+    assert hd(a.frames) == hd(b.frames)
+    assert :erts_debug.same(hd(a.frames), hd(b.frames))
+  end
+
   test "the frames of a site sum to what stats counts when nothing else allocates" do
     leak_three_sites()
     total = Mtrace.sites(lib: @lib, limit: :all) |> Enum.map(& &1.bytes) |> Enum.sum()
