@@ -61,7 +61,7 @@ defmodule Mtrace.DiagnoseGrowthTest do
     assert [site | _] = evidence.sites
     assert Enum.any?(site.frames, &(&1[:function] == :leak_loop))
     assert site.growth_per_s > 0.5 * 87_000
-    assert text =~ "native grew by +"
+    assert text =~ "native grew by "
     assert text =~ ~r/growth  total [+-]/
 
     # churn: busy, but healthy

@@ -236,7 +236,8 @@ defmodule Mtrace.VM.Diagnosis do
   defp growth_lines(g, off, traced) do
     vm =
       [:total, :processes, :binary, :ets, :code, :atom]
-      |> Enum.filter(&is_number(g[&1]))
+      # a figure that stood still says nothing ("code +0 B/s")
+      |> Enum.filter(&(is_number(g[&1]) and round(g[&1]) != 0))
       |> Enum.map_join(", ", &"#{&1} #{per_s(g[&1])}")
 
     native =
@@ -247,7 +248,7 @@ defmodule Mtrace.VM.Diagnosis do
         _ -> []
       end
 
-    ["growth  " <> vm | native]
+    ["growth  " <> if(vm == "", do: "VM memory unchanged", else: vm) | native]
   end
 
   defp per_s(rate) when rate < 0, do: "-#{Format.bytes(-rate)}/s"

@@ -320,19 +320,21 @@ defmodule Mtrace.VM.Findings do
 
       iex> Mtrace.VM.Findings.growth([0, 100, 200, 300, 400, 500], 5.0)
       ...> |> Mtrace.VM.Findings.describe_growth()
-      "grew by +100 B/s (+351.6 KiB/h), up in 5 of 5 steps"
+      "grew by 100 B/s (351.6 KiB/h), up in 5 of 5 steps"
       iex> Mtrace.VM.Findings.describe_growth(%{per_s: -2048, ups: 0, steps: 5})
-      "shrank by 2.0 KiB/s (7.0 MiB/h), up in 0 of 5 steps"
+      "shrank by 2.0 KiB/s, up in 0 of 5 steps"
   """
   @spec describe_growth(growth) :: String.t()
+  # "grew by +2.0 KiB/s" or "shrank by -2.0 KiB/s" would say it twice; a
+  # shrinking figure is not projected over an hour (it cannot lose more
+  # than it holds)
   def describe_growth(%{per_s: per_s, ups: ups, steps: steps}) when per_s >= 0,
-    do: "grew by #{Format.rate(per_s)}, up in #{ups} of #{steps} steps"
+    do:
+      "grew by #{Format.bytes(per_s)}/s (#{Format.bytes(per_s * 3600)}/h), " <>
+        "up in #{ups} of #{steps} steps"
 
-  # "shrank by -2.0 KiB/s" would say it twice
-  def describe_growth(%{per_s: per_s, ups: ups, steps: steps}) do
-    "shrank by #{Format.bytes(-per_s)}/s (#{Format.bytes(-per_s * 3600)}/h), " <>
-      "up in #{ups} of #{steps} steps"
-  end
+  def describe_growth(%{per_s: per_s, ups: ups, steps: steps}),
+    do: "shrank by #{Format.bytes(-per_s)}/s, up in #{ups} of #{steps} steps"
 
   @doc """
   Seconds until the figure has grown by `room` more at this rate, `0` when
@@ -502,7 +504,7 @@ defmodule Mtrace.VM.Findings do
 
   defp limit_growth_text(key, per_s, eta) when is_number(per_s) and is_integer(eta),
     do:
-      ", growing by #{Format.int(round(per_s))} #{key}/s over the window: at this rate " <>
+      ", growing by #{count_rate(per_s, key)} over the window: at this rate " <>
         "the limit is reached in #{Format.age(eta)}"
 
   defp limit_growth_text(_key, _per_s, _eta), do: ""
@@ -642,7 +644,28 @@ defmodule Mtrace.VM.Findings do
   defp first([]), do: {nil, 0}
 
   defp growth_text(per_s, what) when is_number(per_s) and per_s > 0,
-    do: ", growing by #{Format.int(round(per_s))} #{what}/s"
+    do: ", growing by #{count_rate(per_s, what)}"
 
   defp growth_text(_, _), do: ""
+
+  @doc """
+  A count's rate of growth in words: per second, or per minute or hour when
+  less than one a second would read "0 ... /s".
+
+  ## Examples
+
+      iex> Mtrace.VM.Findings.count_rate(451.4, "processes")
+      "451 processes/s"
+      iex> Mtrace.VM.Findings.count_rate(0.43, :fds)
+      "26 fds/min"
+      iex> Mtrace.VM.Findings.count_rate(0.001, "monitors")
+      "4 monitors/h"
+  """
+  @spec count_rate(number, atom | String.t()) :: String.t()
+  def count_rate(per_s, what) when per_s >= 0.5, do: "#{Format.int(round(per_s))} #{what}/s"
+
+  def count_rate(per_s, what) when per_s * 60 >= 0.5,
+    do: "#{Format.int(round(per_s * 60))} #{what}/min"
+
+  def count_rate(per_s, what), do: "#{Format.int(round(per_s * 3600))} #{what}/h"
 end

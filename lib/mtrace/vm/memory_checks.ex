@@ -218,7 +218,7 @@ defmodule Mtrace.VM.MemoryChecks do
     finding(
       kind,
       if(kind == :native_leak, do: max(size, steady), else: size),
-      "#{what} #{about(snap)}#{Format.bytes(bytes)}#{times_vm}#{over_window}",
+      "#{shown(what, bytes, snap)}#{times_vm}#{over_window}",
       native_evidence(extra, %{
         bytes: bytes,
         live_bytes: bytes,
@@ -234,6 +234,16 @@ defmodule Mtrace.VM.MemoryChecks do
       )
     )
   end
+
+  # The figure after its words; when the carriers the VM keeps mapped may
+  # be all of it, the figure before them is said instead of "is 0 B".
+  defp shown({:all_cached, outside}, _bytes, _snap),
+    do:
+      "memory outside the VM's allocators, untraced (the emulator itself, NIFs, drivers, " <>
+        "libraries), is #{Format.bytes(outside)}, all of which may be carriers the VM " <>
+        "freed and keeps mapped"
+
+  defp shown(what, bytes, snap), do: "#{what} #{about(snap)}#{Format.bytes(bytes)}"
 
   # The tracer's live figures are estimates when it samples.
   defp about(%{memory: %{native: %{sampled: true}}}), do: "about "
@@ -265,6 +275,12 @@ defmodule Mtrace.VM.MemoryChecks do
     cache = min(snap.memory[:carrier_cache] || 0, outside || 0)
     cache = if cache >= 1_048_576, do: cache, else: 0
 
+    if cache > 0 and cache == outside,
+      do: {0, {:all_cached, outside}},
+      else: native_outside(outside, cache)
+  end
+
+  defp native_outside(outside, cache) do
     {outside && outside - cache,
      "memory outside the VM's allocators, untraced (the emulator itself, NIFs, " <>
        "drivers, libraries)" <>
@@ -539,7 +555,8 @@ defmodule Mtrace.VM.MemoryChecks do
       growing ->
         "; growing steadily by " <>
           Enum.map_join(growing, ", ", fn row ->
-            "#{Format.rate(row.growth.per_s)} (#{row.kind})"
+            "#{Format.bytes(row.growth.per_s)}/s (#{Format.bytes(row.growth.per_s * 3600)}/h) " <>
+              "(#{row.kind})"
           end)
     end
   end
