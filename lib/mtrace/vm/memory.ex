@@ -222,6 +222,10 @@ defmodule Mtrace.VM.Memory do
     end
   end
 
+  # The carrier cache is not taken off here, though the size check does:
+  # it counts mapped bytes, not resident ones, so on a node that just
+  # booted, a cache draining segments it never touched made the difference
+  # rise step after step, which reads as a native leak.
   def native_sample(false) do
     {rss, _peak} = proc_status()
     outside(rss, allocated())
