@@ -71,7 +71,7 @@ defmodule Mtrace.VM.BinaryChecks do
       finding(
         :binary_leak,
         min(ratio(binary / total, @lead_share), @lead_cap),
-        "refc binaries hold #{Format.bytes(binary)}, #{round(100 * binary / total)}% of the " <>
+        "refc binaries hold #{Format.bytes(binary)}, #{Format.percent(binary, total)} of the " <>
           "VM's memory; not tested for a leak",
         %{binary: binary, total: total},
         "Mtrace.VM.bin_leak(5) (garbage-collects every process), or " <>
@@ -181,7 +181,7 @@ defmodule Mtrace.VM.BinaryChecks do
       :binary_held,
       max(one, spread),
       "a forced GC left #{Format.bytes(left)} of refc binaries, " <>
-        "#{round(100 * left / total)}% of the VM's memory: held, not freed by a GC" <>
+        "#{Format.percent(left, total)} of the VM's memory: held, not freed by a GC" <>
         holders_text(Enum.take(named, @named), tables, ets.unsampled),
       %{
         binary: left,

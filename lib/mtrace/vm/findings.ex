@@ -410,7 +410,7 @@ defmodule Mtrace.VM.Findings do
       end
 
     if pid do
-      of = if total > 0, do: " (#{round(100 * bytes / total)}% of the VM's memory)", else: ""
+      of = if total > 0, do: " (#{Format.percent(bytes, total)} of the VM's memory)", else: ""
 
       grew =
         if per_s && per_s > 0,
@@ -426,7 +426,7 @@ defmodule Mtrace.VM.Findings do
           do:
             "; #{Format.process(lpid, Procs.info(lpid))} holds the most, " <>
               "#{Format.bytes(lbytes)}" <>
-              if(total > 0, do: " (#{round(100 * lbytes / total)}%)", else: ""),
+              if(total > 0, do: " (#{Format.percent(lbytes, total)})", else: ""),
           else: ""
 
       finding(
@@ -492,7 +492,7 @@ defmodule Mtrace.VM.Findings do
           :limit_near,
           score,
           "#{key} at #{Format.int(count)} of a limit of #{Format.int(limit)} " <>
-            "(#{round(100 * count / limit)}%)" <> limit_growth_text(key, per_s, eta),
+            "(#{Format.percent(count, limit)})" <> limit_growth_text(key, per_s, eta),
           %{what: key, count: count, limit: limit, growth_per_s: per_s, seconds_to_limit: eta},
           Map.fetch!(@limit_next, key)
         )

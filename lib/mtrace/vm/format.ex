@@ -275,6 +275,23 @@ defmodule Mtrace.VM.Format do
   def duration_ms(ms), do: age(ms / 1000)
 
   @doc """
+  `part` as a share of `whole`, rounded: a share that rounds to 0 but is
+  not reads "<1%", so that a figure is never said to be none of the whole.
+
+  ## Examples
+
+      iex> Mtrace.VM.Format.percent(1, 3)
+      "33%"
+      iex> Mtrace.VM.Format.percent(16, 4096)
+      "<1%"
+      iex> Mtrace.VM.Format.percent(0, 4096)
+      "0%"
+  """
+  @spec percent(number, number) :: String.t()
+  def percent(part, whole) when part > 0 and part * 200 < whole, do: "<1%"
+  def percent(part, whole), do: "#{round(100 * part / whole)}%"
+
+  @doc """
   An age (or any duration) in seconds, to the two largest units.
 
   ## Examples

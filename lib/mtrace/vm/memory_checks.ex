@@ -158,7 +158,7 @@ defmodule Mtrace.VM.MemoryChecks do
 
         of =
           if is_integer(total) and total > 0,
-            do: " (#{round(100 * bytes / total)}% of the VM's memory, under system)",
+            do: " (#{Format.percent(bytes, total)} of the VM's memory, under system)",
             else: ""
 
         finding(
