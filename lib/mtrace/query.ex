@@ -62,11 +62,7 @@ defmodule Mtrace.Query do
 
     native!(fn -> Native.olds(n, Map.get(o, :demangle, true), filter, o[:lib], :maps) end)
     |> traced!()
-    |> Enum.map_reduce(%{}, fn {id, entry}, stacks ->
-      stacks = Map.put_new_lazy(stacks, id, fn -> Mtrace.Frame.named(entry.frames) end)
-      {%{entry | frames: id}, stacks}
-    end)
-    |> then(fn {entries, stacks} -> {stacks, entries} end)
+    |> stacks_apart(& &1.frames, &%{&1 | frames: &2}, &Mtrace.Frame.named/1)
   end
 
   @doc """
@@ -92,30 +88,26 @@ defmodule Mtrace.Query do
   def olds_tuples(n, demangle) do
     all = {nil, nil, nil, nil, nil, nil}
 
-    native!(fn -> Native.olds(n, demangle, all, nil, :seed) end)
-    |> traced!()
-    |> each_stack_named(&elem(&1, 4), &put_elem(&1, 4, &2), &Mtrace.Frame.named_pairs/1)
+    {stacks, entries} =
+      native!(fn -> Native.olds(n, demangle, all, nil, :seed) end)
+      |> traced!()
+      |> stacks_apart(&elem(&1, 4), &put_elem(&1, 4, &2), &Mtrace.Frame.named_pairs/1)
+
+    Enum.map(entries, &put_elem(&1, 4, Map.fetch!(stacks, elem(&1, 4))))
   end
 
-  # Names each distinct stack of an olds answer once. The NIF answers
-  # {stack_id, entry} and gives the entries of one stack one shared term;
-  # naming entry by entry would build a copy of it for each, and a million
-  # entries of a few thousand stacks would then hold a million stacks'
+  # The NIF answers {stack_id, entry}, the entries of one stack sharing one
+  # term: each distinct stack is named once, apart, and its entries keep
+  # its id. Naming entry by entry would build a copy for each, and a
+  # million entries of a few thousand stacks would hold a million stacks'
   # frames (gigabytes).
-  defp each_stack_named(answer, get, put, name) do
-    {named, _memo} =
-      Enum.map_reduce(answer, %{}, fn {id, entry}, memo ->
-        case memo do
-          %{^id => done} ->
-            {put.(entry, done), memo}
-
-          _ ->
-            done = name.(get.(entry))
-            {put.(entry, done), Map.put(memo, id, done)}
-        end
+  defp stacks_apart(answer, get, put, name) do
+    {entries, stacks} =
+      Enum.map_reduce(answer, %{}, fn {id, entry}, stacks ->
+        {put.(entry, id), Map.put_new_lazy(stacks, id, fn -> name.(get.(entry)) end)}
       end)
 
-    named
+    {stacks, entries}
   end
 
   @doc """
