@@ -448,19 +448,20 @@ defmodule Mtrace.VM.Findings do
     end
   end
 
+  @ports_held "Port.list() |> Enum.map(&Port.info(&1, :connected)) |> Enum.frequencies() " <>
+                "shows which processes hold the ports (files, sockets) left open"
+
   # What to look at when a count nears its limit.
   @limit_next %{
     atoms:
       "atoms are never freed: look for String.to_atom/1, :erlang.list_to_atom/1 or " <>
         ":erlang.binary_to_term/1 on outside data (use String.to_existing_atom/1, " <>
         "binary_to_term(bin, [:safe]))",
-    ports:
-      "Port.list() |> Enum.map(&Port.info(&1, :connected)) |> Enum.frequencies() shows " <>
-        "which processes hold the ports (files, sockets) left open",
+    ports: @ports_held,
     fds:
-      "Port.list() |> Enum.map(&Port.info(&1, :connected)) |> Enum.frequencies() shows " <>
-        "which processes hold the ports (sockets, files) left open; NIFs and drivers open " <>
-        "descriptors of their own; raise the limit with ulimit -n before starting the node"
+      @ports_held <>
+        "; NIFs and drivers open descriptors of their own; raise the limit with " <>
+        "ulimit -n before starting the node"
   }
 
   # Atoms, ports and (where /proc tells them) open file descriptors against
