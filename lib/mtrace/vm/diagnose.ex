@@ -115,7 +115,7 @@ defmodule Mtrace.VM.Diagnose do
       if o.window do
         mark = if traced, do: Native.mark()
         samples = sample(traced, o.window, th.window_steps)
-        series = Enum.map(samples, &elem(&1, 0))
+        series = native_series(traced, Enum.map(samples, &elem(&1, 0)))
 
         nif = %{
           series: Enum.map(samples, &ok_rows(elem(&1, 1))),
@@ -191,7 +191,7 @@ defmodule Mtrace.VM.Diagnose do
   # stretch a short window.
   defp sample(traced, window, steps) do
     steps = min(steps, max(div(window, @min_step), 1))
-    read = fn -> {Memory.native_sample(traced), Native.nif_memory()} end
+    read = fn -> {native_reading(traced), Native.nif_memory()} end
     start = System.monotonic_time(:millisecond)
     first = read.()
 
@@ -204,6 +204,14 @@ defmodule Mtrace.VM.Diagnose do
 
     [first | rest]
   end
+
+  # Untraced, the carrier cache is read with RSS: what it grows by over the
+  # window is taken off the series (Memory.less_cache_rise/1).
+  defp native_reading(true), do: Memory.native_sample(true)
+  defp native_reading(false), do: {Memory.native_sample(false), Memory.carrier_cache()}
+
+  defp native_series(true, readings), do: readings
+  defp native_series(false, readings), do: Memory.less_cache_rise(readings)
 
   # Per category of erlang:memory, and native memory, how fast it moved.
   defp growth(prev, snap, secs, series) do

@@ -414,7 +414,7 @@ defmodule Mtrace.VM.Findings do
 
       grew =
         if per_s && per_s > 0,
-          do: ", growing by #{Format.bytes(per_s)}/s over the window",
+          do: ", growing by #{Format.bytes(per_s)}/s",
           else: ""
 
       # A process that grew is named first; one holding enough to be a
@@ -505,7 +505,7 @@ defmodule Mtrace.VM.Findings do
 
   defp limit_growth_text(key, per_s, eta) when is_number(per_s) and is_integer(eta),
     do:
-      ", growing by #{count_rate(per_s, key)} over the window: at this rate " <>
+      ", growing by #{count_rate(per_s, key)}: at this rate " <>
         "the limit is reached in #{Format.age(eta)}"
 
   defp limit_growth_text(_key, _per_s, _eta), do: ""

@@ -225,10 +225,50 @@ defmodule Mtrace.VM.Memory do
   # The carrier cache is not taken off here, though the size check does:
   # it counts mapped bytes, not resident ones, so on a node that just
   # booted, a cache draining segments it never touched made the difference
-  # rise step after step, which reads as a native leak.
+  # rise step after step, which reads as a native leak. Over a window,
+  # less_cache_rise/1 takes off only what the cache grows by.
   def native_sample(false) do
     {rss, _peak} = proc_status()
     outside(rss, allocated())
+  end
+
+  @doc """
+  An untraced native series over a window: `{native_sample(false),
+  carrier_cache()}` pairs read together, oldest first. From each figure
+  the carrier cache's rise since its lowest reading so far is taken off,
+  up to what the figure itself rose since that reading.
+
+  Carriers the VM frees into the cache were in use, so some of their pages
+  are resident: while heaps grow and die, RSS outside the allocators rises
+  with the cache, and that rise is not native memory. How much of a cached
+  segment is resident cannot be read, hence the cap: the series does not
+  fall below where it stood when the cache was lowest. A cache that drains
+  takes nothing off, since the segments it lets go may never have been
+  touched. A `nil` figure stays `nil`; a `nil` cache takes nothing off.
+
+  ## Examples
+
+      iex> Mtrace.VM.Memory.less_cache_rise([{100, 10}, {130, 40}, {114, 30}, {125, 5}])
+      [100, 100, 100, 125]
+      iex> Mtrace.VM.Memory.less_cache_rise([{100, 10}, {150, 40}])
+      [100, 120]
+  """
+  @spec less_cache_rise([{non_neg_integer | nil, non_neg_integer | nil}]) ::
+          [non_neg_integer | nil]
+  def less_cache_rise(readings) do
+    {series, _low} =
+      Enum.map_reduce(readings, nil, fn
+        {native, cache}, low when is_integer(native) and is_integer(cache) ->
+          # low: the cache's lowest reading so far and the figure then
+          low = if low && elem(low, 0) <= cache, do: low, else: {cache, native}
+          {low_cache, native_then} = low
+          {native - min(cache - low_cache, max(native - native_then, 0)), low}
+
+        {native, _cache}, low ->
+          {native, low}
+      end)
+
+    series
   end
 
   @doc """
