@@ -135,7 +135,7 @@ defmodule Mtrace.Top do
   # refreshes (Mtrace.Top.Sample); it ends with this renderer, or when no
   # refresh has come for a while.
   defp sample(%{node: node} = o, state) when node == node(),
-    do: {:ok, Sample.take(state, o.rows, viewers: o.viewers, keep: keep(o))}
+    do: {:ok, Sample.take(state, o.rows, owner: self(), viewers: o.viewers, keep: keep(o))}
 
   defp sample(o, state) do
     opts = [owner: self(), keep: keep(o)]

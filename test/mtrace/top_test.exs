@@ -201,6 +201,20 @@ defmodule Mtrace.TopTest do
     wait_until(fn -> helpers.() == [] end)
   end
 
+  test "a local view leaves no helper behind once it ends" do
+    helpers = fn ->
+      for pid <- Process.list(),
+          {:dictionary, dict} <- [Process.info(pid, :dictionary)],
+          dict[:"$initial_call"] == {Mtrace.Top.Sample, :helper, 0},
+          do: pid
+    end
+
+    before = helpers.()
+    # a long interval: the helper's keep alone would hold it for minutes
+    capture_io(fn -> assert :ok = Mtrace.top(interval: 60_000, refreshes: 1, ansi: false) end)
+    wait_until(fn -> helpers.() -- before == [] end)
+  end
+
   test "the title says the real time between refreshes when sampling takes longer" do
     s = Mtrace.Top.Sample.take(nil, 5)
     title = fn o -> Mtrace.Top.render(s, o, {80, 24}) |> IO.iodata_to_binary() end
