@@ -74,6 +74,11 @@ defmodule Mtrace.Top do
           do: stop([renderer, reader]),
           else: wait(renderer, reader)
 
+      {:top_input, {:error, :interrupted}} ->
+        # Ctrl-G i in the shell: the interrupt fails the pending read
+        # instead of reaching the shell, so it is the user's quit
+        stop([renderer, reader])
+
       {:top_input, _eof} ->
         # no more input (a closed stdin): the view runs until `refreshes`
         wait(renderer, reader)

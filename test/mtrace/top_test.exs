@@ -215,6 +215,38 @@ defmodule Mtrace.TopTest do
     wait_until(fn -> helpers.() -- before == [] end)
   end
 
+  test "Ctrl-G i in the shell (the pending read fails as interrupted) ends the view" do
+    me = self()
+    io = spawn_link(fn -> interrupted_io() end)
+
+    viewer =
+      spawn(fn ->
+        Process.group_leader(self(), io)
+        send(me, {:done, Mtrace.top(interval: 100, ansi: false)})
+      end)
+
+    on_exit(fn -> Process.exit(viewer, :kill) end)
+    assert_receive {:done, :ok}, 5_000
+  end
+
+  # An I/O device whose reads fail as the shell's do once Ctrl-G i
+  # interrupts them; output is dropped.
+  defp interrupted_io do
+    receive do
+      {:io_request, from, ref, request} ->
+        reply =
+          case request do
+            {:put_chars, _, _} -> :ok
+            {:put_chars, _, _, _, _} -> :ok
+            {:get_geometry, _} -> {:error, :enotsup}
+            _ -> {:error, :interrupted}
+          end
+
+        send(from, {:io_reply, ref, reply})
+        interrupted_io()
+    end
+  end
+
   test "the title says the real time between refreshes when sampling takes longer" do
     s = Mtrace.Top.Sample.take(nil, 5)
     title = fn o -> Mtrace.Top.render(s, o, {80, 24}) |> IO.iodata_to_binary() end
