@@ -169,7 +169,9 @@ defmodule Mtrace.Query do
     %{
       node: node(),
       generated_at: DateTime.utc_now(),
-      stats: native!(&Native.stats/0),
+      # now_ms, as Mtrace.stats/1 gives it: a mark's t_ms (an export's
+      # `since`) is on that clock
+      stats: Map.put(native!(&Native.stats/0), :now_ms, native!(&Native.now_ms/0)),
       total: total,
       sites: sites,
       boot: boot(o, total)

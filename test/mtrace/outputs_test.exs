@@ -113,6 +113,8 @@ defmodule Mtrace.OutputsTest do
     doc = path |> File.read!() |> JSONParser.decode!()
     assert doc["since"] == mark.t_ms
     assert doc["window_ms"] == nil
+    # `since` is on the table's clock: the file says where that clock stood
+    assert is_integer(doc["stats"]["now_ms"]) and doc["stats"]["now_ms"] >= mark.t_ms
     assert [%{"bytes" => 10_000, "count" => 4} = grown] = doc["sites"]
     assert is_number(grown["growth_per_s"]) and grown["growth_per_s"] > 0
 
