@@ -78,7 +78,8 @@ defmodule Mtrace.Flamegraph do
       filter matched nothing, or the table is empty
       (`Mtrace.Export.why_empty/2`).
     * `:filter` - the query's filter in words (`"with a frame in
-      \\"libfoo\\""`), nil (default) for none: said when nothing matched.
+      \\"libfoo\\""`), nil (default) for none: the total says its figures
+      are what matched, and an empty graph says why nothing did.
 
   Raises `ArgumentError` on an unknown option or a bad value.
 
@@ -210,7 +211,14 @@ defmodule Mtrace.Flamegraph do
     total = weight(tree, opts[:weight])
     scale = (width - 2 * pad) / total
     about = if estimated?(opts), do: "about ", else: ""
-    ctx = %{weight: opts[:weight], total: total, scale: scale, about: about}
+
+    ctx = %{
+      weight: opts[:weight],
+      total: total,
+      scale: scale,
+      about: about,
+      filter: opts[:filter]
+    }
 
     [
       svg_open(width, height, pad),
@@ -308,9 +316,11 @@ defmodule Mtrace.Flamegraph do
   # Sampling, the figures are estimates from the sample, said as report/1 does.
   defp estimated?(opts), do: match?(%{sampled: true}, opts[:stats])
 
-  defp total_line(tree, %{weight: weight, about: about}) do
+  # Filtered, the total is what matched, said as report/1's header says it.
+  defp total_line(tree, %{weight: weight, about: about} = ctx) do
     "Total: #{about}#{Format.bytes(tree.bytes)} in #{about}" <>
       "#{Format.count(tree.count, "live block")} " <>
+      if(is_binary(ctx[:filter]), do: ctx.filter <> " ", else: "") <>
       "(#{if about != "", do: "estimated from a sample; "}" <>
       "width by #{if weight == :bytes, do: "bytes", else: "block count"})"
   end

@@ -267,6 +267,13 @@ defmodule Mtrace.FlamegraphTest do
       assert total =~ "Total: 1.5 KiB in 3 live blocks"
     end
 
+    test "a filtered graph says, as report/1's header does, that its total is what matched" do
+      filter = ~s|allocated in the last 2s, with a frame in "leaky"|
+      svg = render([site(["main"], 1536, 3)], filter: filter)
+      assert [total] = texts(parse!(svg), "/svg/text")
+      assert total == "Total: 1.5 KiB in 3 live blocks #{filter} (width by bytes)"
+    end
+
     test "labels are truncated with .. when the box is too narrow" do
       long = String.duplicate("very_long_function_name_", 10)
       boxes = boxes(render([site(["main", long], 1, 1)], width: 300))
