@@ -422,6 +422,7 @@ defmodule Mtrace do
       do: raise(ArgumentError, "export/2: weight: applies to format: :folded only")
 
     {window_ms, filter} = {o.window, filter_words(o)}
+    if o.window, do: writable!(path)
     {o, opts} = after_window(o, opts, "export/2", recording(o, "then #{path} is written"))
     snap = snapshot(o, opts, [:format, :weight])
 
@@ -458,6 +459,7 @@ defmodule Mtrace do
     defaults = [sort: :bytes, limit: :all, window: nil, weight: :bytes, title: nil, width: 1200]
     o = Options.parse!(opts, defaults, "flamegraph/2")
     filter = filter_words(o)
+    if o.window, do: writable!(path)
     {o, opts} = after_window(o, opts, "flamegraph/2", recording(o, "then #{path} is written"))
     snap = snapshot(o, opts, [:weight, :title, :width])
     render = [weight: o.weight, width: o.width, stats: snap.stats, filter: filter]
@@ -731,4 +733,17 @@ defmodule Mtrace do
 
   # The only place mtrace writes a file: where the caller said.
   defp write!(path, data), do: File.write!(path, data)
+
+  # Before a window, the mistakes File.write! would only report after it:
+  # no such directory, or a directory where the file should be.
+  defp writable!(path) do
+    reason =
+      cond do
+        File.dir?(path) -> :eisdir
+        not File.dir?(Path.dirname(path)) -> :enoent
+        true -> nil
+      end
+
+    if reason, do: raise(File.Error, reason: reason, action: "write to file", path: path)
+  end
 end

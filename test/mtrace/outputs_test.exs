@@ -141,6 +141,22 @@ defmodule Mtrace.OutputsTest do
     assert said =~
              ~r/\ARecording what .* allocates for 1s; then .*growth\.json\.svg is written\.\n\z/
 
+    # a path that cannot be written fails before the window, not after it
+    for {fun, where} <- [
+          {&Mtrace.export/2, "/nonexistent-dir/x.folded"},
+          {&Mtrace.flamegraph/2, "/nonexistent-dir/x.svg"},
+          {&Mtrace.export/2, System.tmp_dir!()}
+        ] do
+      said =
+        capture_io(fn ->
+          assert_raise File.Error, ~r/could not write to file/, fn ->
+            fun.(where, window: 1000, lib: @lib)
+          end
+        end)
+
+      assert said == ""
+    end
+
     # a snapshot of everything live: no mark, no growth
     assert :ok = Mtrace.export(path, format: :json, lib: @lib)
     doc = path |> File.read!() |> JSONParser.decode!()
