@@ -231,14 +231,28 @@ defmodule Mtrace.Top do
           native_held(native)
 
         _ ->
-          # the release's line: the path it finds holds on every node
-          [
-            "native: not traced (the tracer is not preloaded); in rel/env.sh.eex:",
-            "  " <> Native.enable_hint()
-          ]
+          not_traced(Map.get(s, :so))
       end
 
     ["RSS #{Format.bytes(m.rss)}" <> vm | List.wrap(native)] ++ nif_line(s.nif, cols)
+  end
+
+  # The watched node's own path first, then the release's line, which
+  # holds anywhere (a sample from an older mtrace has no path).
+  defp not_traced(so) when is_binary(so) do
+    [
+      "native: not traced (the tracer is not preloaded); start the node with",
+      "  LD_PRELOAD=" <> so,
+      "  or, in a release, add to rel/env.sh.eex:",
+      "  " <> Native.enable_hint()
+    ]
+  end
+
+  defp not_traced(_so) do
+    [
+      "native: not traced (the tracer is not preloaded); in rel/env.sh.eex:",
+      "  " <> Native.enable_hint()
+    ]
   end
 
   # Under sampling (MTRACE_SAMPLE_BYTES) the native figures are estimates.

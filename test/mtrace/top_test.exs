@@ -458,7 +458,7 @@ defmodule Mtrace.TopTest do
     o = %{interval: 2000, ansi: false}
     untraced = fn s -> Mtrace.Top.render(s, o, {80, 24}) |> IO.iodata_to_binary() end
 
-    assert s.traced
+    assert s.traced and s.so == nil
     assert untraced.(s) =~ "native sites growing fastest"
 
     not_preloaded = untraced.(%{s | memory: %{s.memory | native: nil}, traced: false})
@@ -470,6 +470,15 @@ defmodule Mtrace.TopTest do
     assert not_preloaded |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80))
     refute not_preloaded =~ "native sites"
     refute not_preloaded =~ "none: no native memory"
+
+    # a sample from a node not traced carries that node's path to the tracer,
+    # and the line that preloads it comes first
+    so = Mtrace.VM.Native.so_path()
+    untraced_sample = %{s | memory: %{s.memory | native: nil}, traced: false} |> Map.put(:so, so)
+    with_path = untraced.(untraced_sample)
+    assert with_path =~ "start the node with\n  LD_PRELOAD=#{so}\n  or, in a release"
+    assert with_path =~ "\n  export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)\n"
+    assert with_path |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80))
 
     not_named = untraced.(%{s | memory: %{s.memory | native: nil}, traced: false, left_out: true})
     assert not_named =~ ~r/^native: not traced \(MTRACE_PROGRAMS does not name beam.smp/m

@@ -6,7 +6,8 @@ defmodule Mtrace.Top.Sample do
   most. `traced` says whether the native tracer records this program's
   allocations (preloaded, and the program one `MTRACE_PROGRAMS` names);
   `left_out` that it is preloaded but `MTRACE_PROGRAMS` leaves the program
-  out. `take/3` is given the previous sample's `:state` to measure growth
+  out; `so`, when it is not traced, the path of the tracer library on that
+  node (for the `LD_PRELOAD=` line the view gives). `take/3` is given the previous sample's `:state` to measure growth
   against; the first refresh has nothing to compare with, nor has one
   given a state from another run of the node (it restarted since: the
   state says which OS process and start time it came from).
@@ -43,6 +44,7 @@ defmodule Mtrace.Top.Sample do
           memory: map,
           traced: boolean,
           left_out: boolean,
+          so: String.t() | nil,
           native_per_s: float | nil,
           nif: [map] | {:error, atom},
           sites: [map],
@@ -98,6 +100,7 @@ defmodule Mtrace.Top.Sample do
       memory: memory,
       traced: memory.native != nil,
       left_out: match?(%{active: false}, Native.stats()),
+      so: unless(memory.native, do: Native.so_path()),
       native_per_s: native_rate(state, memory, secs),
       nif: nif_rows(n),
       sites: if(secs && state.mark && mark, do: with_growth(sites, secs), else: []),

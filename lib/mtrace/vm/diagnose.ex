@@ -163,21 +163,12 @@ defmodule Mtrace.VM.Diagnose do
       native: %{
         preloaded: preloaded,
         program_traced: program_traced,
-        so: preload_path(),
+        so: Native.so_path(),
         stats: snap.memory.native,
         sites: sites
       },
       nif: nif.now
     }
-  end
-
-  # This node's own path to the tracer, for a report printed on another
-  # node; nil where the application's directory is not found.
-  defp preload_path do
-    case :code.priv_dir(:mtrace) do
-      {:error, _} -> nil
-      dir -> Path.join(to_string(dir), "mtrace.so")
-    end
   end
 
   defp ok_rows({:ok, rows}), do: rows

@@ -69,6 +69,24 @@ defmodule Mtrace.VM.Native do
   def enable_hint, do: @enable_hint
 
   @doc """
+  The path of this node's tracer library (the `LD_PRELOAD=` line's, for a
+  report printed on another node); `nil` where the application's
+  directory is not found.
+
+  ## Example
+
+      iex> Mtrace.VM.Native.so_path() |> Path.basename()
+      "mtrace.so"
+  """
+  @spec so_path() :: String.t() | nil
+  def so_path do
+    case :code.priv_dir(:mtrace) do
+      {:error, _} -> nil
+      dir -> Path.join(to_string(dir), "mtrace.so")
+    end
+  end
+
+  @doc """
   Whether the malloc tracer is preloaded into this VM and readable.
 
   ## Example
