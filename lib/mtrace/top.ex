@@ -117,18 +117,20 @@ defmodule Mtrace.Top do
         # The state is kept: a scan slower than the timeout goes on in the
         # helper, which the next refresh asks again; a node that comes back
         # restarted is told by the sample (Sample's incarnation).
-        {:error, message} -> {render_error(o, message, size()), state}
+        {:error, message} -> {render_error(o, message, size(), last?(o, done)), state}
       end
 
     IO.write(if o.ansi, do: [IO.ANSI.home(), IO.ANSI.clear(), screen], else: ["\n", screen])
 
-    if o.refreshes != :infinity and done + 1 >= o.refreshes do
+    if last?(o, done) do
       send(caller, :top_done)
     else
       Process.sleep(pause(o.interval, start, System.monotonic_time(:millisecond)))
       refresh_loop(o, caller, state, done + 1, start)
     end
   end
+
+  defp last?(o, done), do: o.refreshes != :infinity and done + 1 >= o.refreshes
 
   @doc false
   # The wait before the next refresh, for one started at `start` that is
@@ -187,14 +189,33 @@ defmodule Mtrace.Top do
     |> Enum.map(&[&1, "\n"])
   end
 
-  defp render_error(o, message, {cols, _rows}) do
-    [title(o.node, o, cols), "", "the node is not answering: " <> message, "trying again..."]
+  @doc false
+  # The screen while the watched node does not answer: the error wrapped
+  # to the width (its "mtrace: " prefix says nothing here), and whether
+  # another refresh will try again.
+  @spec render_error(map, String.t(), {pos_integer, pos_integer}, boolean) :: iodata
+  def render_error(o, message, {cols, _rows}, last) do
+    text = "the node is not answering: " <> String.replace_prefix(message, "mtrace: ", "")
+    again = if last, do: [], else: ["trying again..."]
+
+    ([title(o.node, o, cols), ""] ++ String.split(Mtrace.Error.wrap(text, cols), "\n") ++ again)
     |> Enum.map(&[cut(&1, cols), "\n"])
   end
 
+  # A node name too long for the width is shortened, so that the quit hint
+  # and the clock always show.
   defp title(node, o, cols) do
-    left = "mtrace top #{node}  #{every(o)}  q + Enter quits"
+    rest = "  #{every(o)}  q + Enter quits"
     time = Time.utc_now() |> Time.truncate(:second) |> Time.to_string()
+    room = cols - String.length("mtrace top " <> rest) - String.length(time) - 5
+    name = to_string(node)
+
+    name =
+      if String.length(name) > room and room >= 8,
+        do: String.slice(name, 0, room - 1) <> "…",
+        else: name
+
+    left = "mtrace top " <> name <> rest
     pad = max(cols - String.length(left) - String.length(time) - 4, 1)
     left <> String.duplicate(" ", pad) <> time <> " UTC"
   end

@@ -452,6 +452,27 @@ defmodule Mtrace.TopTest do
     assert out =~ "the node is not answering"
   end
 
+  test "a long node name is shortened, not the quit hint; an error screen says if it tries again" do
+    node = :"myapp@ip-10-0-12-134.eu-west-1.compute.internal.example.org"
+    o = %{node: node, interval: 2000, ansi: false}
+    message = "mtrace: node #{inspect(node)} did not answer within 5000 ms (timeout: 5000)"
+
+    again = Mtrace.Top.render_error(o, message, {80, 24}, false) |> IO.iodata_to_binary()
+    [title | _] = lines = String.split(again, "\n", trim: true)
+
+    assert title =~
+             ~r/^mtrace top myapp@ip-10-0-12-134.*…  every 2\.0s  q \+ Enter quits +\d\d:\d\d:\d\d UTC$/
+
+    assert Enum.all?(lines, &(String.length(&1) <= 80))
+    assert String.replace(again, "\n", " ") =~ "the node is not answering: node :\"myapp@"
+    refute again =~ "answering: mtrace:"
+    assert again =~ "(timeout: 5000)"
+    assert List.last(lines) == "trying again..."
+
+    last = Mtrace.Top.render_error(o, message, {80, 24}, true) |> IO.iodata_to_binary()
+    refute last =~ "trying again"
+  end
+
   test "without the tracer, the native line says not traced and no site section shows" do
     first = Mtrace.Top.Sample.take(nil, 5)
     s = Mtrace.Top.Sample.take(first.state, 5)
