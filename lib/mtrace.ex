@@ -329,16 +329,25 @@ defmodule Mtrace do
     )
   end
 
+  # An age filter as given: "at least 1.5s old" for min_age: 1.5 (not the
+  # rounded "2s", which a block of 1.7s would seem to contradict).
+  defp age_bound(word, seconds) do
+    case Mtrace.VM.Format.age(seconds) do
+      "over " <> _ = age -> "#{age} old"
+      _ when is_float(seconds) and seconds < 60 -> "#{word} #{Float.round(seconds, 1)}s old"
+      age -> "#{word} #{age} old"
+    end
+  end
+
   # The filters of a query in words, for the report's header; nil for none.
   defp filter_words(o) do
     size = &Mtrace.VM.Format.bytes/1
-    age = &Mtrace.VM.Format.age/1
 
     [
       o[:window] && "allocated in the last #{Mtrace.VM.Format.duration_ms(o.window)}",
       o[:since] && "allocated since the mark",
-      o[:min_age] && "at least #{age.(o.min_age)} old",
-      o[:max_age] && "at most #{age.(o.max_age)} old",
+      o[:min_age] && age_bound("at least", o.min_age),
+      o[:max_age] && age_bound("at most", o.max_age),
       o[:min_size] && "of at least #{size.(o.min_size)} each",
       o[:max_size] && "of at most #{size.(o.max_size)} each",
       o[:lib] && "with a frame in #{inspect(o.lib)}"

@@ -179,6 +179,21 @@ defmodule Mtrace.ReadableTest do
     assert report =~ "Mtrace.Test.ErlangCallers.append/1"
   end
 
+  test "a report's header gives an age filter as asked: fractions kept, absurd ones in words" do
+    header = fn opts ->
+      ExUnit.CaptureIO.capture_io(fn -> Mtrace.report(opts) end)
+      |> String.split("\n")
+      |> Enum.take(3)
+      |> Enum.join(" ")
+    end
+
+    assert header.(min_age: 1.5) =~ "at least 1.5s old"
+    assert header.(max_age: 90) =~ "at most 1m 30s old"
+    text = header.(min_age: 1.0e11)
+    assert text =~ "over 1000y old"
+    refute text =~ "at least over"
+  end
+
   test "sites name C++ functions demangled by default" do
     # loading a module makes the JIT (C++) allocate
     Code.put_compiler_option(:ignore_module_conflict, true)
