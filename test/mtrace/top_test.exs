@@ -452,6 +452,22 @@ defmodule Mtrace.TopTest do
     assert out =~ "the node is not answering"
   end
 
+  test "a process of the watched node is numbered as that node numbers it" do
+    # a pid of another node, as a remote sample brings it: node "a@vm",
+    # number 50, serial 0 (the external term format's NEW_PID_EXT)
+    remote = :erlang.binary_to_term(<<131, 88, 119, 4, "a@vm", 50::32, 0::32, 1::32>>)
+    assert node(remote) == :a@vm
+    refute inspect(remote) =~ "<0.50.0>"
+
+    assert Mtrace.VM.Format.process(remote, registered_name: :code_server) ==
+             "#PID<0.50.0> (:code_server)"
+
+    s = Mtrace.Top.Sample.take(nil, 5)
+    s = %{s | secs: 2.0, procs_secs: 2.0, procs: [{remote, 4096, 1024.0, nil}]}
+    screen = Mtrace.Top.render(s, %{interval: 2000, ansi: false}, {80, 24})
+    assert IO.iodata_to_binary(screen) =~ "#PID<0.50.0> (exited since)"
+  end
+
   test "a long node name is shortened, not the quit hint; an error screen says if it tries again" do
     node = :"myapp@ip-10-0-12-134.eu-west-1.compute.internal.example.org"
     o = %{node: node, interval: 2000, ansi: false}

@@ -160,7 +160,9 @@ defmodule Mtrace.VM.Format do
 
   @doc """
   A process and what it is: its registered name, else where it waits and how
-  it started.
+  it started. The pid is numbered as its own node numbers it (`pid/1`
+  there takes it), also when another node prints it, as `Mtrace.top/1`
+  watching a node does.
 
   ## Example
 
@@ -169,12 +171,22 @@ defmodule Mtrace.VM.Format do
       "#PID<0.42.0> (in :gen_server.loop/7, started as MyApp.Cache.init/1)"
   """
   @spec process(pid, keyword | nil) :: String.t()
-  def process(pid, [registered_name: name] ++ _), do: "#{inspect(pid)} (#{inspect(name)})"
+  def process(pid, [registered_name: name] ++ _), do: "#{own(pid)} (#{inspect(name)})"
 
   def process(pid, [current_function: cf, initial_call: ic] ++ _),
-    do: "#{inspect(pid)} (in #{mfa(cf)}, started as #{mfa(ic)})"
+    do: "#{own(pid)} (in #{mfa(cf)}, started as #{mfa(ic)})"
 
-  def process(pid, _), do: "#{inspect(pid)} (exited since)"
+  def process(pid, _), do: "#{own(pid)} (exited since)"
+
+  # "#PID<0.50.0>" for a pid another node's process shows as
+  # "#PID<11038.50.0>": the first number is only the printing node's
+  # name for that node.
+  defp own(pid) when node(pid) == node(), do: inspect(pid)
+
+  defp own(pid) do
+    [_node, rest] = pid |> :erlang.pid_to_list() |> to_string() |> String.split(".", parts: 2)
+    "#PID<0." <> rest
+  end
 
   @doc """
   The line said before a wait of `ms` of a second or more, so that a shell
