@@ -280,7 +280,7 @@ defmodule Mtrace.Report do
   # root), else by its last two parts: the build machine's directories say
   # little on the node. Within 80 columns: a long source path gives way to
   # its file name, then a long C++ name is shortened (Frame.fit/2), and only
-  # then is the line wrapped.
+  # then is the line wrapped. A mangled name is never shortened.
   defp frame_line(frame, offsets) do
     name = frame |> Mtrace.Frame.name() |> with_address(frame[:addr])
     lib = if known?(frame[:symbol]) and known?(frame[:lib]), do: Path.basename(frame[:lib])
@@ -298,8 +298,17 @@ defmodule Mtrace.Report do
       # alone would not fit, else the line wraps (at spaces, which a name
       # may hold too)
       room = 80 - String.length(line.("", short_file))
-      name = if name =~ "<", do: Mtrace.Frame.fit(name, max(room, 24)), else: name
-      text = line.(Mtrace.Frame.fit(name, 76), short_file)
+
+      # a mangled name (demangle: false) is kept whole, to be pasted into
+      # c++filt: the terminal wraps it
+      name =
+        cond do
+          String.starts_with?(name, "_Z") -> name
+          name =~ "<" -> name |> Mtrace.Frame.fit(max(room, 24)) |> Mtrace.Frame.fit(76)
+          true -> Mtrace.Frame.fit(name, 76)
+        end
+
+      text = line.(name, short_file)
       [text |> Format.wrap(80) |> Enum.join("\n"), "\n"]
     end
   end

@@ -90,6 +90,17 @@ defmodule Mtrace.ReportTest do
            ]
   end
 
+  test "a mangled name (demangle: false) is never shortened: it is kept whole for c++filt" do
+    mangled =
+      "_ZNSt6vectorIN13BeamAssembler8AsmRangeESaIS1_EE17_M_realloc_insertIJRKS1_EEEvN9" <>
+        "__gnu_cxx17__normal_iteratorIPS1_S3_EEDpOT_"
+
+    frames = [frame(mangled, lib: "/usr/lib/erlang/erts-13.1.5/bin/beam.smp")]
+    text = [site(1, 1, 1, 1, frames)] |> lines(@exact) |> Enum.join("\n")
+    assert text =~ "    " <> mangled
+    refute text =~ "..."
+  end
+
   test "the VM's own sites say what they are; a NIF's does not" do
     beam = "/usr/lib/erlang/erts-13.1.5/bin/beam.smp"
     jit = [frame("beamasm_metadata_update", lib: beam), frame("erts_finish_loading", lib: beam)]
