@@ -454,7 +454,9 @@ defmodule Mtrace do
   `path` (open it in a browser; hover a box for its name, source line, bytes
   and share). Takes the options of `sites/1` (`limit: :all` and
   `demangle: true` by default) plus
-  `weight:` (`:bytes` or `:count`), `title:` and `width:` (pixels). Returns
+  `weight:` (`:bytes` or `:count`), `title:` (by default it names the node
+  and the time, so that graphs of several nodes are told apart) and
+  `width:` (pixels). Returns
   `:ok`. With nothing to draw, the image says why (tracking switched off, a
   filter that matched nothing, an empty table), and so does a warning in
   the log.
@@ -472,9 +474,16 @@ defmodule Mtrace do
     {o, opts} = after_window(o, opts, "flamegraph/2", recording(o, "then #{path} is written"))
     snap = snapshot(o, opts, [:weight, :title, :width])
     render = [weight: o.weight, width: o.width, stats: snap.stats, filter: filter]
-    render = render ++ if(o.title, do: [title: o.title], else: [])
+    render = render ++ [title: o.title || default_title(snap)]
     write!(path, Flamegraph.svg(estimated(snap), render))
     empty_warning(snap, o.weight, filter, "flamegraph/2: #{path} draws no allocation")
+  end
+
+  # Graphs of several nodes, or of one node at several times, are told
+  # apart by their heading.
+  defp default_title(snap) do
+    at = snap.generated_at |> DateTime.truncate(:second) |> Calendar.strftime("%Y-%m-%d %H:%M:%S")
+    "mtrace: live native memory by call stack on #{snap.node}, #{at} UTC"
   end
 
   # A file that shows nothing cannot say why (folded lines have no room for

@@ -200,6 +200,9 @@ defmodule Mtrace.OutputsTest do
       svg = Path.join(dir, "sampled.svg")
       assert :ok = Mtrace.flamegraph(svg, node: node, lib: @lib)
       assert File.read!(svg) =~ ~r/Total: about [\d.]+ \w+ in about [\d_]+ live blocks/
+      # the heading names the node graphed, and when
+      assert File.read!(svg) =~
+               ~r/live native memory by call stack on #{node}, \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC/
     after
       Remote.stop_peer(peer)
     end
