@@ -474,7 +474,7 @@ defmodule Mtrace do
     {o, opts} = after_window(o, opts, "flamegraph/2", recording(o, "then #{path} is written"))
     snap = snapshot(o, opts, [:weight, :title, :width])
     render = [weight: o.weight, width: o.width, stats: snap.stats, filter: filter]
-    render = render ++ [title: o.title || default_title(snap)]
+    render = render ++ [title: o.title || default_title(snap), matched: matched(snap)]
     write!(path, Flamegraph.svg(estimated(snap), render))
     empty_warning(snap, o.weight, filter, "flamegraph/2: #{path} draws no allocation")
   end
@@ -732,6 +732,13 @@ defmodule Mtrace do
   end
 
   defp estimated(snap), do: snap.sites
+
+  # What every matching site holds, in the figures the sites are drawn in.
+  defp matched(%{stats: %{sampled: true}, total: %{est_bytes: b, est_count: c}}),
+    do: %{bytes: b, count: c}
+
+  defp matched(%{total: %{bytes: b, count: c}}), do: %{bytes: b, count: c}
+  defp matched(_snap), do: nil
 
   defp count!(n, _where) when n <= 0xFFFF_FFFF_FFFF_FFFF, do: n
 

@@ -33,6 +33,7 @@ defmodule Mtrace.Flamegraph do
   @type option ::
           {:weight, :bytes | :count}
           | {:title, String.t()}
+          | {:matched, %{bytes: non_neg_integer, count: non_neg_integer} | nil}
           | {:width, pos_integer()}
           | {:stats, map() | nil}
           | {:filter, String.t() | nil}
@@ -80,6 +81,9 @@ defmodule Mtrace.Flamegraph do
     * `:filter` - the query's filter in words (`"with a frame in
       \\"libfoo\\""`), nil (default) for none: the total says its figures
       are what matched, and an empty graph says why nothing did.
+    * `:matched` - `%{bytes, count}` of every site that matched, when
+      `sites` are only the largest of them (a `limit:`); nil (default)
+      when they are all. The total then says how much it leaves out.
 
   Raises `ArgumentError` on an unknown option or a bad value.
 
@@ -108,11 +112,13 @@ defmodule Mtrace.Flamegraph do
     if weight(tree, opts[:weight]) == 0 do
       empty_svg(sites, opts)
     else
-      graph_svg(tree, opts)
+      graph_svg(tree, Keyword.put(opts, :sites, length(sites)))
     end
   end
 
   ## Options
+
+  @options [:weight, :title, :width, :stats, :filter, :matched]
 
   defp validate_options!(opts) do
     unless Keyword.keyword?(opts) do
@@ -128,14 +134,20 @@ defmodule Mtrace.Flamegraph do
   defp validate_option!({:width, w}) when is_integer(w) and w > 0, do: :ok
   defp validate_option!({:stats, s}) when is_map(s) or is_nil(s), do: :ok
   defp validate_option!({:filter, f}) when is_binary(f) or is_nil(f), do: :ok
+  defp validate_option!({:matched, nil}), do: :ok
 
-  defp validate_option!({key, value}) when key in [:weight, :title, :width, :stats, :filter] do
+  defp validate_option!({:matched, %{bytes: b, count: c}})
+       when is_integer(b) and b >= 0 and is_integer(c) and c >= 0,
+       do: :ok
+
+  defp validate_option!({key, value}) when key in @options do
     expected = %{
       weight: ":bytes or :count",
       title: "a string",
       width: "a positive integer",
       stats: "a map (Mtrace.stats/0) or nil",
-      filter: "a string or nil"
+      filter: "a string or nil",
+      matched: "%{bytes: non-negative integer, count: non-negative integer} or nil"
     }
 
     raise ArgumentError,
@@ -144,7 +156,8 @@ defmodule Mtrace.Flamegraph do
 
   defp validate_option!({key, _value}) do
     raise ArgumentError,
-          "unknown option #{inspect(key)}; known options: :weight, :title, :width, :stats, :filter"
+          "unknown option #{inspect(key)}; known options: " <>
+            Enum.map_join(@options, ", ", &inspect/1)
   end
 
   ## The tree of merged stacks
@@ -217,7 +230,9 @@ defmodule Mtrace.Flamegraph do
       total: total,
       scale: scale,
       about: about,
-      filter: opts[:filter]
+      filter: opts[:filter],
+      matched: opts[:matched],
+      sites: opts[:sites]
     }
 
     [
@@ -316,14 +331,26 @@ defmodule Mtrace.Flamegraph do
   # Sampling, the figures are estimates from the sample, said as report/1 does.
   defp estimated?(opts), do: match?(%{sampled: true}, opts[:stats])
 
-  # Filtered, the total is what matched, said as report/1's header says it.
+  # Filtered, the total is what matched, said as report/1's header says it;
+  # limited, it says what the sites drawn leave out.
   defp total_line(tree, %{weight: weight, about: about} = ctx) do
     "Total: #{about}#{Format.bytes(tree.bytes)} in #{about}" <>
       "#{Format.count(tree.count, "live block")} " <>
       if(is_binary(ctx[:filter]), do: ctx.filter <> " ", else: "") <>
       "(#{if about != "", do: "estimated from a sample; "}" <>
+      left_out(tree, ctx) <>
       "width by #{if weight == :bytes, do: "bytes", else: "block count"})"
   end
+
+  defp left_out(tree, %{matched: %{count: count, bytes: bytes}, sites: n, about: about} = ctx)
+       when count > tree.count or bytes > tree.bytes do
+    blocks = if ctx.filter, do: "block", else: "live block"
+
+    "the #{Format.count(n, "largest site")} of #{about}#{Format.bytes(bytes)} in " <>
+      "#{about}#{Format.count(count, blocks)}#{if ctx.filter, do: " that match"}; "
+  end
+
+  defp left_out(_tree, _ctx), do: ""
 
   # A node and, left to right below it, its children. A node too narrow to see
   # is not drawn, nor are its descendants (they are narrower still), but it

@@ -167,6 +167,18 @@ defmodule Mtrace.OutputsTest do
   test "flamegraph/2 writes a well-formed SVG with the leaking functions", %{dir: dir} do
     path = Path.join(dir, "native.svg")
     assert :ok = Mtrace.flamegraph(path, lib: @lib, title: "leaks & more")
+
+    # with a limit, the total says what the sites drawn leave out
+    limited = path <> ".limited.svg"
+    assert :ok = Mtrace.flamegraph(limited, lib: @lib, limit: 1)
+    all = Mtrace.sites(lib: @lib, limit: :all)
+
+    assert length(all) > 1
+    blocks = all |> Enum.map(& &1.count) |> Enum.sum()
+
+    assert File.read!(limited) =~
+             ~r/\(the 1 largest site of [\d.]+ \w+ in #{Mtrace.VM.Format.int(blocks)} blocks that match; width by bytes\)/
+
     svg = File.read!(path)
     {doc, _rest} = :xmerl_scan.string(String.to_charlist(svg), quiet: true)
     assert xml_element(doc, :name) == :svg
