@@ -54,6 +54,15 @@ defmodule MtraceTest do
     assert for({_, 6007, _, _, _} = o <- Mtrace.olds(1_000_000), do: o) == []
   end
 
+  test "cluster/3 gives this node's answer as made: entries share their stack" do
+    LeakyNif.leak(:malloc, 2000, 4099)
+    assert {:ok, olds} = Mtrace.cluster(:olds, [100_000])[node()]
+    assert length(leaked(4099, "fixture_leak_malloc")) == 2000
+    # One stack term for the 2000 entries; a copy (a task's answer sent to
+    # its caller) would hold one per entry: 3 GB for a million entries.
+    assert :erts_debug.size(olds) * 4 < :erts_debug.flat_size(olds)
+  end
+
   test "reset forgets everything; frees of forgotten blocks are harmless" do
     LeakyNif.leak(:malloc, 20, 7001)
     assert Mtrace.reset() >= 20
