@@ -568,7 +568,10 @@ defmodule Mtrace do
   `stacks_dropped` allocations recorded without a stack. `enabled`, `active`
   (this executable is traced) and `depth` are the effective settings.
   `allocated_bytes`, `used_bytes`, `free_bytes`, `mmap_chunks` and
-  `mmap_bytes` come from glibc's `mallinfo2()`.
+  `mmap_bytes` come from glibc's `mallinfo2()`, which locks each malloc
+  arena in turn while it walks the arena's free chunks (some 20-40 ms with
+  a million of them); `heap: false` leaves them `nil`, for a caller that
+  reads the figures every few seconds (`top/1`, `Mtrace.Watch` do).
 
   In sampling mode (`MTRACE_SAMPLE_BYTES`, `sampled: true`) the table holds a
   sample: `live_count`/`live_bytes` are what was recorded, and
@@ -603,12 +606,17 @@ defmodule Mtrace do
       iex> is_integer(n)
       true
   """
-  @spec stats([{:node, node()} | {:timeout, timeout()}]) :: Mtrace.Stats.t()
+  @spec stats([{:node, node()} | {:timeout, timeout()} | {:heap, boolean()}]) ::
+          Mtrace.Stats.t()
   def stats(opts \\ []) do
-    o = Options.parse_remote!(opts, "stats/1")
+    o = Options.parse_remote!(opts, "stats/1", [:heap])
 
     remote(o, :stats, [drop_node(opts)], fn ->
-      stats = call(&Native.stats/0)
+      stats =
+        if Map.get(o, :heap, true),
+          do: call(&Native.stats/0),
+          else: call(fn -> Native.stats(false) end)
+
       Mtrace.Stats.new(Map.put(stats, :now_ms, call(&Native.now_ms/0)))
     end)
   end

@@ -108,6 +108,23 @@ defmodule MtraceTest do
     end
   end
 
+  test "the table's figures can be read without glibc's heap walk, as periodic readers do" do
+    full = Mtrace.VM.Native.stats()
+    light = Mtrace.VM.Native.stats(false)
+    heap = [:allocated_bytes, :used_bytes, :free_bytes, :mmap_chunks, :mmap_bytes]
+    assert Enum.all?(heap, &is_integer(full[&1]))
+    assert Enum.all?(heap, &(Map.fetch!(light, &1) == nil))
+    assert Map.keys(light) == Map.keys(full)
+    assert is_integer(light.live_bytes) and light.active
+    assert_raise ArgumentError, fn -> Mtrace.Native.stats(:maybe) end
+    assert Mtrace.stats(heap: false).used_bytes == nil
+    assert_raise ArgumentError, ~r/option :heap/, fn -> Mtrace.stats(heap: :maybe) end
+
+    # top's view and a window's steps read the light figures
+    assert Mtrace.Top.Sample.take(nil, 1).memory.native[:used_bytes] == nil
+    assert is_integer(Mtrace.VM.Memory.read().native.used_bytes)
+  end
+
   test "4 threads leaking at once are all tracked" do
     LeakyNif.leak_threads(4, 250, 1237)
     assert length(leaked(1237, "fixture_thread_leak")) == 1000

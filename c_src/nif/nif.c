@@ -143,8 +143,13 @@ static ERL_NIF_TERM config_errors(ErlNifEnv *env, uint32_t garbage) {
     return bad;
 }
 
+/* stats/0, and stats/1 whose false leaves out glibc's view of the heap (its
+ * figures nil): callers that read the table every few seconds (top, Watch,
+ * a diagnosis's window) do not need it, and it locks each arena in turn. */
 static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
-    (void)argc, (void)argv;
+    int heap = argc == 0 || !enif_is_identical(argv[0], mt_atoms.false_);
+    if (argc == 1 && heap && !enif_is_identical(argv[0], mt_atoms.true_))
+        return enif_make_badarg(env);
     if (!mt_api)
         return mt_nif_no_preload(env);
     static const char *const names[MT_FN_COUNT] = MTRACE_FN_NAMES;
@@ -189,18 +194,20 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
      * libraries do not report theirs (nil).  Its time grows with the heap's
      * free chunks, hence a dirty scheduler (funcs below). */
 #if defined(__GLIBC__)
-    struct mallinfo2 mi = mallinfo2();
-    put_u64(env, &m, "allocated_bytes", mi.arena);
-    put_u64(env, &m, "used_bytes", mi.uordblks);
-    put_u64(env, &m, "free_bytes", mi.fordblks);
-    put_u64(env, &m, "mmap_chunks", mi.hblks);
-    put_u64(env, &m, "mmap_bytes", mi.hblkhd);
-#else
-    static const char *const heap[] = {"allocated_bytes", "used_bytes", "free_bytes", "mmap_chunks",
-                                       "mmap_bytes"};
-    for (size_t i = 0; i < sizeof heap / sizeof *heap; i++)
-        put(env, &m, heap[i], mt_atoms.nil);
+    if (heap) {
+        struct mallinfo2 mi = mallinfo2();
+        put_u64(env, &m, "allocated_bytes", mi.arena);
+        put_u64(env, &m, "used_bytes", mi.uordblks);
+        put_u64(env, &m, "free_bytes", mi.fordblks);
+        put_u64(env, &m, "mmap_chunks", mi.hblks);
+        put_u64(env, &m, "mmap_bytes", mi.hblkhd);
+        return m;
+    }
 #endif
+    static const char *const heap_keys[] = {"allocated_bytes", "used_bytes", "free_bytes",
+                                            "mmap_chunks", "mmap_bytes"};
+    for (size_t i = 0; i < sizeof heap_keys / sizeof *heap_keys; i++)
+        put(env, &m, heap_keys[i], mt_atoms.nil);
     return m;
 }
 
@@ -229,6 +236,7 @@ static ErlNifFunc funcs[] = {
     /* mallinfo2 takes every arena's lock and walks its free chunks: 140 ms
      * for a heap left with 1M free chunks. */
     {"stats", 0, nif_stats, ERL_NIF_DIRTY_JOB_CPU_BOUND},
+    {"stats", 1, nif_stats, ERL_NIF_DIRTY_JOB_CPU_BOUND},
     {"reset", 0, nif_reset, ERL_NIF_DIRTY_JOB_CPU_BOUND},
     {"set_enabled", 1, nif_set_enabled, ERL_NIF_DIRTY_JOB_CPU_BOUND}, /* off rebuilds the filter */
     {"erlang_layout", 1, mt_nif_erlang_layout, 0},

@@ -53,6 +53,8 @@ defmodule Mtrace.Native do
   @doc false
   def stats, do: :erlang.nif_error(:nif_not_loaded)
   @doc false
+  def stats(_heap), do: :erlang.nif_error(:nif_not_loaded)
+  @doc false
   def reset, do: :erlang.nif_error(:nif_not_loaded)
   @doc false
   def set_enabled(_on), do: :erlang.nif_error(:nif_not_loaded)

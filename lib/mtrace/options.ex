@@ -97,7 +97,8 @@ defmodule Mtrace.Options do
   @doc """
   `parse!/3` for a function that only reads counters or the clock
   (`Mtrace.stats/1`, `Mtrace.mark/1`): the filters mean nothing there, so
-  only `:node` and `:timeout` are known.
+  only `:node` and `:timeout` are known, and the function's own `extra`
+  ones (`stats/1`'s `:heap`).
 
       iex> Mtrace.Options.parse_remote!([node: :"a@h"], "stats/1")
       %{node: :"a@h"}
@@ -105,8 +106,9 @@ defmodule Mtrace.Options do
       iex> Mtrace.Options.parse_remote!([lib: "x"], "stats/1")
       ** (ArgumentError) unknown option :lib for Mtrace.stats/1; known options: :node, :timeout
   """
-  @spec parse_remote!(term(), String.t()) :: map()
-  def parse_remote!(opts, where), do: parse(opts, [], where, [:node, :timeout], &check!/3)
+  @spec parse_remote!(term(), String.t(), [atom()]) :: map()
+  def parse_remote!(opts, where, extra \\ []),
+    do: parse(opts, [], where, [:node, :timeout | extra], &check!/3)
 
   @doc """
   `parse!/3` for a function whose options are its own (`Mtrace.VM`,
@@ -297,7 +299,9 @@ defmodule Mtrace.Options do
     end
   end
 
-  defp check!(key, value, _where) when key in [:demangle, :boot] and is_boolean(value), do: value
+  defp check!(key, value, _where) when key in [:demangle, :boot, :heap] and is_boolean(value),
+    do: value
+
   defp check!(:node, value, _where) when is_atom(value) and not is_nil(value), do: value
   defp check!(:sort, value, _where) when value in [:bytes, :count, :oldest, :growth], do: value
 

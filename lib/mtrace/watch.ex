@@ -116,7 +116,9 @@ defmodule Mtrace.Watch do
   @impl true
   def handle_info(:tick, s) do
     schedule(s.o)
-    stats = Mtrace.stats()
+    # the table's figures only: glibc's heap walk would make the node's
+    # threads wait on its arenas at every tick
+    stats = Mtrace.stats(heap: false)
     bytes = live_bytes(stats)
     mark = Mtrace.mark()
     enabled = enabled?(stats, s.enabled)

@@ -79,7 +79,9 @@ defmodule Mtrace.Top.Sample do
     state = if match?(%{incarnation: ^incarnation}, state), do: state
 
     at = System.monotonic_time(:millisecond)
-    memory = Memory.read()
+    # not glibc's heap figures: the view does not show them, and reading
+    # them every refresh would make the node's threads wait on its arenas
+    memory = Memory.read(heap: false)
     # The sites since the last mark, then the new mark: the next refresh
     # counts from where this one stopped, and the slow scan comes after.
     sites = if state && state.mark && memory.native, do: Native.sites(n, state.mark), else: []
@@ -99,7 +101,7 @@ defmodule Mtrace.Top.Sample do
       secs: secs,
       memory: memory,
       traced: memory.native != nil,
-      left_out: match?(%{active: false}, Native.stats()),
+      left_out: match?(%{active: false}, Native.stats(false)),
       so: unless(memory.native, do: Native.so_path()),
       native_per_s: native_rate(state, memory, secs),
       nif: nif_rows(n),

@@ -105,7 +105,7 @@ defmodule Mtrace.VM.Diagnose do
     preloaded = Native.preloaded?()
     # false only when the tracer says so (MTRACE_PROGRAMS leaves this
     # program out); figures that cannot be read are another matter
-    program_traced = preloaded and not match?(%{active: false}, Native.stats())
+    program_traced = preloaded and not match?(%{active: false}, Native.stats(false))
     first = snapshot()
     # Native figures come from the tracer only when they can be read;
     # otherwise RSS outside the allocators stands in for them.

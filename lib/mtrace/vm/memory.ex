@@ -58,14 +58,16 @@ defmodule Mtrace.VM.Memory do
         }
 
   @doc """
-  Measures the node's memory now. See `Mtrace.VM.memory/0`.
+  Measures the node's memory now. See `Mtrace.VM.memory/0`. `heap: false`
+  leaves glibc's heap figures out of `native` (see
+  `Mtrace.VM.Native.stats/1`), for a caller that reads every few seconds.
 
   ## Example
 
       %{rss: _, allocated: _, outside_vm: _} = Mtrace.VM.Memory.read()
   """
-  @spec read() :: t
-  def read do
+  @spec read(keyword) :: t
+  def read(opts \\ []) do
     {allocated, used} = allocator_totals()
     cache = carrier_cache()
     {rss, rss_peak} = proc_status()
@@ -78,7 +80,7 @@ defmodule Mtrace.VM.Memory do
       used: used,
       carrier_cache: cache,
       outside_vm: outside(rss, allocated),
-      native: native()
+      native: native(Keyword.get(opts, :heap, true))
     })
   end
 
@@ -171,8 +173,8 @@ defmodule Mtrace.VM.Memory do
     end)
   end
 
-  defp native do
-    case Native.stats() do
+  defp native(heap) do
+    case Native.stats(heap) do
       nil ->
         nil
 
@@ -215,7 +217,7 @@ defmodule Mtrace.VM.Memory do
   """
   @spec native_sample(boolean) :: non_neg_integer | nil
   def native_sample(true) do
-    case Native.stats() do
+    case Native.stats(false) do
       %{sampled: true, est_live_bytes: bytes} -> bytes
       %{live_bytes: bytes} -> bytes
       _ -> nil
