@@ -542,7 +542,21 @@ defmodule Mtrace do
               inspect(timeout)
     end
 
-    Remote.multicall([node() | Node.list()], __MODULE__, fun, args, timeout)
+    nodes = [node() | Node.list()]
+
+    case {fun, args} do
+      # each stack sent once by each node, not once per entry (olds/2's
+      # remote path), and put back here
+      {:olds, [n, opts]} when is_integer(n) and n >= 0 and is_list(opts) ->
+        o = Options.parse!(opts, [], "olds/2")
+
+        for {node, answer} <- Remote.multicall(nodes, Query, :olds_by_stack, [n, o], timeout),
+            into: %{},
+            do: {node, with_ok(answer, &Query.with_stacks/1)}
+
+      _ ->
+        Remote.multicall(nodes, __MODULE__, fun, args, timeout)
+    end
   end
 
   def cluster(fun, args, _timeout) when is_list(args) do
@@ -554,6 +568,9 @@ defmodule Mtrace do
   def cluster(_fun, args, _timeout) do
     raise ArgumentError, "cluster/3: args must be a list, got: #{inspect(args)}"
   end
+
+  defp with_ok({:ok, answer}, fun), do: {:ok, fun.(answer)}
+  defp with_ok(error, _fun), do: error
 
   @doc """
   Counters and table figures.

@@ -141,6 +141,22 @@ defmodule Mtrace.RemoteTest do
 
     assert %{^good => {:ok, sites}} = Mtrace.cluster(:sites, [[limit: 2]])
     assert length(sites) <= 2
+
+    # olds in the map form: each node sends each stack once, the entries
+    # share it here as they do on that node
+    :ok = :erpc.call(good, LeakyNif, :leak, [:malloc, 50, 4_321])
+    olds = Mtrace.cluster(:olds, [1_000, [min_size: 4_321, max_size: 4_321]])
+    assert {:ok, [%{size: 4_321, frames: [_ | _]} | _] = entries} = olds[good]
+    assert length(entries) == 50
+    assert :erts_debug.size(entries) < :erts_debug.flat_size(entries)
+    assert {:error, %Mtrace.Error{reason: :not_loaded}} = olds[bare]
+    assert {:ok, here} = olds[node()]
+    assert is_list(here)
+
+    assert_raise ArgumentError, ~r/unknown option :bogus/, fn ->
+      Mtrace.cluster(:olds, [1, [bogus: 1]])
+    end
+
     assert_raise ArgumentError, ~r/fun must be one of/, fn -> Mtrace.cluster(:halt) end
   end
 end
