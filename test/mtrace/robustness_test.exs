@@ -916,7 +916,8 @@ defmodule Mtrace.RobustnessTest do
                reset: 0,
                set_enabled: 1,
                sites: 5,
-               stats: 0
+               stats: 0,
+               stats: 1
              )
 
     dir = tmp_dir("addresses")

@@ -116,9 +116,11 @@ defmodule Mtrace.VM.Native do
   """
   @spec stats(boolean) :: map | nil
   def stats(heap \\ true) when is_boolean(heap) do
-    args = if heap, do: [], else: [[heap: false]]
+    # a native module without stats/1 answers with the heap figures
+    light = if heap, do: :error, else: call(:stats, [[heap: false]])
 
-    with true <- preloaded?(), {:ok, %{} = stats} <- call(:stats, args) do
+    with true <- preloaded?(),
+         {:ok, %{} = stats} <- if(light == :error, do: call(:stats, []), else: light) do
       stats
     else
       _ -> nil
