@@ -17,9 +17,9 @@ AARCH64_MAKE = $(MAKE) --no-print-directory -f c_src/build.mk CC=$(AARCH64_CC) \
 	PRIV=$(AARCH64_BUILD)/priv BUILD=$(AARCH64_BUILD) MAKEVARS=$(AARCH64_BUILD)/makevars.mk \
 	EMULATOR=$(AARCH64_EMULATOR) EMULATOR_SYSROOT=$(AARCH64_SYSROOT) EMULATOR_LIBS=$(AARCH64_LIBS)
 
-.PHONY: all fixtures ctest ctest-asan ctest-valgrind ctest-musl ctest-aarch64 test bench clean
+.PHONY: all fixtures ctest ctest-asan ctest-tsan ctest-valgrind ctest-musl ctest-aarch64 test bench clean
 
-all fixtures ctest ctest-asan ctest-valgrind: $(MAKEVARS)
+all fixtures ctest ctest-asan ctest-tsan ctest-valgrind: $(MAKEVARS)
 	+$(SUBMAKE) $@
 
 $(MAKEVARS): c_src/makevars.sh

@@ -51,6 +51,15 @@ ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_te
 	$(BUILD)/asan_test_symbols $(BUILD)/asan_test_elf_symtab $(BUILD)/asan_test_unwind \
 	$(BUILD)/asan_test_recent_stacks $(BUILD)/asan_test_erlang_frames $(BUILD)/asan_test_unwind_rules \
 	$(BUILD)/asan_test_name_fit
+# ThreadSanitizer: the threaded tests of single parts, and tsan_tracker, the
+# whole preload built into one instrumented program (an instrumented
+# mtrace.so cannot be preloaded: the loader's first malloc enters it before
+# TSan's runtime is set up).
+# Not test_recent_stacks (its own check counter is bumped from a thread,
+# and its hit-rate check does not hold with TSan's instrumentation) nor
+# test_unwind (libunwind's per-thread cache destructor runs after TSan's).
+TSAN_TESTS = $(BUILD)/tsan/tsan_test_table $(BUILD)/tsan/tsan_test_query \
+	$(BUILD)/tsan/tsan_test_unwind_rules $(BUILD)/tsan/tsan_test_symbols
 VALGRIND_TESTS = $(BUILD)/test_table $(BUILD)/test_query $(BUILD)/test_config $(BUILD)/test_symbols \
 	$(BUILD)/test_elf_symtab
 DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so $(BUILD)/names_v1.so \
@@ -65,6 +74,12 @@ ERLANG_FRAMES_SRC = c_src/preload/erlang_frames.c $(STATE_SRC)
 UNWIND_SRC = c_src/preload/unwind.c c_src/preload/recent_stacks.c c_src/preload/unwind_rules.c c_src/preload/eh_frame.c c_src/preload/objects.c \
 	c_src/preload/clock.c
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+TSAN_FLAGS = -fsanitize=thread -O1 -g -fno-omit-frame-pointer
+# hooks.c with the names it exports renamed, for tsan_tracker.
+TSAN_HOOK_NAMES = -Dmalloc=mtt_malloc -Dcalloc=mtt_calloc -Dfree=mtt_free -Drealloc=mtt_realloc \
+	-Dreallocarray=mtt_reallocarray -Dposix_memalign=mtt_posix_memalign \
+	-Daligned_alloc=mtt_aligned_alloc -Dmemalign=mtt_memalign -Dvalloc=mtt_valloc \
+	-Dpvalloc=mtt_pvalloc -Dstrdup=mtt_strdup -Dstrndup=mtt_strndup -Ddlclose=mtt_dlclose
 # The preload cannot run under ASan (both replace malloc), but it can under UBSan.
 UBSAN_FLAGS = -fsanitize=undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 FIXTURE_FLAGS = -O1 -g -fno-inline -fno-optimize-sibling-calls
@@ -96,6 +111,12 @@ ctest-asan: $(ASAN_TESTS) $(BUILD)/symbols_fixture.so $(BUILD)/ubsan/mtrace.so $
 		$(DL_FIXTURES)
 	sh test/c/run.sh $(BUILD) $(PRIV) $(ASAN_TESTS)
 	sh test/c/run.sh $(BUILD) $(BUILD)/ubsan $(INTERPOSE_TESTS)
+
+# The same under ThreadSanitizer (report_signal_unsafe=0: tsan_tracker's
+# signal handler allocates on purpose, as the preload must allow).
+ctest-tsan: $(TSAN_TESTS) $(BUILD)/tsan/tsan_tracker $(BUILD)/symbols_fixture.so $(DL_FIXTURES)
+	TSAN_OPTIONS="halt_on_error=0 report_signal_unsafe=0 second_deadlock_stack=1 $(TSAN_OPTIONS)" \
+		sh test/c/run.sh $(BUILD) $(PRIV) $(TSAN_TESTS) $(BUILD)/tsan/tsan_tracker
 
 # The C tests built for musl (make ctest-musl: MAKEVARS written for musl-gcc),
 # run with musl's loader: every test of ctest, without the NIF (no Erlang
@@ -380,3 +401,60 @@ $(BUILD)/symbols_bench: bench/symbols_bench.c bench/hundred_sites.h test/c/objec
 $(BUILD)/query_bench: bench/query_bench.c bench/hundred_sites.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ bench/query_bench.c $(DL_LIBS)
+
+# ---- ThreadSanitizer builds (ctest-tsan) ----
+$(BUILD)/tsan/tsan_hooks.o: c_src/preload/hooks.c $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)/tsan
+	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) $(TSAN_HOOK_NAMES) -ftls-model=initial-exec -Ic_src -c -o $@ \
+		c_src/preload/hooks.c
+
+$(BUILD)/tsan/tsan_work.so: test/c/tsan_work.c $(MAKEVARS)
+	@mkdir -p $(BUILD)/tsan
+	$(CC) $(CFLAGS_ALL) -O1 -g -fno-inline -fno-optimize-sibling-calls $(SO_LDFLAGS) -Wl,-soname,tsan_work.so -o $@ \
+		test/c/tsan_work.c
+
+# Without libunwind (as on musl): libunwind's per-thread cache has a key
+# destructor that may run after TSan's own has torn the thread's state down
+# (a crash in TSan, not here).  tsan_tracker_libunwind keeps it, for a
+# separate look (make ctest-tsan does not run it).
+$(BUILD)/tsan/tsan_tracker: test/c/tsan_tracker.c $(BUILD)/tsan/tsan_hooks.o $(BUILD)/tsan/tsan_work.so \
+		$(TRACKER_SRC) $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)/tsan
+	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) -DMT_NO_LIBUNWIND -ftls-model=initial-exec -Ic_src -Ic_src/preload \
+		-o $@ test/c/tsan_tracker.c $(BUILD)/tsan/tsan_hooks.o $(TRACKER_SRC) \
+		$(BUILD)/tsan/tsan_work.so -Wl,-rpath,'$$ORIGIN' $(PRELOAD_LIBS) -lm
+
+$(BUILD)/tsan/tsan_tracker_libunwind: test/c/tsan_tracker.c $(BUILD)/tsan/tsan_hooks.o \
+		$(BUILD)/tsan/tsan_work.so $(TRACKER_SRC) $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)/tsan
+	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) -ftls-model=initial-exec -Ic_src -Ic_src/preload -o $@ \
+		test/c/tsan_tracker.c $(BUILD)/tsan/tsan_hooks.o $(TRACKER_SRC) $(BUILD)/tsan/tsan_work.so \
+		-Wl,-rpath,'$$ORIGIN' $(PRELOAD_LIBS) -lm
+
+$(BUILD)/tsan/tsan_test_table: test/c/test_table.c test/c/check.h $(TABLE_SRC) $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)/tsan
+	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_table.c $(TABLE_SRC) -lpthread -lm
+
+$(BUILD)/tsan/tsan_test_query: test/c/test_query.c test/c/check.h $(QUERY_SRC) $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)/tsan
+	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_query.c $(QUERY_SRC) $(PRELOAD_LIBS)
+
+$(BUILD)/tsan/tsan_test_unwind_rules: test/c/test_unwind_rules.c test/c/check.h c_src/preload/unwind_rules.c \
+		$(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)/tsan
+	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind_rules.c c_src/preload/unwind_rules.c -lpthread
+
+
+
+$(BUILD)/tsan/tsan_test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) c_src/preload/objects.c \
+		$(MAKEVARS)
+	@mkdir -p $(BUILD)/tsan
+	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) c_src/preload/objects.c $(DW_LIBS)
+
+# tsan_tracker's program against the real preload, uninstrumented: a stress
+# run (not part of any ctest target), e.g.
+#   LD_PRELOAD=$PWD/priv/mtrace.so MTRACE_PROGRAMS=stress_preload _build/c/stress_preload _build/c 90
+# (TSAN_SKIP=fork,signal,dl,spawn,read leaves threads out).
+$(BUILD)/stress_preload: test/c/tsan_tracker.c $(BUILD)/tsan/tsan_work.so c_src/mtrace_api.h $(MAKEVARS)
+	$(CC) $(CFLAGS_ALL) -O1 -fno-builtin -DPRELOADED -Ic_src -o $@ test/c/tsan_tracker.c \
+		$(BUILD)/tsan/tsan_work.so -Wl,-rpath,'$$ORIGIN/tsan' $(DL_LIBS) -lpthread
