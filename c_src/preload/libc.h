@@ -66,8 +66,11 @@ extern void *__libc_pvalloc(size_t);
  * (this library's own calls too: strdup's malloc).  Until the process's
  * first hook call looks them up (mt_libc_resolve, before its libc call),
  * glibc's __libc_ functions, callable before any constructor.  Written
- * only there, while every other thread's first call waits (tracker.c);
- * read with plain loads, as the hooks' calls through the GOT were. */
+ * only there, by the process's first hook call, which the loader makes
+ * before any other thread exists; a thread that called meanwhile would
+ * not wait (tracker.c's ready()) but read each pointer whole, the old or
+ * the new.  Read with plain loads, as the hooks' calls through the GOT
+ * were. */
 struct mt_libc_real {
     void *(*malloc)(size_t);
     void *(*calloc)(size_t, size_t);
