@@ -2,6 +2,7 @@
 #include "counters.h"
 
 #include "spinlock.h"
+#include "state.h"
 
 #define SLOTS 1024
 
@@ -13,9 +14,11 @@ static uint64_t retired[MT_FN_COUNT]; /* under lock */
 static _Atomic uint64_t shared[MT_FN_COUNT];
 static mt_spinlock lock;
 
-struct mt_counts *mt_counts_register(void) {
+struct mt_counts *mt_counts_register(int *later) {
     struct mt_counts *c = NULL;
-    mt_lock(&lock);
+    *later = !mt_lock_unless(&lock, &mt_state.forking); /* a fork held it too long */
+    if (*later)
+        return NULL;
     for (int i = 0; i < SLOTS; i++)
         if (!used[i]) {
             used[i] = 1;

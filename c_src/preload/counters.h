@@ -29,8 +29,9 @@ struct mt_counts {
 } __attribute__((aligned(128)));
 
 /* A struct of the registry's for the calling thread, zeroed, or NULL when
- * all are taken. */
-struct mt_counts *mt_counts_register(void);
+ * all are taken, or (*later set) when a fork held the registry too long:
+ * to be asked again. */
+struct mt_counts *mt_counts_register(int *later);
 
 /* The owner of c is exiting: folds its counts into the total and gives c
  * back. */

@@ -13,6 +13,7 @@
 
 #include <sched.h>
 #include <stdatomic.h>
+#include <time.h>
 
 typedef atomic_int mt_spinlock;
 
@@ -46,6 +47,51 @@ static inline void mt_lock(mt_spinlock *l) {
 #endif
     if (__builtin_expect(atomic_exchange_explicit(l, 1, memory_order_acquire), 0))
         mt_lock_wait(l);
+}
+
+/* Waiting that gives up: 0 once *stop has stood still, with its low 16
+ * bits non-zero, for a second or two, else 1 with l taken.  *stop counts
+ * forks under way in those bits and forks done above them: a fork's
+ * prepare handler holds the tracker's locks, then waits in the C library
+ * for its allocator's locks, and a signal handler that allocates, having
+ * interrupted the owner of one of those, would wait here for ever; forks
+ * that come and go, however many, are waited for.  Out of line and cold,
+ * as above. */
+static __attribute__((noinline, cold, unused)) int mt_lock_wait_unless(mt_spinlock *l,
+                                                                       const _Atomic int *stop) {
+    time_t from = 0; /* 1 + the second *stop was seen at seen; 0: not yet */
+    int seen = 0;
+    for (;;) {
+        for (int spins = 0; atomic_load_explicit(l, memory_order_relaxed); spins++) {
+            if (spins < 64) {
+                mt_cpu_relax();
+                continue;
+            }
+            sched_yield();
+            struct timespec now;
+            int v = atomic_load_explicit(stop, memory_order_relaxed);
+            if (!(v & 0xFFFF) || clock_gettime(CLOCK_MONOTONIC, &now) != 0)
+                from = 0;
+            else if (!from || v != seen)
+                from = now.tv_sec + 1, seen = v;
+            else if (now.tv_sec + 1 - from >= 2)
+                return 0;
+        }
+        if (!atomic_exchange_explicit(l, 1, memory_order_acquire))
+            return 1;
+    }
+}
+
+/* mt_lock, but 0 without l when mt_lock_wait_unless gives up. */
+static inline int mt_lock_unless(mt_spinlock *l, const _Atomic int *stop) {
+#ifdef MT_LEAVE_OUT_LOCK
+    (void)stop;
+    atomic_store_explicit(l, 1, memory_order_relaxed);
+    return 1;
+#endif
+    if (__builtin_expect(atomic_exchange_explicit(l, 1, memory_order_acquire), 0))
+        return mt_lock_wait_unless(l, stop);
+    return 1;
 }
 
 /* Takes l if it is free: 1 if taken.  A caller that then waits out of

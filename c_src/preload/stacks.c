@@ -17,6 +17,7 @@
 #include "objects.h"
 #include "hash.h"
 #include "recent_stacks.h"
+#include "state.h"
 #include "spinlock.h"
 #include "state.h"
 #include "unwind.h"
@@ -186,7 +187,8 @@ uint32_t mt_stack_intern_erl(const uintptr_t *ips, uint32_t depth, uint32_t erl)
     if (id)
         return id;
 
-    mt_lock(&insert_lock);
+    if (!mt_lock_unless(&insert_lock, &mt_state.forking))
+        goto none; /* a fork held it too long (spinlock.h) */
     rebuild_heads();
     id = find(atomic_load_explicit(bucket, memory_order_relaxed), hash, ips, depth, erl);
     if (!id) {

@@ -40,6 +40,9 @@ struct mt_state {
     int fast_unwind;           /* 1 = own walker first, 0 = libunwind only */
     struct mt_config cfg;      /* as read from the environment */
     _Atomic uint64_t reset_ms; /* the table's clock at the last reset; 0 = none */
+    _Atomic int forking;       /* forks holding the tracker's locks (low 16 bits) and
+                                * done (above): waits on those locks give up once it
+                                * stands still (spinlock.h's mt_lock_unless) */
 };
 
 extern struct mt_state mt_state;

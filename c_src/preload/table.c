@@ -163,12 +163,22 @@ RARE enum mt_insert_result spill_locked(struct mt_shard *s, const struct mt_entr
     return r ? MT_REPLACED : MT_INSERTED;
 }
 
+/* Inserts that gave up waiting for a lock a fork held (spinlock.h), counted
+ * apart: without the lock, a shard's own counters may not be written. */
+static _Atomic uint64_t fork_drops;
+
+RARE enum mt_insert_result fork_held(void) {
+    atomic_fetch_add_explicit(&fork_drops, 1, memory_order_relaxed);
+    return MT_DROPPED;
+}
+
 /* The inserts the slots cannot take: no address, or a block the slot's
  * packing cannot hold (it goes to the spill, and may replace a slot). */
 RARE enum mt_insert_result insert_odd(struct mt_shard *s, uint64_t addr, uint64_t size,
                                       uint64_t t_ms, uint32_t stack_id) {
     struct mt_entry e = {addr, size, t_ms, stack_id};
-    mt_lock(&s->lock);
+    if (!mt_lock_unless(&s->lock, &mt_state.forking))
+        return fork_held();
     enum mt_insert_result r;
     if (!addr) { /* not a block: never recorded, counted so that it shows */
         relaxed_add(&s->dropped, 1);
@@ -237,7 +247,8 @@ RARE enum mt_insert_result insert_waiting(struct mt_shard *s, uint64_t addr, uin
     uint64_t e =
         atomic_load_explicit(&epoch_plus1, memory_order_relaxed) ? epoch() : set_epoch(t_ms);
     struct mt_slot packed = mt_slot_pack(&(struct mt_entry){addr, size, t_ms, stack_id}, e);
-    mt_lock(&s->lock);
+    if (!mt_lock_unless(&s->lock, &mt_state.forking))
+        return fork_held();
     return insert_slow(s, addr, size, packed);
 }
 
@@ -275,9 +286,12 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
     return MT_INSERTED;
 }
 
+/* A removal that gave up (spinlock.h) leaves its entry, counted as
+ * replaced when the address comes back. */
 int mt_table_remove(uint64_t addr, struct mt_entry *old) {
     struct mt_shard *s = shard_of(addr);
-    mt_lock(&s->lock);
+    if (!mt_lock_unless(&s->lock, &mt_state.forking))
+        return 0;
     int found = remove_locked(s, addr, old);
     mt_unlock(&s->lock);
     return found;
@@ -285,7 +299,8 @@ int mt_table_remove(uint64_t addr, struct mt_entry *old) {
 
 /* A removal that found the lock taken. */
 RARE int forget_waiting(struct mt_shard *s, uint64_t addr) {
-    mt_lock_wait(&s->lock);
+    if (!mt_lock_wait_unless(&s->lock, &mt_state.forking))
+        return 0;
     int found = remove_locked(s, addr, NULL);
     mt_unlock(&s->lock);
     return found;
@@ -390,6 +405,7 @@ void mt_table_figures(struct mt_table_figures *out) {
         out->est_count += atomic_load_explicit(&estimates[k].count, memory_order_relaxed);
         out->est_bytes += atomic_load_explicit(&estimates[k].bytes, memory_order_relaxed);
     }
+    out->dropped += atomic_load_explicit(&fork_drops, memory_order_relaxed);
     out->table_bytes = mt_table_mapped();
 }
 

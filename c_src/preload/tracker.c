@@ -182,8 +182,11 @@ static void thread_exit(void *round) {
 static __attribute__((noinline)) void register_thread(void) {
     unsigned char was =
         mt_tracker_call_out(); /* a high key number makes pthread_setspecific allocate */
-    mt_me.counts = mt_counts_register();
-    mt_me.counts_state = mt_me.counts ? MT_COUNTS_REGISTERED : MT_COUNTS_SHARED;
+    int later;
+    mt_me.counts = mt_counts_register(&later);
+    mt_me.counts_state = mt_me.counts ? MT_COUNTS_REGISTERED
+                         : later      ? MT_COUNTS_NEW
+                                      : MT_COUNTS_SHARED;
     mt_me.f.b.registered = mt_me.counts != NULL;
     if (exit_key_made) /* registered or not: its stacks' memory goes back too */
         pthread_setspecific(exit_key, (void *)1);
@@ -370,6 +373,7 @@ void mt_tracker_code_unloaded(void) { mt_unwind_forget(); }
 /* fork: hold every lock so the child inherits a consistent table, and keep
  * this thread out of the table meanwhile (fork itself may allocate). */
 static void fork_prepare(void) {
+    atomic_fetch_add(&mt_state.forking, 1);
     mt_me.fork_saved_busy = mt_tracker_call_out(); /* others' fork handlers allocate */
     /* First: a lookup or a libunwind walk under way may wait in the loader
      * for a thread whose allocation needs one of the locks below. */
@@ -391,6 +395,7 @@ static void fork_parent(void) {
     unlock_rest();
     mt_fallback_open();
     mt_objects_open();
+    atomic_fetch_add(&mt_state.forking, (1 << 16) - 1); /* one more done, one fewer under way */
 }
 
 static void fork_child(void) {
@@ -401,6 +406,7 @@ static void fork_child(void) {
     unlock_rest();
     mt_fallback_open_child();
     mt_objects_open_child();
+    atomic_store(&mt_state.forking, 0); /* the other threads' forks did not come along */
 }
 
 __attribute__((constructor)) static void on_load(void) {
