@@ -83,8 +83,10 @@ static void *w_posix(size_t n) {
 }
 static void *w_aligned(size_t n) { return mtt_aligned_alloc(64, (n + 63) & ~(size_t)63); }
 static void *w_memalign(size_t n) { return mtt_memalign(32, n); }
-static void *w_strndup(size_t n) { return mtt_strndup(text, n < sizeof text ? n : sizeof text - 1); }
-static const work_alloc kinds[] = {w_malloc, w_calloc, w_realloc, w_posix,
+static void *w_strndup(size_t n) {
+    return mtt_strndup(text, n < sizeof text ? n : sizeof text - 1);
+}
+static const work_alloc kinds[] = {w_malloc,  w_calloc,   w_realloc, w_posix,
                                    w_aligned, w_memalign, w_strndup};
 
 static void *alloc_any(unsigned *seed) {
@@ -333,7 +335,8 @@ static void *idle(void *arg) {
 #endif
 
 static uint64_t quiet_live(void) {
-    struct mtrace_query q = {0, UINT64_MAX, QUIET_SIZE, QUIET_SIZE + QUIET_BLOCKS, NULL, 0, 0, 0, 0};
+    struct mtrace_query q = {0, UINT64_MAX, QUIET_SIZE, QUIET_SIZE + QUIET_BLOCKS, NULL, 0,
+                             0, 0,          0};
     struct mtrace_site total;
     size_t n = 0;
     memset(&total, 0, sizeof total);
