@@ -444,8 +444,6 @@ $(BUILD)/tsan/tsan_test_unwind_rules: test/c/test_unwind_rules.c test/c/check.h 
 	@mkdir -p $(BUILD)/tsan
 	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind_rules.c c_src/preload/unwind_rules.c -lpthread
 
-
-
 $(BUILD)/tsan/tsan_test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) c_src/preload/objects.c \
 		$(MAKEVARS)
 	@mkdir -p $(BUILD)/tsan

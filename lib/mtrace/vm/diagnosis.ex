@@ -169,7 +169,7 @@ defmodule Mtrace.VM.Diagnosis do
 
   defp native_lines(native, _window) do
     # The diagnosed node's path: the report may be printed on another node.
-    so = native[:so] || Path.join(to_string(:code.priv_dir(:mtrace)), "mtrace.so")
+    so = native[:so] || Native.so_path()
 
     [
       "native  not traced; to see what native code holds memory, add to rel/env.sh.eex:",

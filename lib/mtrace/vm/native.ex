@@ -116,11 +116,7 @@ defmodule Mtrace.VM.Native do
   """
   @spec stats(boolean) :: map | nil
   def stats(heap \\ true) when is_boolean(heap) do
-    # a native module without stats/1 answers with the heap figures
-    light = if heap, do: :error, else: call(:stats, [[heap: false]])
-
-    with true <- preloaded?(),
-         {:ok, %{} = stats} <- if(light == :error, do: call(:stats, []), else: light) do
+    with true <- preloaded?(), {:ok, %{} = stats} <- stats_call(heap) do
       stats
     else
       _ -> nil
@@ -174,6 +170,13 @@ defmodule Mtrace.VM.Native do
     else
       _ -> []
     end
+  end
+
+  # A native module without stats/1's heap: answers with the heap figures.
+  defp stats_call(true), do: call(:stats, [])
+
+  defp stats_call(false) do
+    with :error <- call(:stats, [[heap: false]]), do: call(:stats, [])
   end
 
   # The option set of Mtrace.sites/1 is the tracer's own; options are asked
