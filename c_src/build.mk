@@ -13,7 +13,7 @@ CFLAGS_ALL = $(BASE_CFLAGS) $(WARN_CFLAGS) $(EXTRA_CFLAGS)
 # The preload: the exported hooks, then the tracker and what it records
 # into, then the read side and the contract.
 PRELOAD_SRC = c_src/preload/hooks.c $(TRACKER_SRC)
-TRACKER_SRC = c_src/preload/tracker.c c_src/preload/libc.c c_src/preload/counters.c \
+TRACKER_SRC = c_src/preload/tracker.c c_src/preload/fork.c c_src/preload/libc.c c_src/preload/counters.c \
 	c_src/preload/sampling.c $(READ_SRC)
 READ_SRC = c_src/preload/api.c c_src/preload/query.c c_src/preload/sites.c $(TABLE_PART_SRC) \
 	c_src/preload/stacks.c c_src/preload/recent_stacks.c c_src/preload/state.c c_src/preload/clock.c c_src/preload/config.c c_src/preload/estimate.c \
@@ -46,7 +46,7 @@ CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/t
 	$(BUILD)/test_symbols_files $(BUILD)/test_name_fit \
 	$(BUILD)/test_elf_symtab \
 	$(BUILD)/test_unwind $(BUILD)/test_unwind_rules $(BUILD)/test_recent_stacks \
-	$(BUILD)/test_erlang_frames $(INTERPOSE_TESTS)
+	$(BUILD)/test_erlang_frames $(BUILD)/test_tracker_fork $(INTERPOSE_TESTS)
 ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_query \
 	$(BUILD)/asan_test_symbols $(BUILD)/asan_test_elf_symtab $(BUILD)/asan_test_unwind \
 	$(BUILD)/asan_test_recent_stacks $(BUILD)/asan_test_erlang_frames $(BUILD)/asan_test_unwind_rules \
@@ -75,8 +75,9 @@ UNWIND_SRC = c_src/preload/unwind.c c_src/preload/recent_stacks.c c_src/preload/
 	c_src/preload/clock.c
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 TSAN_FLAGS = -fsanitize=thread -O1 -g -fno-omit-frame-pointer
-# hooks.c with the names it exports renamed, for tsan_tracker.
-TSAN_HOOK_NAMES = -Dmalloc=mtt_malloc -Dcalloc=mtt_calloc -Dfree=mtt_free -Drealloc=mtt_realloc \
+# hooks.c with the names it exports renamed, for the programs that build the
+# tracker in (tsan_tracker, test_tracker_fork).
+RENAMED_HOOKS = -Dmalloc=mtt_malloc -Dcalloc=mtt_calloc -Dfree=mtt_free -Drealloc=mtt_realloc \
 	-Dreallocarray=mtt_reallocarray -Dposix_memalign=mtt_posix_memalign \
 	-Daligned_alloc=mtt_aligned_alloc -Dmemalign=mtt_memalign -Dvalloc=mtt_valloc \
 	-Dpvalloc=mtt_pvalloc -Dstrdup=mtt_strdup -Dstrndup=mtt_strndup -Ddlclose=mtt_dlclose
@@ -183,6 +184,16 @@ $(BUILD)/test_interpose_sampling: test/c/test_interpose_sampling.c test/c/check.
 $(BUILD)/test_query: test/c/test_query.c test/c/check.h $(QUERY_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_query.c $(QUERY_SRC) $(PRELOAD_LIBS)
+
+# The tracker built in, its hooks renamed, to reach inside it.
+$(BUILD)/renamed_hooks.o: c_src/preload/hooks.c $(PRELOAD_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(RENAMED_HOOKS) -Ic_src -c -o $@ c_src/preload/hooks.c
+
+$(BUILD)/test_tracker_fork: test/c/test_tracker_fork.c test/c/check.h $(BUILD)/renamed_hooks.o \
+		$(TRACKER_SRC) $(PRELOAD_HDR) $(MAKEVARS)
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -o $@ test/c/test_tracker_fork.c \
+		$(BUILD)/renamed_hooks.o $(TRACKER_SRC) $(PRELOAD_LIBS)
 
 $(BUILD)/asan_test_query: test/c/test_query.c test/c/check.h $(QUERY_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
@@ -405,7 +416,7 @@ $(BUILD)/query_bench: bench/query_bench.c bench/hundred_sites.h c_src/mtrace_api
 # ---- ThreadSanitizer builds (ctest-tsan) ----
 $(BUILD)/tsan/tsan_hooks.o: c_src/preload/hooks.c $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)/tsan
-	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) $(TSAN_HOOK_NAMES) -ftls-model=initial-exec -Ic_src -c -o $@ \
+	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) $(RENAMED_HOOKS) -ftls-model=initial-exec -Ic_src -c -o $@ \
 		c_src/preload/hooks.c
 
 $(BUILD)/tsan/tsan_work.so: test/c/tsan_work.c $(MAKEVARS)

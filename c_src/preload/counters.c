@@ -16,7 +16,7 @@ static mt_spinlock lock;
 
 struct mt_counts *mt_counts_register(int *later) {
     struct mt_counts *c = NULL;
-    *later = !mt_lock_unless(&lock, &mt_state.forking); /* a fork held it too long */
+    *later = !mt_lock_unless(&lock, &mt_state.fork); /* a fork held it too long */
     if (*later)
         return NULL;
     for (int i = 0; i < SLOTS; i++)

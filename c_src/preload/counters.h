@@ -48,17 +48,19 @@ void mt_counts_lock(void);
 void mt_counts_unlock(void);
 void mt_counts_child(const struct mt_counts *mine);
 
-/* The owner's increment: a plain load, add and store, which on x86-64 is
- * one add to memory (not a locked one: the owner is the only writer, and
- * a reader sees the old or the new value of an aligned word).  GCC makes
- * three instructions of the relaxed load and store. */
+/* The owner's increment.  Only the owner writes, so no lock prefix is
+ * needed, but a signal handler that allocates may interrupt the owner
+ * between a load and its store and count a call of its own there: the
+ * increment must be one instruction, or atomic.  On x86-64 it is one add
+ * to memory (a reader sees the old or the new value of an aligned word);
+ * elsewhere a relaxed atomic add (a single LSE add on aarch64 when the
+ * processor has it, else a load-exclusive/store-exclusive pair that a
+ * signal makes retry). */
 static inline void mt_counts_bump(struct mt_counts *c, enum mtrace_fn fn) {
 #if defined(__x86_64__)
     __asm__("addq $1, %0" : "+m"(*(uint64_t *)&c->calls[fn]));
 #else
-    atomic_store_explicit(&c->calls[fn],
-                          atomic_load_explicit(&c->calls[fn], memory_order_relaxed) + 1,
-                          memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->calls[fn], 1, memory_order_relaxed);
 #endif
 }
 

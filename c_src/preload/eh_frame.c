@@ -52,6 +52,7 @@ struct cie {
     struct cursor insns;
 };
 
+/* 1 when parsed, -1 for a signal frame's CIE, 0 for one not understood. */
 static int parse_cie(const uint8_t *at, struct cie *cie) {
     struct cursor c = {at, at + 4, 0};
     uint64_t len = fixed(&c, 4);
@@ -85,7 +86,7 @@ static int parse_cie(const uint8_t *at, struct cie *cie) {
                 encoded(&a, (uint8_t)(fixed(&a, 1) & ~DW_EH_PE_indirect),
                         0); /* personality: skipped */
             else if (*k == 'S')
-                return 0; /* signal frame: libunwind knows how */
+                return -1; /* signal frame: libunwind knows how */
             else
                 break; /* unknown: the length lets us skip the rest */
         }
@@ -280,7 +281,7 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
             hi = mid;
     }
     if (table[2 * lo] > rel) {
-        out->kind = is_sigreturn(target + 1, &o) ? MT_RULE_UNSUPPORTED : MT_RULE_NO_INFO;
+        out->kind = is_sigreturn(target + 1, &o) ? MT_RULE_SIGNAL : MT_RULE_NO_INFO;
         return;
     }
     const uint8_t *fde = h + table[2 * lo + 1];
@@ -292,14 +293,17 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
     const uint8_t *id_at = d.p;
     uint32_t cie_off = (uint32_t)fixed(&d, 4);
     struct cie cie;
-    if (!parse_cie(id_at - cie_off, &cie))
+    int parsed = parse_cie(id_at - cie_off, &cie);
+    if (parsed <= 0) {
+        out->kind = parsed < 0 ? MT_RULE_SIGNAL : MT_RULE_UNSUPPORTED;
         return;
+    }
     uintptr_t begin = (uintptr_t)encoded(&d, cie.fde_enc, 0);
     uintptr_t range = (uintptr_t)encoded(&d, cie.fde_enc & DW_EH_PE_FORMAT_MASK, 0);
     if (d.bad)
         return;
     if (target < begin || target >= begin + range) {
-        out->kind = is_sigreturn(target + 1, &o) ? MT_RULE_UNSUPPORTED : MT_RULE_NO_INFO;
+        out->kind = is_sigreturn(target + 1, &o) ? MT_RULE_SIGNAL : MT_RULE_NO_INFO;
         return;
     }
     if (cie.has_z)

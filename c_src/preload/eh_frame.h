@@ -17,7 +17,9 @@ enum {
     MT_RULE_UNSUPPORTED, /* give up: let libunwind walk this stack */
     MT_RULE_FRAME,       /* an ordinary frame */
     MT_RULE_LAST,        /* the outermost frame (return address undefined) */
-    MT_RULE_NO_INFO      /* no unwind information (JIT code): the stack ends here */
+    MT_RULE_NO_INFO,     /* no unwind information (JIT code): the stack ends here */
+    MT_RULE_SIGNAL       /* a signal frame: as UNSUPPORTED for the walker, which
+                          * the rule cache keeps it as (unwind_rules.c) */
 };
 
 struct mt_frame_rule {

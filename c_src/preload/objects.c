@@ -59,6 +59,8 @@ void mt_objects_open_child(void) {
     mt_fork_gate_open_child(&gate);
 }
 
+int mt_objects_mine(void) { return mine != 0; }
+
 int mt_objects_forked(void) { return atomic_load_explicit(&forked, memory_order_relaxed); }
 
 static int iterate(int (*fn)(struct dl_phdr_info *, size_t, void *), void *arg, int wait) {

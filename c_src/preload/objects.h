@@ -38,6 +38,9 @@ int mt_object_at_walking(uintptr_t addr, struct mtrace_object *out, const uint8_
 /* 1 in a fork child (until it execs): libunwind, which asks
  * dl_iterate_phdr, must not be called there either. */
 int mt_objects_forked(void);
+/* Whether the calling thread is inside a lookup (a signal handler's fork
+ * must not wait for it: tracker.c). */
+int mt_objects_mine(void);
 
 /* Finds _dl_find_object, as a traced process configures (dlsym may
  * allocate: the caller keeps its thread out of the table meanwhile). */

@@ -49,17 +49,27 @@ static inline void mt_lock(mt_spinlock *l) {
         mt_lock_wait(l);
 }
 
-/* Waiting that gives up: 0 once *stop has stood still, with its low 16
- * bits non-zero, for a second or two, else 1 with l taken.  *stop counts
- * forks under way in those bits and forks done above them: a fork's
- * prepare handler holds the tracker's locks, then waits in the C library
- * for its allocator's locks, and a signal handler that allocates, having
- * interrupted the owner of one of those, would wait here for ever; forks
- * that come and go, however many, are waited for.  Out of line and cold,
- * as above. */
+/* What a wait that may give up watches: forks under way in forking's low
+ * 16 bits and forks done above them.  A fork's prepare handler holds the
+ * tracker's locks, then waits in the C library for its allocator's locks,
+ * and a signal handler that allocates, having interrupted the owner of one
+ * of those, would wait for the fork's locks for ever.  So a wait gives up
+ * once forking has stood still, with a fork under way, for a second or
+ * two, and notes the value in stuck_at: later waits give up at once while
+ * that fork stands still, since a thread whose handlers each waited a
+ * second, with signals pending all along, would not get back to its own
+ * code to free the allocator's lock at all.  Forks that come and go, however
+ * many, are waited for. */
+struct mt_fork_watch {
+    _Atomic int forking;
+    _Atomic int stuck_at;
+};
+
+/* Waiting that gives up (above): 0 when it does, else 1 with l taken.  Out
+ * of line and cold, as mt_lock_wait. */
 static __attribute__((noinline, cold, unused)) int mt_lock_wait_unless(mt_spinlock *l,
-                                                                       const _Atomic int *stop) {
-    time_t from = 0; /* 1 + the second *stop was seen at seen; 0: not yet */
+                                                                       struct mt_fork_watch *w) {
+    time_t from = 0; /* 1 + the second forking was seen at seen; 0: not yet */
     int seen = 0;
     for (;;) {
         for (int spins = 0; atomic_load_explicit(l, memory_order_relaxed); spins++) {
@@ -67,15 +77,19 @@ static __attribute__((noinline, cold, unused)) int mt_lock_wait_unless(mt_spinlo
                 mt_cpu_relax();
                 continue;
             }
+            int v = atomic_load_explicit(&w->forking, memory_order_relaxed);
+            if ((v & 0xFFFF) && v == atomic_load_explicit(&w->stuck_at, memory_order_relaxed))
+                return 0; /* a fork already found stuck, still standing */
             sched_yield();
             struct timespec now;
-            int v = atomic_load_explicit(stop, memory_order_relaxed);
             if (!(v & 0xFFFF) || clock_gettime(CLOCK_MONOTONIC, &now) != 0)
                 from = 0;
             else if (!from || v != seen)
                 from = now.tv_sec + 1, seen = v;
-            else if (now.tv_sec + 1 - from >= 2)
+            else if (now.tv_sec + 1 - from >= 2) {
+                atomic_store_explicit(&w->stuck_at, v, memory_order_relaxed);
                 return 0;
+            }
         }
         if (!atomic_exchange_explicit(l, 1, memory_order_acquire))
             return 1;
@@ -83,14 +97,14 @@ static __attribute__((noinline, cold, unused)) int mt_lock_wait_unless(mt_spinlo
 }
 
 /* mt_lock, but 0 without l when mt_lock_wait_unless gives up. */
-static inline int mt_lock_unless(mt_spinlock *l, const _Atomic int *stop) {
+static inline int mt_lock_unless(mt_spinlock *l, struct mt_fork_watch *w) {
 #ifdef MT_LEAVE_OUT_LOCK
-    (void)stop;
+    (void)w;
     atomic_store_explicit(l, 1, memory_order_relaxed);
     return 1;
 #endif
     if (__builtin_expect(atomic_exchange_explicit(l, 1, memory_order_acquire), 0))
-        return mt_lock_wait_unless(l, stop);
+        return mt_lock_wait_unless(l, w);
     return 1;
 }
 

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "eh_frame.h"
 #include "erlang_frames.h"
 #include "mtrace_api.h"
 #include "objects.h"
@@ -19,7 +20,6 @@
 #include "recent_stacks.h"
 #include "state.h"
 #include "spinlock.h"
-#include "state.h"
 #include "unwind.h"
 #include "unwind_fallback.h"
 
@@ -187,7 +187,7 @@ uint32_t mt_stack_intern_erl(const uintptr_t *ips, uint32_t depth, uint32_t erl)
     if (id)
         return id;
 
-    if (!mt_lock_unless(&insert_lock, &mt_state.forking))
+    if (!mt_lock_unless(&insert_lock, &mt_state.fork))
         goto none; /* a fork held it too long (spinlock.h) */
     rebuild_heads();
     id = find(atomic_load_explicit(bucket, memory_order_relaxed), hash, ips, depth, erl);
@@ -236,6 +236,23 @@ static __thread int last_recent __attribute__((tls_model("initial-exec")));
 _Static_assert(MAX_OWN_FRAMES + 2 * MTRACE_MAX_DEPTH <= MT_UNWIND_SCRATCH,
                "a walk and its Erlang frames fit the walker's scratch");
 
+/* libunwind's first walk on a thread allocates (unwind_fallback.h): in a
+ * signal handler that interrupted the thread's malloc, that malloc would
+ * wait for the arena lock the interrupted one holds.  So where the walker
+ * gave up at a signal frame, on a thread libunwind has not walked yet, the
+ * frames walked stand, counted as cut short. */
+static int fallback_safe(const uintptr_t *ips, int walked) {
+    if (walked <= 0 || mt_fallback_warm())
+        return 1;
+    struct mt_frame_rule r;
+    uint64_t loads;
+    mt_eh_frame_rule(ips[walked - 1] - 1, &r, &loads); /* the rule cache keeps no such kind */
+    if (r.kind != MT_RULE_SIGNAL)
+        return 1;
+    mt_fallback_count_cut();
+    return 0;
+}
+
 static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at, uint32_t depth) {
     /* Not on the C stack: 2 KiB there, under every allocation of a new
      * stack, is more than a small thread stack can spare. */
@@ -256,7 +273,9 @@ static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at
          * frames walked before the walker gave up. */
         int walked = -1 - n;
         /* Not in a fork child: libunwind asks dl_iterate_phdr (objects.h). */
-        n = mt_objects_forked() ? -1 : mt_fallback_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
+        n = mt_objects_forked() || !fallback_safe((const uintptr_t *)buf, walked)
+                ? -1
+                : mt_fallback_backtrace(buf, (int)(depth + MAX_OWN_FRAMES));
         if (n < 0)
             n = walked;
     }

@@ -11,13 +11,15 @@
 
 #include "clock.h" /* mt_now_ms, the table's clock */
 #include "config.h"
+#include "spinlock.h" /* struct mt_fork_watch */
 
 /* How far this process got in setting itself up. */
 enum mt_mode {
     MT_MODE_UNCONFIGURED, /* no call has been made yet */
     MT_MODE_CONFIGURING,  /* the first call is reading the configuration */
     MT_MODE_INERT,        /* this program is not traced (MTRACE_PROGRAMS) */
-    MT_MODE_ACTIVE        /* traced; tracking may still be switched off */
+    MT_MODE_ACTIVE,       /* traced; tracking may still be switched off */
+    MT_MODE_ORPHANED      /* a fork child whose fork interrupted the tracker (tracker.c) */
 };
 
 /* The one word every hook reads first, derived from mode, enabled, the
@@ -40,9 +42,9 @@ struct mt_state {
     int fast_unwind;           /* 1 = own walker first, 0 = libunwind only */
     struct mt_config cfg;      /* as read from the environment */
     _Atomic uint64_t reset_ms; /* the table's clock at the last reset; 0 = none */
-    _Atomic int forking;       /* forks holding the tracker's locks (low 16 bits) and
-                                * done (above): waits on those locks give up once it
-                                * stands still (spinlock.h's mt_lock_unless) */
+    struct mt_fork_watch fork; /* forks holding the tracker's locks, and done: waits
+                                * on those locks give up once a fork stands still
+                                * (spinlock.h's mt_lock_unless) */
 };
 
 extern struct mt_state mt_state;

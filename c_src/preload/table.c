@@ -177,7 +177,7 @@ RARE enum mt_insert_result fork_held(void) {
 RARE enum mt_insert_result insert_odd(struct mt_shard *s, uint64_t addr, uint64_t size,
                                       uint64_t t_ms, uint32_t stack_id) {
     struct mt_entry e = {addr, size, t_ms, stack_id};
-    if (!mt_lock_unless(&s->lock, &mt_state.forking))
+    if (!mt_lock_unless(&s->lock, &mt_state.fork))
         return fork_held();
     enum mt_insert_result r;
     if (!addr) { /* not a block: never recorded, counted so that it shows */
@@ -247,7 +247,7 @@ RARE enum mt_insert_result insert_waiting(struct mt_shard *s, uint64_t addr, uin
     uint64_t e =
         atomic_load_explicit(&epoch_plus1, memory_order_relaxed) ? epoch() : set_epoch(t_ms);
     struct mt_slot packed = mt_slot_pack(&(struct mt_entry){addr, size, t_ms, stack_id}, e);
-    if (!mt_lock_unless(&s->lock, &mt_state.forking))
+    if (!mt_lock_unless(&s->lock, &mt_state.fork))
         return fork_held();
     return insert_slow(s, addr, size, packed);
 }
@@ -290,7 +290,7 @@ enum mt_insert_result mt_table_insert(uint64_t addr, uint64_t size, uint64_t t_m
  * replaced when the address comes back. */
 int mt_table_remove(uint64_t addr, struct mt_entry *old) {
     struct mt_shard *s = shard_of(addr);
-    if (!mt_lock_unless(&s->lock, &mt_state.forking))
+    if (!mt_lock_unless(&s->lock, &mt_state.fork))
         return 0;
     int found = remove_locked(s, addr, old);
     mt_unlock(&s->lock);
@@ -299,7 +299,7 @@ int mt_table_remove(uint64_t addr, struct mt_entry *old) {
 
 /* A removal that found the lock taken. */
 RARE int forget_waiting(struct mt_shard *s, uint64_t addr) {
-    if (!mt_lock_wait_unless(&s->lock, &mt_state.forking))
+    if (!mt_lock_wait_unless(&s->lock, &mt_state.fork))
         return 0;
     int found = remove_locked(s, addr, NULL);
     mt_unlock(&s->lock);

@@ -1,6 +1,6 @@
 /*
  * The tracker (see tracker.h): the gate and the process's set-up, thread
- * state, counting, record/forget, fork and thread exit.
+ * state, counting, record/forget and thread exit (fork: fork.c).
  */
 #define _GNU_SOURCE
 #include "tracker.h"
@@ -55,6 +55,8 @@ static void gate_off(void) {
 static mt_spinlock gate_turn;
 
 static void update_gate(void) {
+    if (atomic_load(&mt_state.mode) == MT_MODE_ORPHANED) /* its locks may be held for ever */
+        return;
     unsigned char was = mt_tracker_enter(); /* a rebuild holds shard locks */
     mt_lock(&gate_turn);
     enum mt_mode m = atomic_load(&mt_state.mode);
@@ -174,8 +176,11 @@ static void thread_exit(void *round) {
     mt_me.counts_state = MT_COUNTS_SHARED; /* later calls count atomically */
     mt_me.f.b.registered = 0;
     atomic_signal_fence(memory_order_seq_cst); /* before the struct may go to another thread */
-    if (mine)
+    if (mine) {
+        unsigned char was = mt_tracker_enter(); /* a handler's fork must not wait for its lock */
         mt_counts_retire(mine);
+        mt_tracker_leave(was);
+    }
     mt_stacks_thread_exit();
 }
 
@@ -368,46 +373,10 @@ void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n) {
 
 void mt_tracker_code_unloaded(void) { mt_unwind_forget(); }
 
-/* ---- fork and load ------------------------------------------------------- */
+/* ---- load ---------------------------------------------------------------- */
 
-/* fork: hold every lock so the child inherits a consistent table, and keep
- * this thread out of the table meanwhile (fork itself may allocate). */
-static void fork_prepare(void) {
-    atomic_fetch_add(&mt_state.forking, 1);
-    mt_me.fork_saved_busy = mt_tracker_call_out(); /* others' fork handlers allocate */
-    /* First: a lookup or a libunwind walk under way may wait in the loader
-     * for a thread whose allocation needs one of the locks below. */
-    mt_objects_close();
-    mt_fallback_close();
-    mt_counts_lock();
-    mt_stacks_lock();
-    mt_table_fork_prepare();
-}
-
-static void unlock_rest(void) {
-    mt_stacks_unlock();
-    mt_counts_unlock();
-    mt_tracker_call_back(mt_me.fork_saved_busy);
-}
-
-static void fork_parent(void) {
-    mt_table_fork_parent();
-    unlock_rest();
-    mt_fallback_open();
-    mt_objects_open();
-    atomic_fetch_add(&mt_state.forking, (1 << 16) - 1); /* one more done, one fewer under way */
-}
-
-static void fork_child(void) {
-    mt_unlock(&gate_turn);         /* perhaps held by a thread that did not come along */
-    mt_counts_child(mt_me.counts); /* the other threads did not come along */
-    mt_erl_forked();
-    mt_table_fork_child();
-    unlock_rest();
-    mt_fallback_open_child();
-    mt_objects_open_child();
-    atomic_store(&mt_state.forking, 0); /* the other threads' forks did not come along */
-}
+/* In a fork child (fork.c): perhaps held by a thread that did not come along. */
+void mt_tracker_forked(void) { mt_unlock(&gate_turn); }
 
 __attribute__((constructor)) static void on_load(void) {
     if (atomic_load(&mt_state.mode) == MT_MODE_UNCONFIGURED)
@@ -419,7 +388,7 @@ __attribute__((constructor)) static void on_load(void) {
         mt_fallback_load(); /* allocates */
     mt_tracker_call_back(was);
     if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE) {
-        pthread_atfork(fork_prepare, fork_parent, fork_child);
+        mt_fork_install();
         exit_key_made = pthread_key_create(&exit_key, thread_exit) == 0;
         if (exit_key_made && mt_me.f.b.registered) /* registered before this constructor ran */
             pthread_setspecific(exit_key, (void *)1);

@@ -185,6 +185,11 @@ void mt_tracker_call_back(unsigned char was);
  * tracker, which could not be recorded (part of stats' dropped). */
 uint64_t mt_tracker_dropped(void);
 
+/* fork.c's handlers, installed once by the constructor; and what a fork
+ * child must undo of the tracker's own (tracker.c). */
+void mt_fork_install(void);
+void mt_tracker_forked(void);
+
 /* For the contract (api.c): tracking switch, reader threads, counters. */
 int mt_tracker_active(void); /* configures on the first call */
 void mt_tracker_set_enabled(int on);

@@ -31,6 +31,11 @@ int mt_fallback_running(void) {
 }
 
 uint64_t mt_fallback_cut(void) { return atomic_load_explicit(&cut, memory_order_relaxed); }
+void mt_fallback_count_cut(void) { atomic_fetch_add_explicit(&cut, 1, memory_order_relaxed); }
+
+/* Set once libunwind has walked on this thread (mt_fallback_warm). */
+static __thread unsigned char warm __attribute__((tls_model("initial-exec")));
+int mt_fallback_warm(void) { return warm; }
 
 void mt_fallback_close(void) { mt_fork_gate_close(&gate); }
 void mt_fallback_open(void) { mt_fork_gate_open(&gate); }
@@ -121,6 +126,7 @@ int mt_fallback_backtrace(void **buf, int max) {
         return -1;
     atomic_store_explicit(&walker, (uintptr_t)pthread_self(), memory_order_relaxed);
     int n = bt(buf, max);
+    warm = 1;
     atomic_store_explicit(&walker, 0, memory_order_relaxed);
     leave();
     return n;

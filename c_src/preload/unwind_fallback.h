@@ -20,6 +20,13 @@ void mt_fallback_load(void);
 int mt_fallback_backtrace(void **buf, int max);
 uint64_t mt_fallback_cut(void);
 
+/* Whether libunwind has walked on the calling thread before.  Its first
+ * walk there allocates (its thread-local storage, through the loader's
+ * malloc), which a signal handler must not do: stacks.c asks first. */
+int mt_fallback_warm(void);
+/* A walk kept cut short instead of asking libunwind (mt_fallback_cut). */
+void mt_fallback_count_cut(void);
+
 /* 1 while the calling thread's walk is inside libunwind. */
 int mt_fallback_running(void);
 

@@ -148,7 +148,7 @@ void mt_rule_for(uintptr_t ra, struct mt_frame_rule *r) {
     }
     uint64_t loads;
     mt_eh_frame_rule(ra - 1, r, &loads);
-    if (!packable(r))
+    if (!packable(r) || r->kind == MT_RULE_SIGNAL) /* the walker gives up on both */
         r->kind = MT_RULE_UNSUPPORTED;
     /* Nothing looked up (a fork under way: the walk falls back), or looked up
      * without the loader's count (in a fork child): used, not kept. */

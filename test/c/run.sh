@@ -45,7 +45,7 @@ for t in "$@"; do
         # a foreign-architecture emulator's loader).
         timeout 300 env LD_PRELOAD="$(cd "$priv" && pwd)/mtrace.so" MTRACE_PROGRAMS="$name" \
             $wrap "$t" "$build" || failed=$((failed + 1)) ;;
-    tsan_tracker*) # the tracker built into the test itself: configured as if preloaded
+    tsan_tracker* | test_tracker_*) # the tracker built into the test: configured as if preloaded
         timeout 300 env MTRACE_PROGRAMS="$name" $wrap "$t" "$build" ${MTRACE_TSAN_SECONDS:-} ||
             failed=$((failed + 1)) ;;
     *) timeout 300 $wrap "$t" "$build" || failed=$((failed + 1)) ;;

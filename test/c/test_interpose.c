@@ -60,9 +60,12 @@ static void test_caller_is_frame_zero(void) {
 }
 
 /* A block allocated in a signal handler: the walker gives up at the signal
- * frame, and the stats say so.  With libunwind (glibc) the stack goes on
- * through the signal frame to here; without it (musl) it is the frames
- * walked until then: the handler's and the trampoline's. */
+ * frame, and the stats say so.  Where libunwind has walked on the thread
+ * before (glibc), the stack goes on through the signal frame to the code
+ * the signal interrupted; on a thread it has not walked (its first walk
+ * there allocates, which a handler must not) or without libunwind (musl),
+ * the stack is the frames walked until then, the handler's and the
+ * trampoline's, counted as cut. */
 static void *in_handler;
 static int trampoline_known;
 static __attribute__((noinline)) void on_signal(int sig) {
@@ -72,35 +75,67 @@ static __attribute__((noinline)) void on_signal(int sig) {
     in_handler = leak_here(4321);
 }
 
-static __attribute__((noinline)) void test_signal_stack(void) {
-    struct mtrace_stats before, after;
-    api->stats(&before, sizeof before);
-    signal(SIGUSR1, on_signal);
+/* Raises the signal; the depth of its block's stack, and whether that
+ * reached this function (*here). */
+static __attribute__((noinline)) int signal_here(int *here) {
     raise(SIGUSR1);
+    struct mtrace_alloc a;
+    *here = 0;
+    if (!trampoline_known || !lookup(in_handler, 4321, &a))
+        return -1;
+    uintptr_t ips[MTRACE_MAX_DEPTH];
+    uint32_t depth = api->stack(a.stack_id, ips, MTRACE_MAX_DEPTH);
+    CHECK(depth >= 3 && ips[1] > (uintptr_t)on_signal && ips[1] < (uintptr_t)on_signal + 64);
+    for (uint32_t i = 2; i < depth; i++)
+        *here |= ips[i] > (uintptr_t)signal_here && ips[i] < (uintptr_t)signal_here + 256;
+    free(in_handler);
+    return (int)depth;
+}
+
+static void *cold_thread(void *arg) { return (void *)(intptr_t)signal_here((int *)arg); }
+
+#if defined(__x86_64__) && defined(__GLIBC__)
+/* odd_frame_call(f, n) calls f(n) from a frame whose CFA is kept in r12, a
+ * rule the walker does not model: the walk gives up there, and libunwind
+ * walks on. */
+void *odd_frame_call(void *(*f)(size_t), size_t n);
+__asm__(".text\n.globl odd_frame_call\n.type odd_frame_call, @function\n"
+        "odd_frame_call:\n.cfi_startproc\n"
+        "push %r12\n.cfi_adjust_cfa_offset 8\n.cfi_rel_offset %r12, 0\n"
+        "mov %rsp, %r12\n.cfi_def_cfa_register %r12\n"
+        "mov %rdi, %rax\nmov %rsi, %rdi\ncall *%rax\n"
+        "mov %r12, %rsp\n.cfi_def_cfa_register %rsp\n"
+        "pop %r12\n.cfi_adjust_cfa_offset -8\n.cfi_restore %r12\nret\n"
+        ".cfi_endproc\n.size odd_frame_call, .-odd_frame_call\n");
+#endif
+
+static void test_signal_stack(void) {
+    struct mtrace_stats before, after;
+    signal(SIGUSR1, on_signal);
+    api->stats(&before, sizeof before);
+    pthread_t t;
+    int here = 0;
+    void *depth;
+    pthread_create(&t, NULL, cold_thread, &here);
+    pthread_join(t, &depth);
     api->stats(&after, sizeof after);
     if (!trampoline_known) { /* qemu-user before 8.0 on aarch64: no vDSO, no unwind info */
         printf("skipped: signal stack (the handler returns to code outside every object, as "
                "under qemu-user without a vDSO)\n");
-        free(in_handler);
         return;
     }
     CHECK_EQ(after.fast_unwind, 1);
     CHECK(after.unwind_fallbacks > before.unwind_fallbacks);
-    struct mtrace_alloc a;
-    CHECK(lookup(in_handler, 4321, &a));
-    uintptr_t ips[MTRACE_MAX_DEPTH];
-    uint32_t depth = api->stack(a.stack_id, ips, MTRACE_MAX_DEPTH);
-    CHECK(depth >= 3 && ips[1] > (uintptr_t)on_signal && ips[1] < (uintptr_t)on_signal + 64);
-    int here = 0;
-    for (uint32_t i = 2; i < depth; i++)
-        here |=
-            ips[i] > (uintptr_t)test_signal_stack && ips[i] < (uintptr_t)test_signal_stack + 256;
-#ifdef __GLIBC__
-    CHECK(here);
-#else
-    CHECK(!here && depth == 3);
+    CHECK(after.unwind_cut > before.unwind_cut);
+    CHECK(!here && (intptr_t)depth == 3);
+#if defined(__x86_64__) && defined(__GLIBC__)
+    /* This thread, once libunwind has walked on it: the whole stack. */
+    api->stats(&before, sizeof before);
+    free(odd_frame_call(leak_here, 77));
+    api->stats(&after, sizeof after);
+    CHECK(after.unwind_fallbacks > before.unwind_fallbacks);
+    CHECK(signal_here(&here) > 3 && here);
 #endif
-    free(in_handler);
 }
 
 #ifdef __GLIBC__

@@ -1,0 +1,170 @@
+/* Forks that meet the tracker's locks held, with the tracker built into this
+ * program (hooks.c's names renamed: malloc -> mtt_malloc, ...), so that the
+ * test can reach inside it:
+ * - the rule of waits on those locks (spinlock.h's mt_lock_wait_unless):
+ *   forks that come and go are waited for, a fork that stands still is
+ *   given up on after a second or two, and then at once;
+ * - a signal handler's fork that interrupted its own thread holding a table
+ *   lock (raised from the table's map hook, which runs under it) waits for
+ *   nothing: its child allocates and exits, and the parent's table goes on
+ *   exact, through a plain fork after it too.  Without the rule the fork
+ *   waited for itself, and alarm() ends the test.
+ * Run with MTRACE_PROGRAMS=test_tracker_fork (test/c/run.sh does).
+ *   test_tracker_fork BUILD */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "check.h"
+#include "mtrace_api.h"
+#include "spinlock.h"
+#include "table.h"
+
+extern const struct mtrace_api mtrace_api_v2;
+void *mtt_malloc(size_t n);
+void mtt_free(void *p);
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* ---- the rule ------------------------------------------------------------ */
+
+static mt_spinlock lock;
+static struct mt_fork_watch watch;
+static _Atomic int bump_forks; /* forks done while the lock is held */
+
+static void *unlock_later(void *arg) {
+    for (int i = 0; i < 25; i++) {
+        usleep(100000);
+        if (atomic_load(&bump_forks))
+            atomic_fetch_add(&watch.forking, 1 << 16);
+    }
+    (void)arg;
+    mt_unlock(&lock);
+    return NULL;
+}
+
+/* Waits for the lock while a thread holds it for 2.5 s. */
+static int wait_for_holder(int forks_come_and_go) {
+    pthread_t t;
+    atomic_store(&lock, 1);
+    atomic_store(&bump_forks, forks_come_and_go);
+    pthread_create(&t, NULL, unlock_later, NULL);
+    int got = mt_lock_wait_unless(&lock, &watch);
+    pthread_join(t, NULL);
+    mt_unlock(&lock);
+    return got;
+}
+
+static void test_rule(void) {
+    atomic_store(&lock, 1); /* held for ever by a thread the fork waits for */
+    atomic_store(&watch.forking, 1);
+    double t0 = now_s();
+    CHECK_EQ(mt_lock_wait_unless(&lock, &watch), 0); /* given up on */
+    CHECK_EQ(atomic_load(&watch.stuck_at), 1);       /* and noted */
+    double t1 = now_s();
+    CHECK_EQ(mt_lock_wait_unless(&lock, &watch), 0); /* the same fork: at once */
+    double t2 = now_s();
+    printf("a fork standing still: given up after %.2f s, then after %.6f s\n", t1 - t0, t2 - t1);
+    mt_unlock(&lock);
+
+    /* Another fork under way, which others' forks move on from (one done
+     * every 0.1 s): waited for, however long. */
+    atomic_store(&watch.forking, (1 << 16) + 1);
+    CHECK_EQ(wait_for_holder(1), 1);
+    /* No fork under way, only forks done: waited for. */
+    atomic_store(&watch.forking, 3 << 16);
+    CHECK_EQ(wait_for_holder(0), 1);
+}
+
+/* ---- a signal handler's fork inside the tracker -------------------------- */
+
+static _Atomic int map_calls;
+static volatile sig_atomic_t child_status = -1;
+
+static void *map_and_signal(size_t bytes) {
+    if (atomic_fetch_add(&map_calls, 1) == 0)
+        raise(SIGUSR1); /* the table's locks held: a shard's and its memory's */
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static struct mtrace_stats stats(void);
+
+/* Forks a child that allocates and exits 0 when its tracking is as
+ * expected (on after a plain fork, off after an orphaning one). */
+static int fork_and_wait(int active) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        void *p = mtt_malloc(100);
+        mtt_free(p);
+        _exit(!p ? 3 : stats().active != (uint32_t)active ? 4 : 0);
+    }
+    int st = -1;
+    if (pid > 0)
+        waitpid(pid, &st, 0);
+    return st;
+}
+
+static void on_usr1(int sig) {
+    (void)sig;
+    child_status = fork_and_wait(0);
+}
+
+static struct mtrace_stats stats(void) {
+    struct mtrace_stats s;
+    memset(&s, 0, sizeof s);
+    if (mtrace_api_v2.stats(&s, sizeof s) != MTRACE_OK)
+        s.live_count = UINT64_MAX;
+    return s;
+}
+
+static uint64_t live_count(void) { return stats().live_count; }
+
+#define MAX_BLOCKS (1 << 21)
+
+static void test_handler_fork(void) {
+    struct sigaction sa = {.sa_handler = on_usr1};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    void **kept = mmap(NULL, MAX_BLOCKS * sizeof(void *), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(kept != MAP_FAILED);
+    if (kept == MAP_FAILED)
+        return;
+    uint64_t before = live_count();
+    mt_table_map_hook = map_and_signal;
+    size_t n = 0;
+    while (n < MAX_BLOCKS && !atomic_load(&map_calls))
+        kept[n++] = mtt_malloc(64);
+    mt_table_map_hook = NULL;
+    CHECK(atomic_load(&map_calls) > 0); /* the table grew while recording */
+    printf("the table mapped memory at block %zu; the handler's child: status %#x\n", n,
+           (unsigned)child_status);
+    CHECK(WIFEXITED(child_status) && WEXITSTATUS(child_status) == 0);
+    CHECK_EQ(live_count(), before + n); /* every block recorded, the interrupted one too */
+    int st = fork_and_wait(1);          /* and a plain fork after it */
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    for (size_t i = 0; i < n; i++)
+        mtt_free(kept[i]);
+    CHECK_EQ(live_count(), before);
+    munmap(kept, MAX_BLOCKS * sizeof(void *));
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* what was done shows if the alarm ends it */
+    alarm(120);                       /* a fork waiting for itself: killed, and so failed */
+    CHECK(stats().active);            /* MTRACE_PROGRAMS names this program */
+    test_rule();
+    test_handler_fork();
+    printf("%d passed, %d failed\n", checks_passed, checks_failed);
+    return checks_failed != 0;
+}
