@@ -18,17 +18,19 @@
 
 /* The forking thread keeps out of the table meanwhile (fork itself may
  * allocate).  A signal handler's fork that interrupted its thread inside
- * the tracker (busy) takes nothing, though: the thread may hold one of those locks, or be
- * inside a fork gate, and would wait for itself.  Its child is then
- * orphaned: it records nothing more, and the work the handler interrupted,
- * which goes on there once the handler returns, gives up waiting for the
- * locks that other threads held (stuck_at, spinlock.h). */
+ * the tracker (busy) takes nothing, though: the thread may hold one of
+ * those locks, or be inside a fork gate, and would wait for itself.  Its
+ * child is then orphaned: it records nothing more, and the work the
+ * handler interrupted, which goes on there once the handler returns, gives
+ * up waiting for the locks that other threads held (stuck_at, spinlock.h).
+ * An orphan's later forks take nothing either: its gates' counts, reset in
+ * the child while that work may have been inside, no longer add up. */
 static MT_TLS unsigned char fork_alone;
 
 static void fork_prepare(void) {
     atomic_fetch_add(&mt_state.fork.forking, 1);
     fork_alone = mt_me.f.b.busy != MT_BUSY_NO || mt_objects_mine() ||
-                 atomic_load(&mt_state.mode) == MT_MODE_ORPHANED; /* its gates miscount */
+                 atomic_load(&mt_state.mode) == MT_MODE_ORPHANED;
     if (fork_alone)
         return;
     mt_me.fork_saved_busy = mt_tracker_call_out(); /* others' fork handlers allocate */
@@ -54,8 +56,8 @@ static void fork_parent(void) {
         mt_fallback_open();
         mt_objects_open();
     }
-    atomic_fetch_add(&mt_state.fork.forking,
-                     (1 << 16) - 1); /* one more done, one fewer under way */
+    /* One more done, one fewer under way. */
+    atomic_fetch_add(&mt_state.fork.forking, (1 << 16) - 1);
 }
 
 static void fork_child(void) {

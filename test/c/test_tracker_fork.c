@@ -3,12 +3,13 @@
  * test can reach inside it:
  * - the rule of waits on those locks (spinlock.h's mt_lock_wait_unless):
  *   forks that come and go are waited for, a fork that stands still is
- *   given up on after a second or two, and then at once;
+ *   given up on after a second or two, and then at once (before a holder
+ *   lets go half a second on);
  * - a signal handler's fork that interrupted its own thread holding a table
  *   lock (raised from the table's map hook, which runs under it) waits for
- *   nothing: its child allocates and exits, and the parent's table goes on
- *   exact, through a plain fork after it too.  Without the rule the fork
- *   waited for itself, and alarm() ends the test.
+ *   nothing: its child allocates, untraced, and exits, and the parent's
+ *   table goes on exact, through a plain fork after it too.  Without that
+ *   rule the fork waited for itself, and alarm() ends the test.
  * Run with MTRACE_PROGRAMS=test_tracker_fork (test/c/run.sh does).
  *   test_tracker_fork BUILD */
 #define _GNU_SOURCE
@@ -39,26 +40,33 @@ static double now_s(void) {
 
 static mt_spinlock lock;
 static struct mt_fork_watch watch;
-static _Atomic int bump_forks; /* forks done while the lock is held */
+
+struct holder {
+    int tenths; /* holds the lock this many tenths of a second */
+    int bump;   /* a fork done every tenth meanwhile */
+};
 
 static void *unlock_later(void *arg) {
-    for (int i = 0; i < 25; i++) {
+    const struct holder *h = arg;
+    for (int i = 0; i < h->tenths; i++) {
         usleep(100000);
-        if (atomic_load(&bump_forks))
+        if (h->bump)
             atomic_fetch_add(&watch.forking, 1 << 16);
     }
-    (void)arg;
     mt_unlock(&lock);
     return NULL;
 }
 
-/* Waits for the lock while a thread holds it for 2.5 s. */
-static int wait_for_holder(int forks_come_and_go) {
+/* Waits for the lock while a thread holds it for a while: 1 when the wait
+ * got it, 0 when it gave up first; *waited, how long it took (s). */
+static int wait_for_holder(int tenths, int forks_come_and_go, double *waited) {
     pthread_t t;
+    struct holder h = {tenths, forks_come_and_go};
     atomic_store(&lock, 1);
-    atomic_store(&bump_forks, forks_come_and_go);
-    pthread_create(&t, NULL, unlock_later, NULL);
+    pthread_create(&t, NULL, unlock_later, &h);
+    double t0 = now_s();
     int got = mt_lock_wait_unless(&lock, &watch);
+    *waited = now_s() - t0;
     pthread_join(t, NULL);
     mt_unlock(&lock);
     return got;
@@ -67,22 +75,22 @@ static int wait_for_holder(int forks_come_and_go) {
 static void test_rule(void) {
     atomic_store(&lock, 1); /* held for ever by a thread the fork waits for */
     atomic_store(&watch.forking, 1);
-    double t0 = now_s();
+    double t0 = now_s(), first, again;
     CHECK_EQ(mt_lock_wait_unless(&lock, &watch), 0); /* given up on */
-    CHECK_EQ(atomic_load(&watch.stuck_at), 1);       /* and noted */
-    double t1 = now_s();
-    CHECK_EQ(mt_lock_wait_unless(&lock, &watch), 0); /* the same fork: at once */
-    double t2 = now_s();
-    printf("a fork standing still: given up after %.2f s, then after %.6f s\n", t1 - t0, t2 - t1);
-    mt_unlock(&lock);
+    first = now_s() - t0;
+    CHECK_EQ(atomic_load(&watch.stuck_at), 1); /* and noted */
+    /* The same fork: given up at once, before a holder lets go 0.5 s on
+     * (a wait of a second or two would have got the lock). */
+    CHECK_EQ(wait_for_holder(5, 0, &again), 0);
+    printf("a fork standing still: given up after %.2f s, then after %.6f s\n", first, again);
 
     /* Another fork under way, which others' forks move on from (one done
      * every 0.1 s): waited for, however long. */
     atomic_store(&watch.forking, (1 << 16) + 1);
-    CHECK_EQ(wait_for_holder(1), 1);
+    CHECK_EQ(wait_for_holder(25, 1, &again), 1);
     /* No fork under way, only forks done: waited for. */
     atomic_store(&watch.forking, 3 << 16);
-    CHECK_EQ(wait_for_holder(0), 1);
+    CHECK_EQ(wait_for_holder(25, 0, &again), 1);
 }
 
 /* ---- a signal handler's fork inside the tracker -------------------------- */
