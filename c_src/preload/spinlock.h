@@ -25,30 +25,6 @@ static inline void mt_cpu_relax(void) {
 #endif
 }
 
-/* Waiting, out of line: the caller of an uncontended lock keeps its values
- * in registers instead of saving them around a possible sched_yield. */
-static __attribute__((noinline, cold, unused)) void mt_lock_wait(mt_spinlock *l) {
-    for (;;) {
-        for (int spins = 0; atomic_load_explicit(l, memory_order_relaxed); spins++) {
-            if (spins < 64)
-                mt_cpu_relax();
-            else
-                sched_yield(); /* the holder may have been preempted */
-        }
-        if (!atomic_exchange_explicit(l, 1, memory_order_acquire))
-            return;
-    }
-}
-
-static inline void mt_lock(mt_spinlock *l) {
-#ifdef MT_LEAVE_OUT_LOCK /* a benchmark's build only, 1 thread: what the atomic exchange costs */
-    atomic_store_explicit(l, 1, memory_order_relaxed);
-    return;
-#endif
-    if (__builtin_expect(atomic_exchange_explicit(l, 1, memory_order_acquire), 0))
-        mt_lock_wait(l);
-}
-
 /* What a wait that may give up watches: forks under way in forking's low
  * 16 bits and forks done above them.  A fork's prepare handler holds the
  * tracker's locks, then waits in the C library for its allocator's locks,
@@ -66,7 +42,8 @@ struct mt_fork_watch {
 };
 
 /* Waiting that gives up (above): 0 when it does, else 1 with l taken.  Out
- * of line and cold, as mt_lock_wait. */
+ * of line and cold: the caller of an uncontended lock keeps its values in
+ * registers instead of saving them around a possible sched_yield. */
 static __attribute__((noinline, cold, unused)) int mt_lock_wait_unless(mt_spinlock *l,
                                                                        struct mt_fork_watch *w) {
     time_t from = 0; /* 1 + the second forking was seen at seen; 0: not yet */
@@ -94,6 +71,22 @@ static __attribute__((noinline, cold, unused)) int mt_lock_wait_unless(mt_spinlo
         if (!atomic_exchange_explicit(l, 1, memory_order_acquire))
             return 1;
     }
+}
+
+/* Waiting that never gives up: the same loop, with no fork to watch (it
+ * yields to a holder that may have been preempted). */
+static __attribute__((noinline, cold, unused)) void mt_lock_wait(mt_spinlock *l) {
+    static struct mt_fork_watch none;
+    (void)mt_lock_wait_unless(l, &none);
+}
+
+static inline void mt_lock(mt_spinlock *l) {
+#ifdef MT_LEAVE_OUT_LOCK /* a benchmark's build only, 1 thread: what the atomic exchange costs */
+    atomic_store_explicit(l, 1, memory_order_relaxed);
+    return;
+#endif
+    if (__builtin_expect(atomic_exchange_explicit(l, 1, memory_order_acquire), 0))
+        mt_lock_wait(l);
 }
 
 /* mt_lock, but 0 without l when mt_lock_wait_unless gives up. */
