@@ -37,8 +37,15 @@ static void fold(struct mt_counts *c) { /* under lock */
     used[c - slots] = 0;
 }
 
+/* retire and sum wait as register does: for an orphaned fork child
+ * (fork.c), whose lock another thread may hold for ever, and beside a fork
+ * found stuck, which holds it.  Giving up, retire keeps c in use (its counts
+ * are still summed), and sum reads without the lock: whoever holds it then
+ * (the stuck fork, or nobody left) writes nothing meanwhile, as register
+ * and retire give up too. */
 void mt_counts_retire(struct mt_counts *c) {
-    mt_lock(&lock);
+    if (!mt_lock_unless(&lock, &mt_state.fork))
+        return;
     fold(c);
     mt_unlock(&lock);
 }
@@ -48,14 +55,15 @@ void mt_counts_shared_add(enum mtrace_fn fn) {
 }
 
 void mt_counts_sum(uint64_t *out) {
-    mt_lock(&lock);
+    int locked = mt_lock_unless(&lock, &mt_state.fork);
     for (int f = 0; f < MT_FN_COUNT; f++)
         out[f] = retired[f] + atomic_load_explicit(&shared[f], memory_order_relaxed);
     for (int i = 0; i < SLOTS; i++)
         if (used[i])
             for (int f = 0; f < MT_FN_COUNT; f++)
                 out[f] += atomic_load_explicit(&slots[i].calls[f], memory_order_relaxed);
-    mt_unlock(&lock);
+    if (locked)
+        mt_unlock(&lock);
 }
 
 void mt_counts_lock(void) { mt_lock(&lock); }

@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 
 #include "spinlock.h"
+#include "state.h"
 #include "table.h"
 
 #define FIRST_CHUNK ((size_t)1 << 20)
@@ -97,8 +98,13 @@ static void *take(size_t bytes) {
     return at; /* fresh mapped memory is zero */
 }
 
+/* These two wait as the shard locks do (spinlock.h): a fork child
+ * orphaned by a signal handler's fork (fork.c) finds this lock held for
+ * ever by a thread that did not come along, and the work the handler
+ * interrupted, finishing there, must get on without it. */
 void *mt_mem_take(size_t bytes) {
-    mt_lock(&lock);
+    if (!mt_lock_unless(&lock, &mt_state.fork))
+        return NULL; /* as if nothing could be mapped: the entry is dropped */
     void *p = take(bytes);
     mt_unlock(&lock);
     return p;
@@ -108,7 +114,8 @@ void mt_mem_give(void *p, size_t bytes) {
     if (!p)
         return;
     unsigned s = shift_of(bytes);
-    mt_lock(&lock);
+    if (!mt_lock_unless(&lock, &mt_state.fork))
+        return; /* not reused, that is all */
     memcpy(p, &free_lists[s], sizeof p);
     free_lists[s] = p;
     mt_unlock(&lock);

@@ -15,7 +15,8 @@
 #include <stdint.h>
 
 /* A zeroed block of bytes (a power of two, 64 B to MT_MEM_MAX_BLOCK), or
- * NULL when no memory could be mapped. */
+ * NULL when no memory could be mapped (or, in an orphaned fork child, the
+ * lock is held by a thread that did not come along). */
 #define MT_MEM_MAX_SHIFT 21
 #define MT_MEM_MAX_BLOCK ((size_t)1 << MT_MEM_MAX_SHIFT)
 void *mt_mem_take(size_t bytes);

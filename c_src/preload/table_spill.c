@@ -9,6 +9,7 @@
 
 #include "hash.h"
 #include "spinlock.h"
+#include "state.h"
 #include "table_mem.h"
 
 #define MIN_BITS 4
@@ -50,9 +51,12 @@ static int grow(void) {
     return 1;
 }
 
+/* put and take wait as table_mem.c's lock does, and for the same orphaned
+ * fork child: giving up, put drops the entry and take finds nothing. */
 int mt_spill_put(const struct mt_entry *e, struct mt_entry *old) {
     int r = -1;
-    mt_lock(&lock);
+    if (!mt_lock_unless(&lock, &mt_state.fork))
+        return r;
     uint64_t n = atomic_load_explicit(&mt_spill_count, memory_order_relaxed);
     size_t cap = cap_bits ? (size_t)1 << cap_bits : 0;
     if (4 * (n + 1) > 3 * cap && !grow() && n + 1 >= cap)
@@ -71,7 +75,8 @@ out:
 
 int mt_spill_take(uint64_t addr, struct mt_entry *old) {
     int found = 0;
-    mt_lock(&lock);
+    if (!mt_lock_unless(&lock, &mt_state.fork))
+        return found;
     if (!slots)
         goto out;
     size_t mask = ((size_t)1 << cap_bits) - 1, i = probe(addr);

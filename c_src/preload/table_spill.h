@@ -15,7 +15,8 @@
 #include "table.h"
 
 /* Records e: 1 when its address was there (*old is the former entry), 0 when
- * new, -1 when no memory could be mapped to hold it. */
+ * new, -1 when no memory could be mapped to hold it (or, in an orphaned fork
+ * child, its lock is held by a thread that did not come along). */
 int mt_spill_put(const struct mt_entry *e, struct mt_entry *old);
 
 /* Forgets addr; 1 and *old (if not NULL) when it was there. */

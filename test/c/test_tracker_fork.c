@@ -9,7 +9,11 @@
  *   lock (raised from the table's map hook, which runs under it) waits for
  *   nothing: its child allocates, untraced, and exits, and the parent's
  *   table goes on exact, through a plain fork after it too.  Without that
- *   rule the fork waited for itself, and alarm() ends the test.
+ *   rule the fork waited for itself, and alarm() ends the test;
+ * - such a fork while another thread holds the table memory's lock (stopped
+ *   in the map hook): the interrupted work, which goes on in the child
+ *   and needs that lock, gives up on it there at once, and the child exits
+ *   (its stats() summing the counts without their lock, held by another).
  * Run with MTRACE_PROGRAMS=test_tracker_fork (test/c/run.sh does).
  *   test_tracker_fork BUILD */
 #define _GNU_SOURCE
@@ -22,6 +26,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "counters.h"
 #include "mtrace_api.h"
 #include "spinlock.h"
 #include "table.h"
@@ -167,12 +172,106 @@ static void test_handler_fork(void) {
     munmap(kept, MAX_BLOCKS * sizeof(void *));
 }
 
+/* ---- the same fork, another thread holding the table memory's lock ---- */
+
+static pthread_t holder;
+static _Atomic int holding, let_go, orphan_status_set;
+static volatile sig_atomic_t in_child, orphan_status = -1;
+
+static void *map_and_hold(size_t bytes) {
+    if (pthread_equal(pthread_self(), holder) && !atomic_exchange(&holding, 1))
+        while (!atomic_load(&let_go))
+            usleep(1000);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void *allocate_until_held(void *kept) {
+    for (size_t n = 0; n < MAX_BLOCKS && !atomic_load(&holding); n++)
+        ((void **)kept)[n] = mtt_malloc(64);
+    return NULL;
+}
+
+/* The child waits here for nothing: it goes on with the interrupted work. */
+static void fork_on_usr2(int sig) {
+    (void)sig;
+    pid_t pid = fork();
+    if (pid == 0) {
+        in_child = 1;
+        return;
+    }
+    int st = -1;
+    for (int i = 0; pid > 0 && i < 1000 && waitpid(pid, &st, WNOHANG) == 0; i++)
+        usleep(10000);
+    if (pid > 0 && !WIFEXITED(st) && !WIFSIGNALED(st)) { /* still waiting after 10 s */
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+    }
+    orphan_status = st;
+    atomic_store(&orphan_status_set, 1);
+}
+
+struct nudge {
+    pthread_t target;
+};
+
+static void *nudge_then_let_go(void *arg) {
+    usleep(200000);   /* the target is waiting for the lock by then */
+    mt_counts_lock(); /* the child's stats() sums the counts without it */
+    pthread_kill(((struct nudge *)arg)->target, SIGUSR2);
+    while (!atomic_load(&orphan_status_set))
+        usleep(1000);
+    mt_counts_unlock();
+    atomic_store(&let_go, 1);
+    return NULL;
+}
+
+static void test_orphan_waits(void) {
+    struct sigaction sa = {.sa_handler = fork_on_usr2};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR2, &sa, NULL);
+    void **kept = mmap(NULL, MAX_BLOCKS * sizeof(void *), PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(kept != MAP_FAILED);
+    if (kept == MAP_FAILED)
+        return;
+    uint64_t before = live_count();
+    mt_table_map_hook = map_and_hold;
+    pthread_create(&holder, NULL, allocate_until_held, kept);
+    while (!atomic_load(&holding))
+        usleep(1000);
+    pthread_t nudger;
+    struct nudge n = {pthread_self()};
+    pthread_create(&nudger, NULL, nudge_then_let_go, &n);
+    /* 128 MiB goes to the spill, whose first entry needs the table's
+     * memory: this waits for the holder, and is interrupted meanwhile. */
+    void *big = mtt_malloc((size_t)128 << 20);
+    if (in_child)
+        _exit(!big ? 3 : stats().active ? 4 : 0);
+    pthread_join(nudger, NULL);
+    pthread_join(holder, NULL);
+    mt_table_map_hook = NULL;
+    printf("the orphaned child's status: %#x\n", (unsigned)orphan_status);
+    CHECK(WIFEXITED(orphan_status) && WEXITSTATUS(orphan_status) == 0);
+    size_t held = 0;
+    while (held < MAX_BLOCKS && kept[held])
+        held++;
+    CHECK(big != NULL);
+    CHECK_EQ(live_count(), before + held + 1); /* the parent's table exact */
+    mtt_free(big);
+    for (size_t i = 0; i < held; i++)
+        mtt_free(kept[i]);
+    CHECK_EQ(live_count(), before);
+    munmap(kept, MAX_BLOCKS * sizeof(void *));
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* what was done shows if the alarm ends it */
     alarm(120);                       /* a fork waiting for itself: killed, and so failed */
     CHECK(stats().active);            /* MTRACE_PROGRAMS names this program */
     test_rule();
     test_handler_fork();
+    test_orphan_waits();
     printf("%d passed, %d failed\n", checks_passed, checks_failed);
     return checks_failed != 0;
 }
