@@ -253,6 +253,18 @@ static int fallback_safe(const uintptr_t *ips, int walked) {
     return 0;
 }
 
+/* MTRACE_UNWIND=libunwind hands every stack to libunwind, but on a thread
+ * it has not walked yet the walker looks first, for the signal frame under
+ * which that first walk could hang: -1 (to libunwind) or, when the walk
+ * gave up, what mt_unwind_check returned, for fallback_safe to judge. */
+static int libunwind_mode_look(const struct mt_walk_start *at, uintptr_t *buf, int max) {
+    if (mt_fallback_warm())
+        return -1;
+    int same = 0; /* buf is rewritten by libunwind when the walk went through */
+    int n = mt_unwind_check(at, buf, max, &same);
+    return n >= 0 ? -1 : n;
+}
+
 static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at, uint32_t depth) {
     /* Not on the C stack: 2 KiB there, under every allocation of a new
      * stack, is more than a small thread stack can spare. */
@@ -264,7 +276,7 @@ static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at
     int same = 0;
     int n = mt_state.fast_unwind
                 ? mt_unwind_check(at, (uintptr_t *)buf, (int)(depth + MAX_HOOK_FRAMES), &same)
-                : -1;
+                : libunwind_mode_look(at, (uintptr_t *)buf, (int)(depth + MAX_HOOK_FRAMES));
     int walked = n >= 0;
     if (n < 0) {
         if (mt_state.fast_unwind)
