@@ -41,7 +41,7 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_own_alloc $(BUILD)/test_interpose_nopie \
 	$(BUILD)/test_interpose_small_stacks $(BUILD)/test_interpose_loader_lock \
 	$(BUILD)/test_interpose_coroutine $(BUILD)/test_interpose_thread_exit \
-	$(BUILD)/test_interpose_signals
+	$(BUILD)/test_interpose_signals $(BUILD)/test_interpose_signal_stack
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
 	$(BUILD)/test_symbols_files $(BUILD)/test_name_fit \
 	$(BUILD)/test_elf_symtab \
@@ -173,9 +173,16 @@ $(BUILD)/asan_test_config: test/c/test_config.c test/c/check.h c_src/preload/con
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_config.c c_src/preload/config.c
 
-$(BUILD)/test_interpose: test/c/test_interpose.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
+$(BUILD)/test_interpose: test/c/test_interpose.c test/c/check.h test/c/queries.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -O1 -fno-inline -fno-optimize-sibling-calls -fno-builtin -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_interpose.c $(DL_LIBS) -lpthread -rdynamic
+
+# Its frames as written: each function a frame of its own, a call a call.
+$(BUILD)/test_interpose_signal_stack: test/c/test_interpose_signal_stack.c test/c/check.h \
+		test/c/queries.h c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -O1 -fno-inline -fno-optimize-sibling-calls -fno-builtin -Ic_src -o $@ \
+		test/c/test_interpose_signal_stack.c $(DL_LIBS) -lpthread
 
 $(BUILD)/test_interpose_sampling: test/c/test_interpose_sampling.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)

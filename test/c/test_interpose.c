@@ -27,15 +27,7 @@ static const struct mtrace_api *api;
 /* Finds the live entry for p among allocations of exactly `size` bytes. */
 static int lookup(void *p, uint64_t size, struct mtrace_alloc *found) {
     static struct mtrace_alloc buf[65536];
-    struct mtrace_query f = sized_query(size, size);
-    size_t n = query_olds(api, &f, buf, 65536);
-    for (size_t i = 0; i < n; i++)
-        if (buf[i].addr == (uintptr_t)p) {
-            if (found)
-                *found = buf[i];
-            return 1;
-        }
-    return 0;
+    return query_block(api, p, size, buf, 65536, found);
 }
 
 static __attribute__((noinline)) void *leak_here(size_t n) {
@@ -57,89 +49,6 @@ static void test_caller_is_frame_zero(void) {
           strstr(info.dli_fname, "test_interpose"));
     free(p);
     CHECK(!lookup(p, 1234567, NULL));
-}
-
-/* A block allocated in a signal handler: the walker gives up at the signal
- * frame, and the stats say so.  Where libunwind has walked on the thread
- * before (glibc), the stack goes on through the signal frame to the code
- * the signal interrupted; on a thread it has not walked (its first walk
- * there allocates, which a handler must not) or without libunwind (musl),
- * the stack is the frames walked until then, the handler's and the
- * trampoline's, counted as cut. */
-static void *in_handler;
-static int trampoline_known;
-static __attribute__((noinline)) void on_signal(int sig) {
-    (void)sig;
-    Dl_info info;
-    trampoline_known = dladdr(__builtin_return_address(0), &info) != 0;
-    in_handler = leak_here(4321);
-}
-
-/* Raises the signal; the depth of its block's stack, and whether that
- * reached this function (*here). */
-static __attribute__((noinline)) int signal_here(int *here) {
-    raise(SIGUSR1);
-    struct mtrace_alloc a;
-    *here = 0;
-    if (!trampoline_known || !lookup(in_handler, 4321, &a))
-        return -1;
-    uintptr_t ips[MTRACE_MAX_DEPTH];
-    uint32_t depth = api->stack(a.stack_id, ips, MTRACE_MAX_DEPTH);
-    CHECK(depth >= 3 && ips[1] > (uintptr_t)on_signal && ips[1] < (uintptr_t)on_signal + 64);
-    for (uint32_t i = 2; i < depth; i++)
-        *here |= ips[i] > (uintptr_t)signal_here && ips[i] < (uintptr_t)signal_here + 256;
-    free(in_handler);
-    return (int)depth;
-}
-
-static void *cold_thread(void *arg) { return (void *)(intptr_t)signal_here((int *)arg); }
-
-#if defined(__x86_64__) && defined(__GLIBC__)
-/* odd_frame_call(f, n) calls f(n) from a frame whose CFA is kept in r12, a
- * rule the walker does not model: the walk gives up there, and libunwind
- * walks on. */
-void *odd_frame_call(void *(*f)(size_t), size_t n);
-__asm__(".text\n.globl odd_frame_call\n.type odd_frame_call, @function\n"
-        "odd_frame_call:\n.cfi_startproc\n"
-        "push %r12\n.cfi_adjust_cfa_offset 8\n.cfi_rel_offset %r12, 0\n"
-        "mov %rsp, %r12\n.cfi_def_cfa_register %r12\n"
-        "mov %rdi, %rax\nmov %rsi, %rdi\ncall *%rax\n"
-        "mov %r12, %rsp\n.cfi_def_cfa_register %rsp\n"
-        "pop %r12\n.cfi_adjust_cfa_offset -8\n.cfi_restore %r12\nret\n"
-        ".cfi_endproc\n.size odd_frame_call, .-odd_frame_call\n");
-#endif
-
-/* Also run with MTRACE_UNWIND=libunwind (main starts itself again so), in
- * which every stack is libunwind's but the first on a thread, which the
- * walker looks at first for such a signal frame. */
-static void test_signal_stack(void) {
-    int fast = !getenv("MTRACE_UNWIND");
-    struct mtrace_stats before, after;
-    signal(SIGUSR1, on_signal);
-    api->stats(&before, sizeof before);
-    pthread_t t;
-    int here = 0;
-    void *depth;
-    pthread_create(&t, NULL, cold_thread, &here);
-    pthread_join(t, &depth);
-    api->stats(&after, sizeof after);
-    if (!trampoline_known) { /* qemu-user before 8.0 on aarch64: no vDSO, no unwind info */
-        printf("skipped: signal stack (the handler returns to code outside every object, as "
-               "under qemu-user without a vDSO)\n");
-        return;
-    }
-    CHECK_EQ(after.fast_unwind, (uint32_t)fast);
-    CHECK(!fast || after.unwind_fallbacks > before.unwind_fallbacks);
-    CHECK(after.unwind_cut > before.unwind_cut);
-    CHECK(!here && (intptr_t)depth == 3);
-#if defined(__x86_64__) && defined(__GLIBC__)
-    /* This thread, once libunwind has walked on it: the whole stack. */
-    api->stats(&before, sizeof before);
-    free(odd_frame_call(leak_here, 77));
-    api->stats(&after, sizeof after);
-    CHECK(!fast || after.unwind_fallbacks > before.unwind_fallbacks);
-    CHECK(signal_here(&here) > 3 && here);
-#endif
 }
 
 #ifdef __GLIBC__
@@ -457,33 +366,11 @@ static void test_signals_in_queries(void) {
     CHECK(!lookup(after, 3008, NULL));
 }
 
-/* test_signal_stack again, in a process of its own with
- * MTRACE_UNWIND=libunwind (glibc only: musl has no libunwind). */
-static void test_signal_stack_libunwind(char *argv0) {
-#ifdef __GLIBC__
-    pid_t pid = fork();
-    if (pid == 0) {
-        setenv("MTRACE_UNWIND", "libunwind", 1);
-        check_restart(argv0, "signal-stack", 1, 1);
-    }
-    int st = -1;
-    CHECK(pid > 0 && waitpid(pid, &st, 0) == pid);
-    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-#else
-    (void)argv0;
-#endif
-}
-
-int main(int argc, char **argv) {
+int main(void) {
     api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
     CHECK(api != NULL);
     if (!api)
         return check_summary();
-    if (argc > 1 && !strcmp(argv[1], "signal-stack")) {
-        printf("again with MTRACE_UNWIND=libunwind: ");
-        test_signal_stack();
-        return check_summary();
-    }
     struct mtrace_stats s;
     api->stats(&s, sizeof s);
     CHECK_EQ(s.active, 1);
@@ -491,8 +378,6 @@ int main(int argc, char **argv) {
     CHECK_EQ(s.depth, 32);
     test_caller_is_frame_zero();
     test_each_function();
-    test_signal_stack();
-    test_signal_stack_libunwind(argv[0]);
     test_libc_semantics();
     test_threads_exact();
     test_thread_exit();
