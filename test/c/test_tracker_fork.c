@@ -144,14 +144,21 @@ static uint64_t live_count(void) { return stats().live_count; }
 
 #define MAX_BLOCKS (1 << 21)
 
-static void test_handler_fork(void) {
-    struct sigaction sa = {.sa_handler = on_usr1};
+/* Installs handler for sig; room for MAX_BLOCKS blocks kept, zeroed, or
+ * NULL. */
+static void **handler_and_room(int sig, void (*handler)(int)) {
+    struct sigaction sa = {.sa_handler = handler};
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(sig, &sa, NULL);
     void **kept = mmap(NULL, MAX_BLOCKS * sizeof(void *), PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     CHECK(kept != MAP_FAILED);
-    if (kept == MAP_FAILED)
+    return kept == MAP_FAILED ? NULL : kept;
+}
+
+static void test_handler_fork(void) {
+    void **kept = handler_and_room(SIGUSR1, on_usr1);
+    if (!kept)
         return;
     uint64_t before = live_count();
     mt_table_map_hook = map_and_signal;
@@ -227,13 +234,8 @@ static void *nudge_then_let_go(void *arg) {
 }
 
 static void test_orphan_waits(void) {
-    struct sigaction sa = {.sa_handler = fork_on_usr2};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGUSR2, &sa, NULL);
-    void **kept = mmap(NULL, MAX_BLOCKS * sizeof(void *), PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    CHECK(kept != MAP_FAILED);
-    if (kept == MAP_FAILED)
+    void **kept = handler_and_room(SIGUSR2, fork_on_usr2);
+    if (!kept)
         return;
     uint64_t before = live_count();
     mt_table_map_hook = map_and_hold;
