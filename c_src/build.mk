@@ -294,7 +294,7 @@ $(BUILD)/test_interpose_thread_exit: test/c/test_interpose_thread_exit.c test/c/
 		$(DL_LIBS) -lpthread
 
 $(BUILD)/test_interpose_signals: test/c/test_interpose_signals.c test/c/check.h test/c/queries.h \
-		c_src/mtrace_api.h $(MAKEVARS)
+		test/c/interrupted.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_signals.c $(DL_LIBS)
 
