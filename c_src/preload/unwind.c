@@ -34,6 +34,7 @@ void mt_unwind_count_fallback(void) {
 
 #include "clock.h"
 #include "mtrace_api.h" /* MTRACE_MAX_DEPTH */
+#include "unwind_frames.h"
 #include "unwind_rules.h"
 
 /* ---- reusing this thread's previous walk ------------------------------- *
@@ -45,46 +46,9 @@ void mt_unwind_count_fallback(void) {
  * (independent loads, no hash probes) and finding them unchanged proves the
  * rest of the stack is the same.  bp (the frame pointer) only matters if a
  * later frame uses it before restoring it from the stack.  The previous walk
- * lives in the thread's walker memory (below); new frames above the match
+ * lives in the thread's walker memory (unwind_frames.h); new frames above the match
  * point are collected on the C stack first, so the common case (same
  * frames, same depth) copies none. */
-/* The deepest walk asked for: MTRACE_DEPTH frames (at most
- * MTRACE_MAX_DEPTH) and the hooks' own few (stacks.c asks for depth + 2). */
-#define WALK_MAX (MTRACE_MAX_DEPTH + 8)
-#define PREFIX_MAX 16
-#define F_BP_SAVED 1
-#define F_NEEDS_BP 2 /* the walk from here on reads the incoming bp */
-#define F_CFA_BP 4
-
-struct frames {
-    uintptr_t ip[WALK_MAX], sp[WALK_MAX], bp[WALK_MAX];
-    int32_t bp_off[WALK_MAX], ra_off[WALK_MAX]; /* from the frame's rule */
-    uint8_t flags[WALK_MAX];
-};
-
-/* The same columns, wherever they are stored (TLS or the C stack). */
-struct cols {
-    uintptr_t *ip, *sp, *bp;
-    int32_t *bp_off, *ra_off;
-    uint8_t *flags;
-};
-
-/* A thread's walker memory: 11 KiB in a mapping of its own, made on its
- * first walk and unmapped as it exits.  Not in TLS, whose size glibc takes
- * from the top of every thread's stack in every program the preload is in,
- * traced or not: a thread made with a 16 KiB stack had 3 KiB left.  Nor on
- * the C stack, for the same threads' sake. */
-struct walker {
-    struct frames last; /* the previous walk */
-    /* The previous walk as a list of checks, built once it has repeated:
-     * each stack word a frame of it read (return addresses, and saved bps
-     * a later frame uses), where and what.  A stack that keeps repeating
-     * is then proved the same by one tight loop of independent loads, with
-     * no rule to decode per frame.  chk_n < 0: no list (the previous walk
-     * changed since). */
-    struct mt_stack_check chk[2 * WALK_MAX];
-    uintptr_t scratch[MT_UNWIND_SCRATCH]; /* mt_unwind_scratch */
-};
 #define GONE ((struct walker *)1) /* none: the thread exited, or no memory */
 static __thread struct walker *w __attribute__((tls_model("initial-exec")));
 /* w->last and w->chk are read only where last_n, chk_n or fresh_n says
@@ -124,20 +88,6 @@ static __thread int chk_n __attribute__((tls_model("initial-exec"))) = -1;
 /* Frames of the walk just made in last's columns, with their flags set,
  * for mt_unwind_prove; 0 when it made none (a repeat, or it gave up). */
 static __thread int fresh_n __attribute__((tls_model("initial-exec")));
-
-/* A return address as read from the stack.  On aarch64 it may be signed
- * (pointer authentication, -mbranch-protection=pac-ret): XPACLRI strips the
- * signature, and is a no-op where there is none (it is in the hint space, so
- * also on processors without pointer authentication). */
-static inline uintptr_t return_address(uintptr_t word) {
-#if defined(__aarch64__)
-    register uintptr_t x30 __asm__("x30") = word;
-    __asm__("hint #7" : "+r"(x30)); /* xpaclri */
-    return x30;
-#else
-    return word;
-#endif
-}
 
 #include "stack_bounds.h"
 
@@ -203,36 +153,6 @@ static inline MT_READS_STACK int repeats(uintptr_t ip, uintptr_t sp, uintptr_t b
     return !mt_checks_differ(w->chk, chk_n);
 }
 
-/* F_NEEDS_BP for frames [0, upto), given the flags of frame upto. */
-static void mark_needs(struct cols *f, int upto, int n) {
-    uint8_t needs = upto < n ? (f->flags[upto] & F_NEEDS_BP) != 0 : 0;
-    for (int j = upto - 1; j >= 0; j--) {
-        uint8_t x = f->flags[j] & (F_BP_SAVED | F_CFA_BP);
-        needs = (x & F_CFA_BP) ? 1 : (x & F_BP_SAVED) ? 0 : needs;
-        f->flags[j] = x | (needs ? F_NEEDS_BP : 0);
-    }
-}
-
-static void put(struct cols *f, int i, uintptr_t ip, uintptr_t sp, uintptr_t bp) {
-    f->ip[i] = ip;
-    f->sp[i] = sp;
-    f->bp[i] = bp;
-    f->flags[i] = 0;
-    f->bp_off[i] = 0;
-    f->ra_off[i] = 0;
-}
-
-static void copy_frames(struct cols *to, const struct cols *from, int n) {
-    for (int i = 0; i < n; i++) {
-        to->ip[i] = from->ip[i];
-        to->sp[i] = from->sp[i];
-        to->bp[i] = from->bp[i];
-        to->bp_off[i] = from->bp_off[i];
-        to->ra_off[i] = from->ra_off[i];
-        to->flags[i] = from->flags[i];
-    }
-}
-
 static struct cols last_cols(void) {
     return (struct cols){w->last.ip,     w->last.sp,     w->last.bp,
                          w->last.bp_off, w->last.ra_off, w->last.flags};
@@ -255,6 +175,27 @@ static void splice(const struct cols *pre, int n, int c) {
     copy_frames(&l, pre, n);
     last_n = n + tail;
     mark_needs(&l, n, last_n);
+}
+
+/* The walk has met the previous one at its frame c, which holds from there
+ * on: frames [0, n) of f go before it, and the walk is done. */
+static inline __attribute__((always_inline)) int
+join(const struct cols *f, int n, int c, uintptr_t *out, int max, int *same, int lazy) {
+    *same = n == 0 && c == 0 && max == last_max;
+    last_max = max;
+    splice(f, n, c);
+    int give = last_n < max ? last_n : max;
+    if (*same)
+        build_checks();
+    else
+        fresh_n = give;
+    if (lazy && *same)
+        return give;
+    /* A plain loop: the block is short, and GCC's inline memcpy for it (rep
+     * movsq) costs more than the copy. */
+    for (int i = 0; i < give; i++)
+        out[i] = w->last.ip[i];
+    return give;
 }
 
 /* lazy: when the stack is the one walked last time, out is left alone. */
@@ -298,23 +239,8 @@ walk(const struct mt_walk_start *at, uintptr_t *out, int max, int *same, int laz
             (!(w->last.flags[c] & F_NEEDS_BP) || w->last.bp[c] == bp)) {
             if (valid < 0)
                 valid = valid_from(c); /* once: the stack does not change meanwhile */
-            if (c >= valid) {
-                *same = n == 0 && c == 0 && max == last_max;
-                last_max = max;
-                splice(f, n, c);
-                int give = last_n < max ? last_n : max;
-                if (*same)
-                    build_checks();
-                else
-                    fresh_n = give;
-                if (lazy && *same)
-                    return give;
-                /* A plain loop: the block is short, and GCC's inline memcpy
-                 * for it (rep movsq) costs more than the copy. */
-                for (int i = 0; i < give; i++)
-                    out[i] = w->last.ip[i];
-                return give;
-            }
+            if (c >= valid)
+                return join(f, n, c, out, max, same, lazy);
         }
         if (f == &pre && (c >= last_n || n == PREFIX_MAX)) {
             /* No reuse after all: move what pre holds into last and go on there. */
