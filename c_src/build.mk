@@ -435,14 +435,15 @@ $(BUILD)/tsan/tsan_work.so: test/c/tsan_work.c $(MAKEVARS)
 # destructor that may run after TSan's own has torn the thread's state down
 # (a crash in TSan, not here).  tsan_tracker_libunwind keeps it, for a
 # separate look (make ctest-tsan does not run it).
-$(BUILD)/tsan/tsan_tracker: test/c/tsan_tracker.c $(BUILD)/tsan/tsan_hooks.o $(BUILD)/tsan/tsan_work.so \
+TSAN_TRACKER_HDR = test/c/tsan_alloc.h test/c/interrupted.h
+$(BUILD)/tsan/tsan_tracker: test/c/tsan_tracker.c $(TSAN_TRACKER_HDR) $(BUILD)/tsan/tsan_hooks.o $(BUILD)/tsan/tsan_work.so \
 		$(TRACKER_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)/tsan
 	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) -DMT_NO_LIBUNWIND -ftls-model=initial-exec -Ic_src -Ic_src/preload \
 		-o $@ test/c/tsan_tracker.c $(BUILD)/tsan/tsan_hooks.o $(TRACKER_SRC) \
 		$(BUILD)/tsan/tsan_work.so -Wl,-rpath,'$$ORIGIN' $(PRELOAD_LIBS) -lm
 
-$(BUILD)/tsan/tsan_tracker_libunwind: test/c/tsan_tracker.c $(BUILD)/tsan/tsan_hooks.o \
+$(BUILD)/tsan/tsan_tracker_libunwind: test/c/tsan_tracker.c $(TSAN_TRACKER_HDR) $(BUILD)/tsan/tsan_hooks.o \
 		$(BUILD)/tsan/tsan_work.so $(TRACKER_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)/tsan
 	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) -ftls-model=initial-exec -Ic_src -Ic_src/preload -o $@ \
@@ -471,6 +472,6 @@ $(BUILD)/tsan/tsan_test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SY
 # run (not part of any ctest target), e.g.
 #   LD_PRELOAD=$PWD/priv/mtrace.so MTRACE_PROGRAMS=stress_preload _build/c/stress_preload _build/c 90
 # (TSAN_SKIP=fork,signal,dl,spawn,read leaves threads out).
-$(BUILD)/stress_preload: test/c/tsan_tracker.c $(BUILD)/tsan/tsan_work.so c_src/mtrace_api.h $(MAKEVARS)
+$(BUILD)/stress_preload: test/c/tsan_tracker.c $(TSAN_TRACKER_HDR) $(BUILD)/tsan/tsan_work.so c_src/mtrace_api.h $(MAKEVARS)
 	$(CC) $(CFLAGS_ALL) -O1 -fno-builtin -DPRELOADED -Ic_src -o $@ test/c/tsan_tracker.c \
 		$(BUILD)/tsan/tsan_work.so -Wl,-rpath,'$$ORIGIN/tsan' $(DL_LIBS) -lpthread

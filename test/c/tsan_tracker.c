@@ -29,35 +29,15 @@
 
 #include "mtrace_api.h"
 
-#ifdef PRELOADED /* the same program against the real preload (stress_preload) */
-#define mtt_malloc malloc
-#define mtt_calloc calloc
-#define mtt_free free
-#define mtt_realloc realloc
-#define mtt_posix_memalign posix_memalign
-#define mtt_aligned_alloc aligned_alloc
-#define mtt_memalign memalign
-#define mtt_strndup strndup
-#define mtt_dlclose dlclose
-#include <malloc.h>
-static const struct mtrace_api *api;
+#ifdef PRELOADED
+static const struct mtrace_api *api; /* found at start */
 #else
-#include "libc.h" /* mt_libc_real: the fork child's allocator */
 extern const struct mtrace_api mtrace_api_v2;
 static const struct mtrace_api *api = &mtrace_api_v2;
-void *mtt_malloc(size_t n);
-void *mtt_calloc(size_t n, size_t size);
-void mtt_free(void *p);
-void *mtt_realloc(void *p, size_t n);
-int mtt_posix_memalign(void **p, size_t al, size_t n);
-void *mtt_aligned_alloc(size_t al, size_t n);
-void *mtt_memalign(size_t al, size_t n);
-char *mtt_strndup(const char *s, size_t n);
-int mtt_dlclose(void *h);
 #endif
 
-typedef void *(*work_alloc)(size_t);
-void *work_a(work_alloc f, size_t n, unsigned bits, int depth); /* tsan_work.so */
+#include "interrupted.h"
+#include "tsan_alloc.h"
 
 static const char *build;
 static _Atomic int stop, failures;
@@ -71,40 +51,20 @@ static _Atomic uint64_t forks, child_failures, threads_made, dl_rounds, signals_
         atomic_fetch_add(&failures, 1);                                                            \
     } while (0)
 
-/* ---- allocation through the renamed hooks ------------------------------ */
-
-static char text[4096];
-static void *w_malloc(size_t n) { return mtt_malloc(n); }
-static void *w_calloc(size_t n) { return mtt_calloc(1, n); }
-static void *w_realloc(size_t n) { return mtt_realloc(NULL, n); }
-static void *w_posix(size_t n) {
-    void *p;
-    return mtt_posix_memalign(&p, 64, n) ? NULL : p;
-}
-static void *w_aligned(size_t n) { return mtt_aligned_alloc(64, (n + 63) & ~(size_t)63); }
-static void *w_memalign(size_t n) { return mtt_memalign(32, n); }
-static void *w_strndup(size_t n) {
-    return mtt_strndup(text, n < sizeof text ? n : sizeof text - 1);
-}
-static const work_alloc kinds[] = {w_malloc,  w_calloc,   w_realloc, w_posix,
-                                   w_aligned, w_memalign, w_strndup};
-
-static void *alloc_any(unsigned *seed) {
-    unsigned r = (unsigned)rand_r(seed);
-    size_t n = 1 + (size_t)rand_r(seed) % 4000;
-    if (r % 4096 == 0)
-        n = (size_t)130 << 20; /* too large for a slot: the spill */
-    work_alloc f = n > 4000 ? w_malloc : kinds[r % (sizeof kinds / sizeof *kinds)];
-    return work_a(f, n, (unsigned)rand_r(seed), 1 + (int)((r >> 8) % 9));
-}
-
 /* ---- the signal handler: allocates inside whatever it interrupts ------- */
+
+/* Whatever but the C library itself (interrupted.h): glibc's malloc,
+ * interrupted holding an arena's lock, would wait for itself in
+ * stress_preload. */
 
 static int handler_forks; /* STRESS_HANDLER_FORK: the handler also forks, now and then */
 static _Atomic uint64_t handler_forked;
 
-static void on_signal(int sig) {
+static void on_signal(int sig, siginfo_t *info, void *uc) {
     (void)sig;
+    (void)info;
+    if (interrupted_libc(uc)) /* its malloc, perhaps holding an arena's lock */
+        return;
     void *p = mtt_malloc(48);
     mtt_free(mtt_malloc(24));
     mtt_free(p);
@@ -425,8 +385,12 @@ int main(int argc, char **argv) {
     }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART;
+    if (!interrupted_init()) {
+        printf("FAIL: the C library's code not found\n");
+        return 1;
+    }
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_RESTART | SA_SIGINFO;
     sigaction(SIGUSR1, &sa, NULL);
 
     pthread_t others[5];
