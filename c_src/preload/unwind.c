@@ -46,9 +46,9 @@ void mt_unwind_count_fallback(void) {
  * (independent loads, no hash probes) and finding them unchanged proves the
  * rest of the stack is the same.  bp (the frame pointer) only matters if a
  * later frame uses it before restoring it from the stack.  The previous walk
- * lives in the thread's walker memory (unwind_frames.h); new frames above the match
- * point are collected on the C stack first, so the common case (same
- * frames, same depth) copies none. */
+ * lives in the thread's walker memory (unwind_frames.h); new frames above
+ * the match point are collected on the C stack first, so the common case
+ * (same frames, same depth) copies none. */
 #define GONE ((struct walker *)1) /* none: the thread exited, or no memory */
 static __thread struct walker *w __attribute__((tls_model("initial-exec")));
 /* w->last and w->chk are read only where last_n, chk_n or fresh_n says

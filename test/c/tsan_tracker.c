@@ -30,7 +30,7 @@
 #include "mtrace_api.h"
 
 #ifdef PRELOADED
-static const struct mtrace_api *api; /* found at start */
+static const struct mtrace_api *api; /* looked up by main */
 #else
 extern const struct mtrace_api mtrace_api_v2;
 static const struct mtrace_api *api = &mtrace_api_v2;
