@@ -431,11 +431,13 @@ $(BUILD)/tsan/tsan_work.so: test/c/tsan_work.c $(MAKEVARS)
 	$(CC) $(CFLAGS_ALL) -O1 -g -fno-inline -fno-optimize-sibling-calls $(SO_LDFLAGS) -Wl,-soname,tsan_work.so -o $@ \
 		test/c/tsan_work.c
 
+# What tsan_tracker.c includes from test/c (it and stress_preload).
+TSAN_TRACKER_HDR = test/c/tsan_alloc.h test/c/interrupted.h
+
 # Without libunwind (as on musl): libunwind's per-thread cache has a key
 # destructor that may run after TSan's own has torn the thread's state down
 # (a crash in TSan, not here).  tsan_tracker_libunwind keeps it, for a
 # separate look (make ctest-tsan does not run it).
-TSAN_TRACKER_HDR = test/c/tsan_alloc.h test/c/interrupted.h
 $(BUILD)/tsan/tsan_tracker: test/c/tsan_tracker.c $(TSAN_TRACKER_HDR) $(BUILD)/tsan/tsan_hooks.o $(BUILD)/tsan/tsan_work.so \
 		$(TRACKER_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)/tsan
