@@ -148,8 +148,11 @@ void mt_rule_for(uintptr_t ra, struct mt_frame_rule *r) {
     }
     uint64_t loads;
     mt_eh_frame_rule(ra - 1, r, &loads);
-    if (!packable(r) || r->kind == MT_RULE_SIGNAL) /* the walker gives up on both */
-        r->kind = MT_RULE_UNSUPPORTED;
+    /* The walker gives up on both.  Offsets too large for their bits go with
+     * the kind: packed, they would spill into the flags, kind and generation
+     * and come back from the cache as another, wrong frame rule. */
+    if (!packable(r) || r->kind == MT_RULE_SIGNAL)
+        *r = (struct mt_frame_rule){.kind = MT_RULE_UNSUPPORTED};
     /* Nothing looked up (a fork under way: the walk falls back), or looked up
      * without the loader's count (in a fork child): used, not kept. */
     if (!loads)

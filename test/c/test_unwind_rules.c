@@ -19,6 +19,11 @@ static int32_t rule_of(uintptr_t ra) {
     return current ? current : (int32_t)(8 * ((ra >> 4) % 1000 + 1));
 }
 
+/* When set, the frame pointer's slot in the stub's rule: far below the CFA,
+ * as in a function with 600 KiB of locals on aarch64 (x29 saved at the
+ * frame's bottom). */
+static int32_t far_bp;
+
 /* Both racing threads wait here inside the computation, so that both find
  * the slot free before either claims it. */
 static atomic_int arrived;
@@ -26,6 +31,8 @@ static int racing;
 
 void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loads) {
     *out = (struct mt_frame_rule){rule_of(target + 1), -8, 0, 0, 0, MT_RULE_FRAME};
+    if (far_bp)
+        *out = (struct mt_frame_rule){16 - far_bp, -8, far_bp, 0, 1, MT_RULE_FRAME};
     *loads = 1;
     if (racing) {
         atomic_fetch_add(&arrived, 1);
@@ -127,7 +134,30 @@ static void test_generation_wrap(void) {
     current = 0;
 }
 
+/* A rule whose offsets do not fit the cache's bits is given up on, and so
+ * it stays: asked again, the cache must not answer with the bits it would
+ * have spilled into the flags, the kind and the generation. */
+static void test_unpackable(void) {
+    struct mt_frame_rule r;
+    int32_t offsets[] = {-614416, -(8 << 16), -(8 << 20) - 8, -(8 << 27)};
+    for (size_t i = 0; i < sizeof offsets / sizeof *offsets; i++) {
+        uintptr_t ra = 0x500000 + 0x100 * (uintptr_t)i;
+        far_bp = offsets[i];
+        for (int ask = 0; ask < 2; ask++) {
+            mt_rule_for(ra, &r);
+            CHECK_EQ(r.kind, MT_RULE_UNSUPPORTED);
+            CHECK_EQ(r.cfa_off, 0);
+            CHECK_EQ(r.bp_off, 0);
+        }
+        far_bp = 0;
+        mt_rule_for(ra + 0x10, &r); /* a neighbour that fits still does */
+        CHECK_EQ(r.kind, MT_RULE_FRAME);
+        CHECK_EQ(r.cfa_off, rule_of(ra + 0x10));
+    }
+}
+
 int main(void) {
+    test_unpackable();
     test_race();
     test_generation_wrap();
     printf("%d passed, %d failed\n", checks_passed, checks_failed);
