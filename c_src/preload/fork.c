@@ -24,14 +24,27 @@
  * handler interrupted, which goes on there once the handler returns, gives
  * up waiting for the locks that other threads held (stuck_at, spinlock.h).
  * An orphan's later forks take nothing either: its gates' counts, reset in
- * the child while that work may have been inside, no longer add up. */
-static MT_TLS unsigned char fork_alone;
+ * the child while that work may have been inside, no longer add up.
+ *
+ * One bit a fork under way on this thread, the innermost lowest: a handler
+ * may fork inside a fork (during clone, or another prepare handler), and
+ * glibc runs the inner fork's handlers within the outer's, last in first
+ * out.  With one flag the inner fork's "alone" outlived it, and the outer
+ * fork's parent then kept every lock for good. */
+static MT_TLS unsigned forks_alone;
+
+static int pop_alone(void) {
+    int alone = forks_alone & 1;
+    forks_alone >>= 1;
+    return alone;
+}
 
 static void fork_prepare(void) {
     atomic_fetch_add(&mt_state.fork.forking, 1);
-    fork_alone = mt_me.f.b.busy != MT_BUSY_NO || mt_objects_mine() ||
-                 atomic_load(&mt_state.mode) == MT_MODE_ORPHANED;
-    if (fork_alone)
+    int alone = mt_me.f.b.busy != MT_BUSY_NO || mt_objects_mine() ||
+                atomic_load(&mt_state.mode) == MT_MODE_ORPHANED;
+    forks_alone = forks_alone << 1 | (unsigned)alone;
+    if (alone)
         return;
     mt_me.fork_saved_busy = mt_tracker_call_out(); /* others' fork handlers allocate */
     /* First: a lookup or a libunwind walk under way may wait in the loader
@@ -50,21 +63,25 @@ static void unlock_rest(void) {
 }
 
 static void fork_parent(void) {
-    if (!fork_alone) {
+    if (!pop_alone()) {
         mt_table_fork_parent();
         unlock_rest();
         mt_fallback_open();
         mt_objects_open();
     }
-    /* One more done, one fewer under way. */
-    atomic_fetch_add(&mt_state.fork.forking, (1 << 16) - 1);
+    /* One more done, one fewer under way.  A state found stuck is forgotten
+     * once it passes: the done count wraps every 65,536 forks, and a fork
+     * that many later would otherwise be given up on at once. */
+    int was = atomic_fetch_add(&mt_state.fork.forking, (1 << 16) - 1);
+    atomic_compare_exchange_strong(&mt_state.fork.stuck_at, &was, 0);
 }
 
 static void fork_child(void) {
+    int alone = pop_alone();
     mt_erl_forked();
     mt_fallback_open_child(); /* later walks keep out of the loader and libunwind */
     mt_objects_open_child();
-    if (fork_alone) {
+    if (alone) {
         atomic_store(&mt_state.mode, MT_MODE_ORPHANED);
         atomic_store(&mt_state.gate, MT_GATE_INERT);
         atomic_store(&mt_state.fork.forking, 1);

@@ -13,7 +13,9 @@
  * - such a fork while another thread holds the table memory's lock (stopped
  *   in the map hook): the interrupted work, which goes on in the child
  *   and needs that lock, gives up on it there at once, and the child exits
- *   (its stats() summing the counts without their lock, held by another).
+ *   (its stats() summing the counts without their lock, held by another);
+ * - a fork found stuck is forgotten once it is done: the count of forks
+ *   done wraps, and a fork 65,536 later must not be given up on at once.
  * Run with MTRACE_PROGRAMS=test_tracker_fork (test/c/run.sh does).
  *   test_tracker_fork BUILD */
 #define _GNU_SOURCE
@@ -29,6 +31,7 @@
 #include "counters.h"
 #include "mtrace_api.h"
 #include "spinlock.h"
+#include "state.h"
 #include "table.h"
 
 extern const struct mtrace_api mtrace_api_v2;
@@ -267,6 +270,19 @@ static void test_orphan_waits(void) {
     munmap(kept, MAX_BLOCKS * sizeof(void *));
 }
 
+/* ---- a stuck fork forgotten once done ------------------------------------ */
+
+static void test_stuck_forgotten(void) {
+    /* As if found stuck 65,536 forks ago, with the value the forks' word
+     * will have while the next fork is under way. */
+    int during = atomic_load(&mt_state.fork.forking) + 1;
+    atomic_store(&mt_state.fork.stuck_at, during);
+    int st = fork_and_wait(1);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    CHECK_EQ(atomic_load(&mt_state.fork.stuck_at), 0);
+    CHECK_EQ(atomic_load(&mt_state.fork.forking), during - 1 + (1 << 16));
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* what was done shows if the alarm ends it */
     alarm(120);                       /* a fork waiting for itself: killed, and so failed */
@@ -274,6 +290,7 @@ int main(void) {
     test_rule();
     test_handler_fork();
     test_orphan_waits();
+    test_stuck_forgotten();
     printf("%d passed, %d failed\n", checks_passed, checks_failed);
     return checks_failed != 0;
 }
