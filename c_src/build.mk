@@ -34,8 +34,10 @@ NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h c_src/nif/term_memo.h $(SYM_HDR)
 # test_interpose* run with the preload (test/c/run.sh); MTRACE_STRESS=1 in the
 # environment makes some of them run longer.
 INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
+	$(BUILD)/test_interpose_provisional $(BUILD)/test_interpose_no_proc \
 	$(BUILD)/test_interpose_libc $(BUILD)/test_interpose_stress $(BUILD)/test_interpose_concurrent \
 	$(BUILD)/test_interpose_fork $(BUILD)/test_interpose_fork_loader $(BUILD)/test_interpose_cost \
+	$(BUILD)/test_interpose_fork_nested \
 	$(BUILD)/test_interpose_dlopen \
 	$(BUILD)/test_interpose_growth $(BUILD)/test_interpose_limit $(BUILD)/test_interpose_foreign \
 	$(BUILD)/test_interpose_own_alloc $(BUILD)/test_interpose_nopie \
@@ -187,6 +189,21 @@ $(BUILD)/test_interpose_signal_stack: test/c/test_interpose_signal_stack.c test/
 $(BUILD)/test_interpose_sampling: test/c/test_interpose_sampling.c test/c/check.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_interpose_sampling.c $(DL_LIBS)
+
+$(BUILD)/test_interpose_provisional: test/c/test_interpose_provisional.c test/c/check.h \
+		c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_interpose_provisional.c $(DL_LIBS)
+
+$(BUILD)/test_interpose_fork_nested: test/c/test_interpose_fork_nested.c test/c/check.h \
+		c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_interpose_fork_nested.c $(DL_LIBS) -lpthread
+
+$(BUILD)/test_interpose_no_proc: test/c/test_interpose_no_proc.c test/c/check.h c_src/mtrace_api.h \
+		$(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_interpose_no_proc.c $(DL_LIBS)
 
 $(BUILD)/test_query: test/c/test_query.c test/c/check.h $(QUERY_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)

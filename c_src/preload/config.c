@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <unistd.h>
 
 #include "mtrace_api.h"
@@ -34,13 +35,14 @@ uint64_t mt_parse_sample_bytes(const char *s, int *garbage) {
         return 0;
     uint64_t v = 0;
     for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9' || v > (UINT64_MAX - 9) / 10) {
-            *garbage = 1; /* "1M", "-5", "1e6", overflow: lossless, and said in stats */
+        if (*p < '0' || *p > '9') {
+            *garbage = 1; /* "1M", "-5", "1e6": lossless, and said in stats */
             return 0;
         }
-        v = v * 10 + (uint64_t)(*p - '0');
+        if (v <= MT_MAX_SAMPLE_BYTES)
+            v = v * 10 + (uint64_t)(*p - '0');
     }
-    return v;
+    return v > MT_MAX_SAMPLE_BYTES ? MT_MAX_SAMPLE_BYTES : v; /* out of range: clamped */
 }
 
 static int all_digits(const char *s) {
@@ -76,16 +78,20 @@ int mt_program_listed(const char *list, const char *exe_name) {
     return 0;
 }
 
-/* Base name of the running executable; "" when /proc is unavailable. */
+/* Base name of the running executable.  Without /proc (a chroot, a
+ * sandbox), the path execve was given, which the kernel passes in the
+ * auxiliary vector: "" only when neither is there. */
 static void exe_name(char *out, size_t len) {
     char path[4096];
+    const char *full = path;
     ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
     out[0] = 0;
-    if (n <= 0)
+    if (n > 0)
+        path[n] = 0;
+    else if (!(full = (const char *)getauxval(AT_EXECFN)))
         return;
-    path[n] = 0;
-    const char *base = strrchr(path, '/');
-    base = base ? base + 1 : path;
+    const char *base = strrchr(full, '/');
+    base = base ? base + 1 : full;
     size_t n_base = strlen(base) < len - 1 ? strlen(base) : len - 1;
     memcpy(out, base, n_base);
     out[n_base] = 0;

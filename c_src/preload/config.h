@@ -12,6 +12,9 @@
 
 #define MT_DEFAULT_DEPTH 32
 #define MT_DEFAULT_PROGRAMS "beam.smp"
+/* The largest mean sample interval, 1 TiB: past some 2^48 the weight of a
+ * sampled byte (1/p) no longer fits the estimates' 64 bits. */
+#define MT_MAX_SAMPLE_BYTES (1ull << 40)
 
 struct mt_config {
     int active;            /* this executable is one MTRACE_PROGRAMS names */

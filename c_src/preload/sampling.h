@@ -37,7 +37,10 @@ static inline int mt_sample_skip(struct mt_sampler *s, size_t n) {
     __asm__("subq %2, %0" : "+m"(s->left), "=@ccg"(more) : "r"(bytes));
     return more;
 #else
-    return (s->left -= bytes) > 0;
+    /* Unsigned: a request of 2^63 bytes or more (which fails) must not be a
+     * signed overflow; like the subtract above, it wraps. */
+    s->left = (int64_t)((uint64_t)s->left - (uint64_t)bytes);
+    return s->left > 0;
 #endif
 }
 

@@ -93,7 +93,9 @@ static void configure(void) {
     update_gate();
 }
 
-/* First call of any hook, possibly before constructors. */
+/* First call of any hook, possibly before constructors.  errno is kept:
+ * finding the program's name may fail (no /proc), and neither the call that
+ * configures nor main in an untraced child may see that. */
 static void setup(void) {
     int expected = MT_MODE_UNCONFIGURED;
     if (!atomic_compare_exchange_strong(&mt_state.mode, &expected, MT_MODE_CONFIGURING)) {
@@ -101,11 +103,13 @@ static void setup(void) {
             sched_yield();
         return;
     }
+    int saved_errno = errno;
     unsigned char was = mt_tracker_call_out(); /* dlsym may allocate */
     mt_libc_resolve();                         /* before this first call reaches libc */
     mt_state.provisional = (__environ == NULL);
     configure();
     mt_tracker_call_back(was);
+    errno = saved_errno;
 }
 
 /* Whether this process is traced; the first call configures it. */
@@ -378,11 +382,24 @@ void mt_tracker_code_unloaded(void) { mt_unwind_forget(); }
 /* In a fork child (fork.c): perhaps held by a thread that did not come along. */
 void mt_tracker_forked(void) { mt_unlock(&gate_turn); }
 
+/* The environment is readable now.  Blocks recorded under a provisional
+ * configuration (lossless: it cannot see MTRACE_SAMPLE_BYTES) weigh what
+ * that configuration said; under another sampling mean their frees would
+ * take off weights never added, so they are forgotten, as by a reset. */
+static void reconfigure(void) {
+    uint64_t mean = mt_state.sample_mean;
+    configure();
+    mt_state.provisional = 0;
+    if (mt_state.sample_mean != mean && mt_table_mapped())
+        mt_tracker_reset();
+}
+
 __attribute__((constructor)) static void on_load(void) {
+    int saved_errno = errno; /* main starts with the errno it would have had */
     if (atomic_load(&mt_state.mode) == MT_MODE_UNCONFIGURED)
         setup();
     else if (mt_state.provisional)
-        configure(); /* the environment is readable now */
+        reconfigure();
     unsigned char was = mt_tracker_call_out();
     if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE)
         mt_fallback_load(); /* allocates */
@@ -393,6 +410,7 @@ __attribute__((constructor)) static void on_load(void) {
         if (exit_key_made && mt_me.f.b.registered) /* registered before this constructor ran */
             pthread_setspecific(exit_key, (void *)1);
     }
+    errno = saved_errno;
 }
 
 /* ---- for the contract ---------------------------------------------------- */

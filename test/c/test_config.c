@@ -34,8 +34,11 @@ int main(void) {
     CHECK_EQ(garbage, 1);
     CHECK_EQ(mt_parse_sample_bytes("-1", &garbage), 0);
     CHECK_EQ(garbage, 1);
-    CHECK_EQ(mt_parse_sample_bytes("99999999999999999999999", &garbage), 0);
-    CHECK_EQ(garbage, 1);
+    CHECK_EQ(mt_parse_sample_bytes("99999999999999999999999", &garbage), MT_MAX_SAMPLE_BYTES);
+    CHECK_EQ(garbage, 0);
+    CHECK_EQ(mt_parse_sample_bytes("1099511627776", &garbage), MT_MAX_SAMPLE_BYTES);
+    CHECK_EQ(mt_parse_sample_bytes("1099511627777", &garbage), MT_MAX_SAMPLE_BYTES);
+    CHECK_EQ(mt_parse_sample_bytes("1099511627775", &garbage), MT_MAX_SAMPLE_BYTES - 1);
 
     setenv("MTRACE_SAMPLE_BYTES", "1M", 1);
     setenv("MTRACE_DEPTH", "deep", 1);
