@@ -35,6 +35,7 @@ NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h c_src/nif/term_memo.h $(SYM_HDR)
 # environment makes some of them run longer.
 INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_provisional $(BUILD)/test_interpose_no_proc \
+	$(BUILD)/test_interpose_corrupt_unwind \
 	$(BUILD)/test_interpose_libc $(BUILD)/test_interpose_stress $(BUILD)/test_interpose_concurrent \
 	$(BUILD)/test_interpose_fork $(BUILD)/test_interpose_fork_loader $(BUILD)/test_interpose_cost \
 	$(BUILD)/test_interpose_fork_nested \
@@ -199,6 +200,11 @@ $(BUILD)/test_interpose_fork_nested: test/c/test_interpose_fork_nested.c test/c/
 		c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_interpose_fork_nested.c $(DL_LIBS) -lpthread
+
+$(BUILD)/test_interpose_corrupt_unwind: test/c/test_interpose_corrupt_unwind.c test/c/check.h \
+		test/c/queries.h c_src/mtrace_api.h $(BUILD)/dl_fixture_a.so $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_interpose_corrupt_unwind.c $(DL_LIBS)
 
 $(BUILD)/test_interpose_no_proc: test/c/test_interpose_no_proc.c test/c/check.h c_src/mtrace_api.h \
 		$(MAKEVARS)

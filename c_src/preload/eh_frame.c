@@ -14,6 +14,7 @@
 #error "mtrace's walker supports Linux on x86-64 and aarch64"
 #endif
 
+#include <link.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -52,11 +53,14 @@ struct cie {
     struct cursor insns;
 };
 
-/* 1 when parsed, -1 for a signal frame's CIE, 0 for one not understood. */
-static int parse_cie(const uint8_t *at, struct cie *cie) {
+/* 1 when parsed, -1 for a signal frame's CIE, 0 for one not understood.
+ * end: where the memory holding it ends. */
+static int parse_cie(const uint8_t *at, uintptr_t end, struct cie *cie) {
+    if (end < (uintptr_t)at + 8) /* end 0 too: not in the object */
+        return 0;
     struct cursor c = {at, at + 4, 0};
     uint64_t len = fixed(&c, 4);
-    if (len == 0 || len == 0xffffffff)
+    if (len == 0 || len == 0xffffffff || len > end - (uintptr_t)at - 4)
         return 0;
     c.end = at + 4 + len;
     if (fixed(&c, 4) != 0) /* a CIE has id 0 */
@@ -241,6 +245,23 @@ static int run(struct cursor *c, const struct cie *cie, struct state *s, const s
 
 /* ---- finding the FDE ----------------------------------------------------- */
 
+/* Where the object's memory holding p ends (its loadable segment; in a fork
+ * child, whose lookup gives no program headers, its whole mapping), or 0
+ * when p is not in it.  Every offset and length the tables give is checked
+ * against it: a corrupt table, which the program itself may never read,
+ * must not lead a walk to read past what is mapped. */
+static uintptr_t end_of_memory_at(const struct mtrace_object *o, uintptr_t p) {
+    if (!o->phdr)
+        return p >= o->lo && p < o->hi ? o->hi : 0;
+    const ElfW(Phdr) *ph = o->phdr;
+    for (uint32_t i = 0; i < o->phnum; i++) {
+        uintptr_t lo = o->base + ph[i].p_vaddr;
+        if (ph[i].p_type == PT_LOAD && p >= lo && p - lo < ph[i].p_memsz)
+            return lo + ph[i].p_memsz;
+    }
+    return 0;
+}
+
 /* musl's signal return trampoline has no FDE (glibc's has one, marked 'S'):
  * it is known by its code, mov $15, %rax; syscall, as libgcc knows it. */
 static int is_sigreturn(uintptr_t ra, const struct mtrace_object *o) {
@@ -263,13 +284,22 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
         return;
     }
     /* .eh_frame_hdr: version, three encodings, then a sorted search table. */
+    uintptr_t end = end_of_memory_at(&o, (uintptr_t)h);
+    if (end < (uintptr_t)h + 12) { /* end 0 too: corrupt, and so the stack ends here */
+        out->kind = MT_RULE_NO_INFO;
+        return;
+    }
     if (h[0] != 1 || h[3] != (DW_EH_PE_datarel | DW_EH_PE_sdata4)) /* a table of such pairs */
         return;
-    struct cursor c = {h + 4, h + 4 + 16, 0};
+    struct cursor c = {h + 4, end < (uintptr_t)h + 20 ? (const uint8_t *)end : h + 20, 0};
     encoded(&c, h[1], (uintptr_t)h); /* eh_frame_ptr: not needed */
     uint64_t count = encoded(&c, h[2], (uintptr_t)h);
     if (c.bad || count == 0)
         return;
+    if (count > (end - (uintptr_t)c.p) / 8) {
+        out->kind = MT_RULE_NO_INFO;
+        return;
+    }
     const int32_t *table = (const int32_t *)c.p;
     int64_t rel = (int64_t)(target - (uintptr_t)h);
     uint64_t lo = 0, hi = count; /* last entry whose start <= target */
@@ -285,15 +315,21 @@ void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loa
         return;
     }
     const uint8_t *fde = h + table[2 * lo + 1];
+    uintptr_t fde_end = end_of_memory_at(&o, (uintptr_t)fde);
     struct cursor d = {fde, fde + 8, 0};
-    uint64_t len = fixed(&d, 4);
-    if (len == 0 || len == 0xffffffff)
+    uint64_t len = fde_end < (uintptr_t)fde + 8 ? 0 : fixed(&d, 4);
+    if (len == 0xffffffff)
         return;
+    if (len == 0 || len > fde_end - (uintptr_t)fde - 4) {
+        out->kind = MT_RULE_NO_INFO;
+        return;
+    }
     d.end = fde + 4 + len;
     const uint8_t *id_at = d.p;
     uint32_t cie_off = (uint32_t)fixed(&d, 4);
     struct cie cie;
-    int parsed = parse_cie(id_at - cie_off, &cie);
+    const uint8_t *cie_at = id_at - cie_off;
+    int parsed = parse_cie(cie_at, end_of_memory_at(&o, (uintptr_t)cie_at), &cie);
     if (parsed <= 0) {
         out->kind = parsed < 0 ? MT_RULE_SIGNAL : MT_RULE_UNSUPPORTED;
         return;
