@@ -18,6 +18,12 @@
 #include "check.h"
 #include "mtrace_api.h"
 
+#ifndef __GLIBC__
+int main(void) {
+    printf("skipped: this C library runs no DT_PREINIT_ARRAY\n");
+    return check_summary();
+}
+#else
 #define ROUNDS 20
 
 static volatile sig_atomic_t raise_in_prepare, nested;
@@ -43,14 +49,12 @@ static void prepare(void) {
     }
 }
 
-#ifdef __GLIBC__
 static void preinit(int argc, char **argv, char **envp) {
     (void)argc, (void)argv, (void)envp;
     pthread_atfork(prepare, NULL, NULL);
 }
 __attribute__((section(".preinit_array"),
                used)) static void (*const run_preinit)(int, char **, char **) = preinit;
-#endif
 
 static void *allocate(void *done) {
     for (int i = 0; i < 1000; i++) {
@@ -62,10 +66,6 @@ static void *allocate(void *done) {
 }
 
 int main(void) {
-#ifndef __GLIBC__
-    printf("skipped: this C library runs no DT_PREINIT_ARRAY\n");
-    return check_summary();
-#else
     const struct mtrace_api *api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
     CHECK(api != NULL);
     if (!api)
@@ -101,5 +101,5 @@ int main(void) {
     }
     pthread_join(t, NULL);
     return check_summary();
-#endif
 }
+#endif
