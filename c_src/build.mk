@@ -46,14 +46,14 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_coroutine $(BUILD)/test_interpose_thread_exit \
 	$(BUILD)/test_interpose_signals $(BUILD)/test_interpose_signal_stack
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
-	$(BUILD)/test_symbols_files $(BUILD)/test_name_fit \
+	$(BUILD)/test_symbols_files $(BUILD)/test_name_fit $(BUILD)/test_demangle \
 	$(BUILD)/test_elf_symtab \
 	$(BUILD)/test_unwind $(BUILD)/test_unwind_rules $(BUILD)/test_recent_stacks \
 	$(BUILD)/test_erlang_frames $(BUILD)/test_tracker_fork $(INTERPOSE_TESTS)
 ASAN_TESTS = $(BUILD)/asan_test_table $(BUILD)/asan_test_config $(BUILD)/asan_test_query \
 	$(BUILD)/asan_test_symbols $(BUILD)/asan_test_elf_symtab $(BUILD)/asan_test_unwind \
 	$(BUILD)/asan_test_recent_stacks $(BUILD)/asan_test_erlang_frames $(BUILD)/asan_test_unwind_rules \
-	$(BUILD)/asan_test_name_fit
+	$(BUILD)/asan_test_name_fit $(BUILD)/asan_test_demangle
 # ThreadSanitizer: the threaded tests of single parts, and tsan_tracker, the
 # whole preload built into one instrumented program (an instrumented
 # mtrace.so cannot be preloaded: the loader's first malloc enters it before
@@ -359,15 +359,31 @@ $(BUILD)/asan_test_name_fit: test/c/test_name_fit.c test/c/check.h c_src/nif/nam
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src/nif -o $@ test/c/test_name_fit.c c_src/nif/name_fit.c
 
+$(BUILD)/test_demangle: test/c/test_demangle.c test/c/check.h c_src/nif/demangle.c c_src/nif/name_fit.c \
+		$(SYM_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/nif -o $@ test/c/test_demangle.c c_src/nif/demangle.c \
+		c_src/nif/name_fit.c $(DL_LIBS) -lpthread
+
+$(BUILD)/asan_test_demangle: test/c/test_demangle.c test/c/check.h c_src/nif/demangle.c \
+		c_src/nif/name_fit.c $(SYM_HDR) $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/nif -o $@ test/c/test_demangle.c \
+		c_src/nif/demangle.c c_src/nif/name_fit.c $(DL_LIBS) -lpthread
+
 $(BUILD)/test_elf_symtab: test/c/test_elf_symtab.c test/c/check.h c_src/nif/elf_symtab.c $(SYM_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -g -Ic_src -Ic_src/nif -o $@ test/c/test_elf_symtab.c c_src/nif/elf_symtab.c
+	$(CC) $(CFLAGS_ALL) -g -Ic_src -Ic_src/nif -c -Dmalloc=test_malloc -o $(BUILD)/elf_symtab_hooked.o \
+		c_src/nif/elf_symtab.c
+	$(CC) $(CFLAGS_ALL) -g -Ic_src -Ic_src/nif -o $@ test/c/test_elf_symtab.c $(BUILD)/elf_symtab_hooked.o
 
 $(BUILD)/asan_test_elf_symtab: test/c/test_elf_symtab.c test/c/check.h c_src/nif/elf_symtab.c $(SYM_HDR) \
 		$(MAKEVARS)
 	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -g -Ic_src -Ic_src/nif -c -Dmalloc=test_malloc \
+		-o $(BUILD)/asan_elf_symtab_hooked.o c_src/nif/elf_symtab.c
 	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -g -Ic_src -Ic_src/nif -o $@ test/c/test_elf_symtab.c \
-		c_src/nif/elf_symtab.c
+		$(BUILD)/asan_elf_symtab_hooked.o
 
 $(BUILD)/test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) c_src/preload/objects.c $(MAKEVARS)
 	@mkdir -p $(BUILD)

@@ -1,7 +1,8 @@
 /*
  * C++ demangling in-process (see demangle.h), with the C++ runtime's own
  * __cxa_demangle: found in the process, else in a libstdc++ loaded for it.
- * A name longer than a symbol's text is shortened (name_fit.h).
+ * It runs on a thread of its own, for its stack (below).  A name longer than a symbol's
+ * text is shortened (name_fit.h).
  */
 #define _GNU_SOURCE
 #include "demangle.h"
@@ -33,6 +34,41 @@ static void demangle_init(void) {
 
 void mt_demangle_prepare(void) { pthread_once(&g_demangle_once, demangle_init); }
 
+/* libstdc++'s demangler recurses once a nesting level (some 330 bytes of
+ * stack each, up to 2048 levels) above arrays sized by the name (some 72 KiB
+ * for the 1024 bytes it accepts): up to 750 KiB, where a dirty scheduler's
+ * thread has 320 KiB, and a name of 1,000 nested pointers overflowed it,
+ * taking the node down.  So each call runs on a thread of its own with a
+ * stack to spare; answers are cached (symbols.c), so that is once a frame.
+ * No thread to be had: the name is left as it is. */
+#define OWN_STACK ((size_t)2 << 20)
+
+struct call {
+    const char *name;
+    char *out;
+    int status;
+};
+
+static void *call_on_own_stack(void *arg) {
+    struct call *c = arg;
+    c->out = g_cxa_demangle(c->name, NULL, NULL, &c->status);
+    return NULL;
+}
+
+static char *cxa_demangle_on_own_stack(const char *name, int *status) {
+    struct call c = {name, NULL, -1};
+    pthread_attr_t attr;
+    pthread_t t;
+    if (pthread_attr_init(&attr) == 0) {
+        if (pthread_attr_setstacksize(&attr, OWN_STACK) == 0 &&
+            pthread_create(&t, &attr, call_on_own_stack, &c) == 0)
+            pthread_join(t, NULL);
+        pthread_attr_destroy(&attr);
+    }
+    *status = c.status;
+    return c.out;
+}
+
 char *mt_demangle_dup(const char *name) {
     if (!name || strncmp(name, "_Z", 2) != 0)
         return NULL;
@@ -40,7 +76,7 @@ char *mt_demangle_dup(const char *name) {
     if (!g_cxa_demangle)
         return NULL;
     int status = -1;
-    char *r = g_cxa_demangle(name, NULL, NULL, &status);
+    char *r = cxa_demangle_on_own_stack(name, &status);
     if (status != 0) {
         free(r);
         return NULL;

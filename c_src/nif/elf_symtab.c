@@ -91,6 +91,10 @@ static int load_section(const unsigned char *img, size_t size, const Ehdr *eh, c
                 bytes += len;
                 continue;
             }
+            /* The file may have been rewritten in place since pass 0 (the mapping
+             * shows it): no more than pass 0 counted. */
+            if (st->n == count || len > bytes - used)
+                continue;
             struct sym *o = &st->syms[st->n++];
             o->value = s.st_value;
             o->size = s.st_size;
