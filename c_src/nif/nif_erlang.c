@@ -174,6 +174,25 @@ static int find_layout(const struct expect *x, const char *esdp, const char **wh
     return 1;
 }
 
+/* Whether list is a proper list of small integers of fewer than max cells,
+ * every cell read through peek: only then may the VM decode it (a word
+ * taken for a file name where the layout differs may point anywhere). */
+#define LIST_TAG 0x1  /* a list cell's pointer, tagged */
+#define SMALL_TAG 0xF /* an immediate small integer */
+#define NIL 0x3B      /* [] */
+static int list_readable(uint64_t list, int max) {
+    for (int i = 0; i < max; i++) {
+        uint64_t cell[2];
+        if (list == NIL)
+            return 1;
+        if ((list & 3) != LIST_TAG || !peek((void *)(list - LIST_TAG), cell, sizeof cell) ||
+            (cell[0] & 0xF) != SMALL_TAG)
+            return 0;
+        list = cell[1];
+    }
+    return 0;
+}
+
 /* Whether FunctionInfo has its loc and fname_ptr where INFO_* say: the
  * caller's return address must give the line it passed (1), and a file name
  * list ending in native.ex (2, with files). */
@@ -194,7 +213,7 @@ static int lines_check(const struct expect *x, uintptr_t stop) {
         memset(info, 0, sizeof info);
         x->fi(info, (const void *)top[i], 1);
         memcpy(&fnames, info + INFO_FNAME, sizeof fnames);
-        int n = peek(fnames + (loc >> 24), &file, 8) && (file & 3) == 1
+        int n = peek(fnames + (loc >> 24), &file, 8) && list_readable(file, (int)sizeof text)
                     ? enif_get_string(x->env, (ERL_NIF_TERM)file, text, sizeof text, ERL_NIF_LATIN1)
                     : 0;
         size_t len = n > 0 ? (size_t)n - 1 : 0;
