@@ -37,11 +37,16 @@ void mt_demangle_prepare(void) { pthread_once(&g_demangle_once, demangle_init); 
 /* libstdc++'s demangler recurses once a nesting level (some 330 bytes of
  * stack each, up to 2048 levels) above arrays sized by the name (some 72 KiB
  * for the 1024 bytes it accepts): up to 750 KiB, where a dirty scheduler's
- * thread has 320 KiB, and a name of 1,000 nested pointers overflowed it,
- * taking the node down.  So each call runs on a thread of its own with a
- * stack to spare; answers are cached (symbols.c), so that is once a frame.
- * No thread to be had: the name is left as it is. */
+ * thread has 320 KiB (160 KiB at the least, +sssdcpu 20), and a name of
+ * 1,000 nested pointers overflowed it, taking the node down.  So a longer
+ * name runs on a thread of its own with a stack to spare (some 50 us,
+ * against 0.7 us in place; answers are cached in symbols.c, so that is once
+ * a frame), and no thread to be had leaves it as it is.  Names of up to
+ * DIRECT_MAX bytes, the most, are demangled in place: nested as deep as
+ * they can be (pointers, arrays, templates, function types), each took
+ * under 128 KiB. */
 #define OWN_STACK ((size_t)2 << 20)
+#define DIRECT_MAX 256
 
 struct call {
     const char *name;
@@ -76,7 +81,9 @@ char *mt_demangle_dup(const char *name) {
     if (!g_cxa_demangle)
         return NULL;
     int status = -1;
-    char *r = cxa_demangle_on_own_stack(name, &status);
+    char *r = strnlen(name, DIRECT_MAX + 1) <= DIRECT_MAX
+                  ? g_cxa_demangle(name, NULL, NULL, &status)
+                  : cxa_demangle_on_own_stack(name, &status);
     if (status != 0) {
         free(r);
         return NULL;
