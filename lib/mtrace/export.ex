@@ -29,8 +29,8 @@ defmodule Mtrace.Export do
   `weight` is `:bytes` (default) or `:count` (blocks). Sites whose stacks read
   the same are merged and their weights summed; lines come heaviest first
   (ties by stack), and stacks of weight 0 are left out since they draw
-  nothing. Frame names are `Mtrace.Frame.name/1`, with `;` (the frame separator)
-  replaced by `:` and line breaks by spaces, so every line parses; spaces are
+  nothing. Frame names are `Mtrace.Frame.name/1` (which holds no line break),
+  with `;` (the frame separator) replaced by `:`, so every line parses; spaces are
   kept, as readers split the weight off at the last one. A site without a
   stack is drawn as the single frame `[no stack]`.
 
@@ -72,7 +72,6 @@ defmodule Mtrace.Export do
     frame
     |> Mtrace.Frame.name()
     |> String.replace(";", ":")
-    |> String.replace(["\r\n", "\n", "\r"], " ")
   end
 
   @doc """

@@ -47,10 +47,11 @@ defmodule Mtrace.Frame do
 
   def name(%{module: nil}), do: "?? (Erlang code)"
 
-  def name(%{symbol: symbol}) when is_binary(symbol) and symbol != "", do: short(symbol)
+  def name(%{symbol: symbol}) when is_binary(symbol) and symbol != "",
+    do: symbol |> printable() |> short()
 
   def name(%{lib: lib, offset: offset}) when is_binary(lib) and lib != "",
-    do: Path.basename(lib) <> "+0x" <> String.downcase(Integer.to_string(offset, 16))
+    do: printable(Path.basename(lib)) <> "+0x" <> String.downcase(Integer.to_string(offset, 16))
 
   def name(_frame), do: "?? (JIT or unloaded code)"
 
@@ -74,16 +75,43 @@ defmodule Mtrace.Frame do
 
     cond do
       is_binary(frame[:file]) and is_integer(frame[:line]) ->
-        "#{name} (#{Path.basename(frame.file)}:#{frame.line})"
+        "#{name} (#{printable(Path.basename(frame.file))}:#{frame.line})"
 
       frame[:symbol] not in [nil, ""] and frame[:lib] not in [nil, ""] and
           not erlang?(frame) ->
-        "#{name} (#{Path.basename(frame.lib)})"
+        "#{name} (#{printable(Path.basename(frame.lib))})"
 
       true ->
         name
     end
   end
+
+  @doc """
+  `text` (a symbol or a path, bytes as an object file or the disk hold
+  them) made safe to print: bytes that are not UTF-8 become U+FFFD
+  (`Mtrace.JSON.valid_utf8/1`) and control characters `?`, so that no name
+  can break a line of a report or send an escape sequence to the terminal.
+  Every name this module gives has been through it.
+
+  ## Examples
+
+      iex> Mtrace.Frame.printable("caf\xE9\e[2J")
+      "caf\uFFFD?[2J"
+      iex> Mtrace.Frame.printable("ns::f")
+      "ns::f"
+  """
+  @spec printable(binary()) :: String.t()
+  def printable(text) when is_binary(text) do
+    if plain?(text),
+      do: text,
+      else:
+        text |> Mtrace.JSON.valid_utf8() |> String.replace(~r/[\x{0}-\x{1f}\x{7f}-\x{9f}]/u, "?")
+  end
+
+  # Most names are printable ASCII, which a byte scan recognizes cheaply.
+  defp plain?(<<c, rest::binary>>) when c in 0x20..0x7E, do: plain?(rest)
+  defp plain?(<<>>), do: true
+  defp plain?(_other), do: false
 
   @doc """
   Whether a frame is an Erlang frame (the NIF or an Erlang function above it).
@@ -198,8 +226,10 @@ defmodule Mtrace.Frame do
     name = String.trim_trailing(name)
 
     with false <- String.contains?(name, "operator"),
-         [last | _] <- top_level_spaces(String.to_charlist(name), 0, 0, []),
-         rest = String.slice(name, (last + 1)..-1//1),
+         chars = String.to_charlist(name),
+         [last | _] <- top_level_spaces(chars, 0, 0, []),
+         # by code points, as top_level_spaces counts (not graphemes)
+         rest = chars |> Enum.drop(last + 1) |> List.to_string(),
          # a name, not a suffix such as "(.cold)" or a pointer's "(*f)"
          true <- rest =~ ~r/^[A-Za-z_~]/ do
       rest

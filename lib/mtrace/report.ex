@@ -283,7 +283,11 @@ defmodule Mtrace.Report do
   # then is the line wrapped. A mangled name is never shortened.
   defp frame_line(frame, offsets) do
     name = frame |> Mtrace.Frame.name() |> with_address(frame[:addr])
-    lib = if known?(frame[:symbol]) and known?(frame[:lib]), do: Path.basename(frame[:lib])
+
+    lib =
+      if known?(frame[:symbol]) and known?(frame[:lib]),
+        do: Mtrace.Frame.printable(Path.basename(frame[:lib]))
+
     at? = offsets == :all or (offsets == :unlined and !frame[:line])
     lib = if lib && at?, do: lib <> offset(frame[:offset]), else: lib
     inlined = if frame[:inlined], do: "[inlined]"
@@ -333,8 +337,8 @@ defmodule Mtrace.Report do
   defp source(path), do: path
 
   defp location(file, _line) when file in [nil, ""], do: nil
-  defp location(file, nil), do: "(#{file})"
-  defp location(file, line), do: "(#{file}:#{line})"
+  defp location(file, nil), do: "(#{Mtrace.Frame.printable(file)})"
+  defp location(file, line), do: "(#{Mtrace.Frame.printable(file)}:#{line})"
 
   @doc """
   An age in seconds, to the two largest units.

@@ -107,7 +107,7 @@ defmodule Mtrace.ExportTest do
       sites = [site(1, 10, [nasty, frame("main")]), site(1, 5, [frame("main; x")])]
       text = IO.iodata_to_binary(Export.folded(sites))
 
-      assert text == "main;operator:(std::string) second line 10\nmain: x 5\n"
+      assert text == "main;operator:(std::string)?second line 10\nmain: x 5\n"
       assert [{_, 10}, {_, 5}] = parse_folded(text)
     end
 

@@ -69,6 +69,30 @@ defmodule Mtrace.ReportTest do
            ]
   end
 
+  test "names and paths that are not UTF-8 or hold controls print, on one line each" do
+    frames = [
+      frame("ab\xFFc(int)"),
+      frame("esc\e[2J\e[31mred", file: "/opt/caf\xE9/x.c", line: 3),
+      frame("semi;space newline\n", lib: "/opt/caf\xE9/libcaf\xE9.so"),
+      frame("Cafe\u0301 mylib::make<int>(int)"),
+      frame("नमस्ते mylib::make<int>(int)")
+    ]
+
+    text =
+      [site(1, 1, 1, 1, frames)] |> Report.format(@exact, node: :a@h) |> IO.iodata_to_binary()
+
+    assert String.valid?(text)
+    refute text =~ ~r/[\x{0}-\x{9}\x{b}-\x{1f}\x{7f}]/u
+
+    assert Enum.drop(String.split(text, "\n", trim: true), 2) == [
+             "    ab\uFFFDc libcache.so.2",
+             "    esc?[2J?[31mred (caf\uFFFD/x.c:3) libcache.so.2",
+             "    semi;space newline? libcaf\uFFFD.so",
+             "    mylib::make<int> libcache.so.2",
+             "    mylib::make<int> libcache.so.2"
+           ]
+  end
+
   test "a long frame fits 80 columns: templates collapse, paths give way, then it wraps" do
     frames = [
       frame(
