@@ -205,6 +205,94 @@ defmodule Mtrace.VMTest do
       assert VM.Findings.verdict(findings) == :native_leak
     end
 
+    test "a native heap that rose in most steps but ended lower is a heap, not a leak" do
+      mib = 1_048_576
+      snap = VM.Diagnose.snapshot()
+      snap = put_in(snap.memory.native, Map.put(snap.memory.native, :live_bytes, 200 * mib))
+      prev = %{snap | at_ms: snap.at_ms - 5_000}
+      rises = for i <- 0..4, do: 300 * mib + i * 200 * 1024
+
+      findings =
+        VM.Findings.judge(prev, snap, %{
+          bin_leak: nil,
+          preloaded: true,
+          sites: [],
+          native_series: rises ++ [200 * mib],
+          nif: %{series: nil, now: {:ok, []}}
+        })
+
+      kinds = Enum.map(findings, & &1.kind)
+      assert :native_heap in kinds and :native_leak not in kinds
+    end
+
+    test "native and NIF rates are over the samples' span, not the snapshots'" do
+      snap = VM.Diagnose.snapshot()
+      # the first snapshot's scan took 2 s before the 2 s window began
+      prev = %{snap | at_ms: snap.at_ms - 4_000}
+      series = for i <- 0..4, do: 600 * 1_048_576 + i * 60 * 1024
+      extra = %{bin_leak: nil, preloaded: true, sites: [], native_series: series}
+      extra = Map.merge(extra, %{nif: %{series: nil, now: {:ok, []}}, series_secs: 2.0})
+      [native] = for %{kind: :native_leak} = f <- VM.Findings.judge(prev, snap, extra), do: f
+      assert native.evidence.growth.per_s == 240 * 1024 / 2.0
+    end
+
+    test "a table's binaries never count what the GC's process holders hold" do
+      mib = 1_048_576
+      # slices over 64 bytes stay slices in a table (shorter ones are copied)
+      line = String.duplicate("0123456789abcdef", 6) <> "\n"
+      lines = :binary.split(:binary.copy(line, div(4 * mib, 97)), "\n", [:global, :trim])
+      t = :ets.new(:slices, [])
+
+      lines
+      |> Enum.take(50_000)
+      |> Enum.with_index()
+      |> Enum.each(&:ets.insert(t, {elem(&1, 1), elem(&1, 0)}))
+
+      snap = VM.Diagnose.snapshot()
+      all = :erlang.memory(:binary)
+      # a process found holding all but 1 MiB of the binaries left
+      bin_leak = %{binary_before: all, binary_after: all, held_bytes: all - mib, held: []}
+      bin_leak = Map.merge(bin_leak, %{freed: 0})
+      extra = %{bin_leak: bin_leak, preloaded: false, sites: []}
+      [ets | _] = VM.MemoryChecks.run(nil, %{snap | ets: %{t => 1_000_000_000}}, nil, extra)
+      assert ets.evidence.table == t
+      assert ets.evidence.binary_estimate <= mib
+      :ets.delete(t)
+    end
+
+    test "a mailbox finding on the largest queue carries that queue's rate, not another's" do
+      snap = VM.Diagnose.snapshot()
+      prev = %{snap | at_ms: snap.at_ms - 3_000}
+      [a, b] = for _ <- 1..2, do: spawn(fn -> Process.sleep(:infinity) end)
+      procs = %{snap.procs | mql_top: [{a, 40_000}], mql_growth: [{b, 1_500}]}
+      procs = %{procs | mql: %{a => 40_000, b => 1_500}}
+      checks = VM.Findings.process_checks(prev, %{snap | procs: procs}, 3.0)
+      [mailbox] = for %{kind: :mailbox_buildup} = f <- checks, do: f
+      assert %{pid: ^a, growth_per_s: nil} = mailbox.evidence
+      Enum.each([a, b], &Process.exit(&1, :kill))
+    end
+
+    test "a table deleted while its binaries are sampled is skipped" do
+      big = List.to_tuple(for i <- 1..900, do: :binary.copy(<<i::32>>, 100))
+
+      for i <- 1..300 do
+        parent = self()
+
+        owner =
+          spawn(fn ->
+            t = :ets.new(:victim, [:public])
+            for k <- 1..64, do: :ets.insert(t, {k, big})
+            send(parent, {:table, t})
+            receive do: (:go -> Process.sleep(rem(i, 3)))
+          end)
+
+        t = receive do: ({:table, t} -> t)
+        send(owner, :go)
+        estimate = VM.ETS.binary_estimate(t, 64)
+        assert estimate == nil or is_integer(estimate)
+      end
+    end
+
     test "untraced, the report gives the release's line and the one for any node" do
       d = VM.diagnose(print: false, gc: false)
       text = VM.Diagnosis.render(%{d | native: %{preloaded: false, stats: nil, sites: []}})

@@ -114,7 +114,7 @@ defmodule Mtrace.VM.Diagnose do
     {prev, snap, series, mark, nif} =
       if o.window do
         mark = if traced, do: Native.mark()
-        samples = sample(traced, o.window, th.window_steps)
+        {samples, series_secs} = sample(traced, o.window, th.window_steps)
         series = native_series(traced, Enum.map(samples, &elem(&1, 0)))
 
         nif = %{
@@ -122,10 +122,12 @@ defmodule Mtrace.VM.Diagnose do
           now: elem(List.last(samples), 1)
         }
 
-        {first, snapshot(first), series, mark, nif}
+        {first, snapshot(first), {series, series_secs}, mark, nif}
       else
-        {nil, first, nil, nil, %{series: nil, now: Native.nif_memory()}}
+        {nil, first, {nil, nil}, nil, %{series: nil, now: Native.nif_memory()}}
       end
+
+    {series, series_secs} = series
 
     # The sites are read with the snapshot, before a forced collection can
     # run NIF resources' destructors: both tell of the same moment.
@@ -147,6 +149,7 @@ defmodule Mtrace.VM.Diagnose do
         sites: sites,
         thresholds: th,
         native_series: series,
+        series_secs: series_secs,
         window: o.window,
         limit: Memory.limit(),
         nif: nif
@@ -159,7 +162,7 @@ defmodule Mtrace.VM.Diagnose do
       window: o.window,
       memory: snap.memory,
       counts: snap.counts,
-      growth: prev && growth(prev, snap, secs, series),
+      growth: prev && growth(prev, snap, secs, series, series_secs),
       native: %{
         preloaded: preloaded,
         program_traced: program_traced,
@@ -174,12 +177,13 @@ defmodule Mtrace.VM.Diagnose do
   defp ok_rows({:ok, rows}), do: rows
   defp ok_rows(_), do: nil
 
-  # The native figure and the NIF memory rows at the start and after each
-  # of `steps` even steps.
   # Reads native and NIF memory at the window's start and at each of its
   # steps, on time: a read (a few ms) does not push the next step later,
   # and steps come at most one per @min_step ms, so that many steps cannot
-  # stretch a short window.
+  # stretch a short window. Returns the readings and the seconds from the
+  # first to the last: their rates are over that span, not the snapshots'
+  # (whose first process scan, on a node of many processes, takes a second
+  # before the window starts).
   defp sample(traced, window, steps) do
     steps = min(steps, max(div(window, @min_step), 1))
     read = fn -> {native_reading(traced), Native.nif_memory()} end
@@ -193,7 +197,7 @@ defmodule Mtrace.VM.Diagnose do
         read.()
       end
 
-    [first | rest]
+    {[first | rest], max(System.monotonic_time(:millisecond) - start, 1) / 1000}
   end
 
   # Untraced, the carrier cache is read with RSS: what it grows by over the
@@ -205,14 +209,14 @@ defmodule Mtrace.VM.Diagnose do
   defp native_series(false, readings), do: Memory.less_cache_rise(readings)
 
   # Per category of erlang:memory, and native memory, how fast it moved.
-  defp growth(prev, snap, secs, series) do
+  defp growth(prev, snap, secs, series, series_secs) do
     vm =
       for key <- [:total, :processes, :binary, :ets, :code, :atom],
           is_integer(snap.memory[key]) and is_integer(prev.memory[key]),
           into: %{},
           do: {key, (snap.memory[key] - prev.memory[key]) / secs}
 
-    Map.put(vm, :native, Findings.growth(series, secs))
+    Map.put(vm, :native, Findings.growth(series, series_secs))
   end
 
   @typedoc "One sample; see the module documentation."

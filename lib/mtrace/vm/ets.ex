@@ -98,18 +98,20 @@ defmodule Mtrace.VM.ETS do
   """
   @spec binary_estimate(:ets.table(), pos_integer) :: non_neg_integer | nil
   def binary_estimate(table, samples) do
-    case :ets.select(table, [{:_, [], [:"$_"]}], samples) do
-      {objects, _continuation} ->
-        bytes = Enum.reduce(objects, 0, &(offheap(&1, 1_000) + &2))
-        estimate = round(bytes / length(objects) * :ets.info(table, :size))
+    with {objects, _continuation} when objects != [] <-
+           :ets.select(table, [{:_, [], [:"$_"]}], samples),
+         # deleted between the two reads: :undefined
+         size when is_integer(size) <- :ets.info(table, :size) do
+      bytes = Enum.reduce(objects, 0, &(offheap(&1, 1_000) + &2))
+      estimate = round(bytes / length(objects) * size)
 
-        case Procs.binary_memory() do
-          all when is_integer(all) -> min(estimate, all)
-          nil -> estimate
-        end
-
-      :"$end_of_table" ->
-        0
+      case Procs.binary_memory() do
+        all when is_integer(all) -> min(estimate, all)
+        nil -> estimate
+      end
+    else
+      :"$end_of_table" -> 0
+      _gone -> nil
     end
   rescue
     ArgumentError -> nil

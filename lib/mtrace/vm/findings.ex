@@ -511,7 +511,7 @@ defmodule Mtrace.VM.Findings do
   defp limit_growth_text(_key, _per_s, _eta), do: ""
 
   defp mailbox(snap, secs, t) do
-    {pid, score, per_s, own_per_s} =
+    {pid, score, _per_s, own_per_s} =
       leader(snap.procs.mql_top, snap.procs.mql_growth, secs, t.mailbox_len,
         growth: t.mailbox_growth,
         min: t.mailbox_growth_min
@@ -529,7 +529,8 @@ defmodule Mtrace.VM.Findings do
         %{
           pid: pid,
           message_queue_len: len,
-          growth_per_s: per_s,
+          # its own rate, not the fastest-growing process's
+          growth_per_s: own_per_s,
           info: info,
           top: snap.procs.mql_top
         },
@@ -591,7 +592,7 @@ defmodule Mtrace.VM.Findings do
     do: "#{Format.mfa(group.current_function)}, started as #{Format.mfa(group.started_as)}"
 
   defp monitors(snap, secs, t) do
-    {pid, score, per_s, own_per_s} =
+    {pid, score, _per_s, own_per_s} =
       leader(snap.procs.monitors_top, snap.procs.monitors_growth, secs, t.monitors,
         growth: t.monitor_growth,
         min: t.monitor_growth_min
@@ -606,7 +607,7 @@ defmodule Mtrace.VM.Findings do
         score,
         "#{Format.process(pid, Procs.info(pid))} holds #{Format.int(n)} monitors" <>
           growth_text(own_per_s, "monitors"),
-        %{pid: pid, monitors: n, growth_per_s: per_s, targets: targets},
+        %{pid: pid, monitors: n, growth_per_s: own_per_s, targets: targets},
         "Process.info(#{Format.pid_expr(pid)}, :monitors); look for Process.monitor/1 " <>
           "calls in its code that are never matched by a demonitor or a :DOWN"
       )
@@ -638,7 +639,7 @@ defmodule Mtrace.VM.Findings do
     size = ratio(value, size_limit)
     growth = growth_ratio(delta, secs, growth_limit, growth_min)
     pid = if growth > size, do: gpid, else: pid
-    {pid, max(size, growth), per_s, per_s && gpid == pid && per_s}
+    {pid, max(size, growth), per_s, if(per_s && gpid == pid, do: per_s)}
   end
 
   defp first([head | _]), do: head

@@ -27,7 +27,9 @@ defmodule Mtrace.VM.MemoryChecks do
 
   @doc """
   Runs the memory checks (`nil` where there is nothing to report); `secs`
-  is the window length, or `nil` without one.
+  is the time between the snapshots, or `nil` without a window, and
+  `extra.series_secs` (when given) the time the native and NIF samples
+  span, over which their rates are taken.
 
   ## Example
 
@@ -42,6 +44,7 @@ defmodule Mtrace.VM.MemoryChecks do
     th = Map.get(extra, :thresholds, Thresholds.defaults())
     tiers = if BinaryChecks.bin_leak_worth_it?(snap, th), do: @ets_wide_tiers, else: @ets_tiers
     {estimates, unsampled} = ETS.binary_estimates(snap.ets, tiers)
+    estimates = within_unheld(estimates, extra.bin_leak)
     ets_binaries = %{estimates: estimates, unsampled: unsampled}
 
     [
@@ -49,9 +52,15 @@ defmodule Mtrace.VM.MemoryChecks do
       persistent_term(prev, snap, secs, th),
       BinaryChecks.leak(snap, extra.bin_leak, th),
       BinaryChecks.held(snap, extra.bin_leak, ets_binaries, th),
-      native(snap, secs, extra, th),
+      native(snap, secs && Map.get(extra, :series_secs, secs), extra, th),
       fragmentation(snap, th),
-      nif(extra[:nif], secs, snap.memory, th, erlang_held(extra.bin_leak, estimates))
+      nif(
+        extra[:nif],
+        secs && Map.get(extra, :series_secs, secs),
+        snap.memory,
+        th,
+        erlang_held(extra.bin_leak, estimates)
+      )
     ]
   end
 
@@ -60,16 +69,31 @@ defmodule Mtrace.VM.MemoryChecks do
   # them share it) and the binaries sampled ETS tables reference, at most
   # all it left; nil without the GC.
   defp erlang_held(%{binary_after: left} = bin_leak, estimates) when is_integer(left) do
-    procs =
-      Map.get_lazy(bin_leak, :held_bytes, fn ->
-        for {_pid, bytes, _info} <- Map.get(bin_leak, :held, []), reduce: 0, do: (n -> n + bytes)
-      end)
-
+    procs = procs_held(bin_leak)
     tables = for {_t, _, bins} <- estimates, is_integer(bins), reduce: 0, do: (n -> n + bins)
     %{left: left, held: min(procs + tables, left)}
   end
 
   defp erlang_held(_bin_leak, _estimates), do: nil
+
+  defp procs_held(bin_leak) do
+    Map.get_lazy(bin_leak, :held_bytes, fn ->
+      for {_pid, bytes, _info} <- Map.get(bin_leak, :held, []), reduce: 0, do: (n -> n + bytes)
+    end)
+  end
+
+  # A table's estimate counts a binary once for each sampled object that
+  # references it, so a table of slices of one large binary reads as
+  # holding it many times over. After the forced GC, no table holds more
+  # than the binaries it left beyond what its largest process holders hold
+  # (a binary a process and a table both reference then counts as the
+  # process's).
+  defp within_unheld(estimates, %{binary_after: left} = bin_leak) when is_integer(left) do
+    room = max(left - procs_held(bin_leak), 0)
+    for {t, b, bins} <- estimates, do: {t, b, bins && min(bins, room)}
+  end
+
+  defp within_unheld(estimates, _bin_leak), do: estimates
 
   defp ets(_prev, _snap, _secs, [], _th), do: nil
 
@@ -181,9 +205,9 @@ defmodule Mtrace.VM.MemoryChecks do
   # RSS outside the ERTS allocators. Its size counts when it passes
   # native_bytes (or the VM's own memory), or dwarfs what the VM accounts
   # for. With a window, growth counts only when steady: the samples went up
-  # in most steps, as a leak does, not up and down as churn and a working
-  # set taken and given back do; a large heap that did not grow steadily is
-  # a :native_heap finding, not a leak.
+  # in most steps and ended higher, as a leak does, not up and down as churn
+  # and a working set taken and given back do; a large heap that did not
+  # grow steadily is a :native_heap finding, not a leak.
   defp native(snap, secs, extra, th) do
     {bytes, what} = native_bytes(snap, extra)
     vm = vm_bytes(snap, extra)
@@ -191,7 +215,7 @@ defmodule Mtrace.VM.MemoryChecks do
     growth = unless tracking_off?(snap, extra), do: growth(extra[:native_series], secs)
 
     steady =
-      if growth && growth.steadiness >= th.native_steady,
+      if growth && growth.steadiness >= th.native_steady && growth.per_s > 0,
         do: ratio(growth.per_s, th.native_growth),
         else: 0
 
