@@ -333,7 +333,9 @@ defmodule Mtrace do
   # rounded "2s", which a block of 1.7s would seem to contradict).
   defp age_bound(word, seconds) do
     case Mtrace.VM.Format.age(seconds) do
-      "over " <> _ = age -> "#{age} old"
+      "over " <> _ = age when word == "at least" -> "#{age} old"
+      # "at most over 1000y" reads oddly; no block is that old anyway
+      "over " <> _ -> nil
       _ when is_float(seconds) and seconds < 60 -> "#{word} #{Float.round(seconds, 1)}s old"
       age -> "#{word} #{age} old"
     end
@@ -507,7 +509,10 @@ defmodule Mtrace do
   still answer. `fun` is one of `:stats`, `:sites`, `:olds`, `:mark`,
   `:reset`, `:enable`, `:disable`, `:preloaded?`. `args` is the list of
   the function's arguments, so its options are a list inside it:
-  `Mtrace.cluster(:sites, [[limit: 3]])`.
+  `Mtrace.cluster(:sites, [[limit: 3]])`. Each node answers for itself, so
+  the options `:node` and `:timeout` have no place there, nor `:since`: a
+  mark belongs to one node (ask it with `sites(since: mark)`). Raises
+  `ArgumentError` for them.
 
       iex> %{} = result = Mtrace.cluster(:preloaded?)
       iex> {:ok, answer} = result[node()]
@@ -542,12 +547,14 @@ defmodule Mtrace do
               inspect(timeout)
     end
 
+    Enum.each(args, &each_node_own!(&1, fun))
     nodes = [node() | Node.list()]
 
     case {fun, args} do
       # each stack sent once by each node, not once per entry (olds/2's
       # remote path), and put back here
       {:olds, [n, opts]} when is_integer(n) and n >= 0 and is_list(opts) ->
+        count!(n, "olds/2")
         o = Options.parse!(opts, [], "olds/2")
 
         for {node, answer} <- Remote.multicall(nodes, Query, :olds_by_stack, [n, o], timeout),
@@ -569,6 +576,25 @@ defmodule Mtrace do
     raise ArgumentError, "cluster/3: args must be a list, got: #{inspect(args)}"
   end
 
+  # Each node answers for itself: options that would send its query to
+  # another node (:node, or a :since mark, which belongs to the node that
+  # took it) would file one node's answer under another's name.
+  defp each_node_own!([_ | _] = opts, fun) do
+    if Keyword.keyword?(opts) do
+      for key <- [:node, :since, :timeout], Keyword.has_key?(opts, key) do
+        raise ArgumentError,
+              "cluster/3: option #{inspect(key)} has no place in Mtrace.#{fun}'s options " <>
+                "here, as #{own_reason(key)}, got: #{inspect(opts)}"
+      end
+    end
+  end
+
+  defp each_node_own!(_arg, _fun), do: :ok
+
+  defp own_reason(:node), do: "every node answers for itself"
+  defp own_reason(:since), do: "a mark belongs to the node that took it: ask that node alone"
+  defp own_reason(:timeout), do: "the timeout is cluster/3's third argument"
+
   defp with_ok({:ok, answer}, fun), do: {:ok, fun.(answer)}
   defp with_ok(error, _fun), do: error
 
@@ -587,8 +613,9 @@ defmodule Mtrace do
   `allocated_bytes`, `used_bytes`, `free_bytes`, `mmap_chunks` and
   `mmap_bytes` come from glibc's `mallinfo2()`, which locks each malloc
   arena in turn while it walks the arena's free chunks (some 20-40 ms with
-  a million of them); `heap: false` leaves them `nil`, for a caller that
-  reads the figures every few seconds (`top/1`, `Mtrace.Watch` do).
+  a million of them); `heap: false` leaves them `nil` (and `heap` false),
+  for a caller that reads the figures every few seconds (`top/1`,
+  `Mtrace.Watch` do).
 
   In sampling mode (`MTRACE_SAMPLE_BYTES`, `sampled: true`) the table holds a
   sample: `live_count`/`live_bytes` are what was recorded, and
@@ -634,7 +661,8 @@ defmodule Mtrace do
           do: call(&Native.stats/0),
           else: call(fn -> Native.stats(false) end)
 
-      Mtrace.Stats.new(Map.put(stats, :now_ms, call(&Native.now_ms/0)))
+      stats = Map.merge(stats, %{now_ms: call(&Native.now_ms/0), heap: Map.get(o, :heap, true)})
+      Mtrace.Stats.new(stats)
     end)
   end
 

@@ -27,6 +27,7 @@ defmodule Mtrace.Options do
     since: "a mark from Mtrace.mark/1",
     lib: "a string",
     demangle: "a boolean",
+    heap: "a boolean",
     node: "a node name (atom)",
     sort: "one of :bytes, :count, :oldest, :growth",
     boot: "a boolean",

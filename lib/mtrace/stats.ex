@@ -19,6 +19,8 @@ defmodule Mtrace.Stats do
       "#Mtrace.Stats<tracking switched off (Mtrace.enable/0)"
       iex> inspect(%{stats | reset_ms: 1_000, now_ms: 188_000}) |> String.split("\\n") |> hd()
       "#Mtrace.Stats<12.0 KiB live in 3 blocks since a reset 3m 07s ago, 0 dropped"
+      iex> inspect(%{stats | heap: false}) |> String.split("\\n") |> List.last()
+      "  C library heap: not read (heap: false)>"
   """
 
   @behaviour Access
@@ -69,7 +71,8 @@ defmodule Mtrace.Stats do
                 :used_bytes,
                 :free_bytes,
                 :mmap_chunks,
-                :mmap_bytes
+                :mmap_bytes,
+                :heap
               ]
 
   @type t :: %__MODULE__{}
@@ -97,7 +100,9 @@ defmodule Mtrace.Stats do
   defimpl Inspect do
     alias Mtrace.VM.Format
 
-    # mallinfo2's figures; nil where the C library does not report them.
+    # mallinfo2's figures; nil where the C library does not report them, or
+    # where the caller did not ask for them.
+    defp heap(%{heap: false}), do: "  C library heap: not read (heap: false)"
     defp heap(%{allocated_bytes: nil}), do: "  C library heap: not reported by this C library"
 
     defp heap(s) do

@@ -64,6 +64,24 @@ defmodule Mtrace.ReadableTest do
     end
   end
 
+  test "stats(heap: false) says the heap was not read, not that the C library cannot" do
+    assert Mtrace.stats().heap == true
+    text = inspect(Mtrace.stats(heap: false))
+    assert text =~ "C library heap: not read (heap: false)>"
+
+    assert_raise ArgumentError, ~r/option :heap of Mtrace.stats\/1 must be a boolean/, fn ->
+      Mtrace.stats(heap: 1)
+    end
+  end
+
+  test "a report's header never turns an age bound around" do
+    LeakyNif.leak(:malloc, 1, 4096)
+    big = ExUnit.CaptureIO.capture_io(fn -> Mtrace.report(max_age: 1.0e11, limit: 1) end)
+    refute big =~ "over 1000y", big
+    old = ExUnit.CaptureIO.capture_io(fn -> Mtrace.report(min_age: 1.0e11, limit: 1) end)
+    assert old =~ "over 1000y old", old
+  end
+
   test "a size just under a unit rounds up into that unit, never to 1024 of the one below" do
     alias Mtrace.VM.Format
 

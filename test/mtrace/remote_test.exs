@@ -158,5 +158,17 @@ defmodule Mtrace.RemoteTest do
     end
 
     assert_raise ArgumentError, ~r/fun must be one of/, fn -> Mtrace.cluster(:halt) end
+
+    # each node answers for itself: nothing may send its query elsewhere
+    mark = Mtrace.mark()
+
+    for args <- [[[since: mark]], [[node: good]], [1, [node: good]], [[timeout: 5]]] do
+      fun = if length(args) == 2, do: :olds, else: :sites
+      assert_raise ArgumentError, ~r/has no place/, fn -> Mtrace.cluster(fun, args) end
+    end
+
+    assert_raise ArgumentError, ~r/at most 2\^64 - 1/, fn ->
+      Mtrace.cluster(:olds, [2 ** 64, []])
+    end
   end
 end
