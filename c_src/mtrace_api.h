@@ -181,6 +181,11 @@ struct mtrace_erlang_layout {
     /* erts_get_scheduler_data and erts_lookup_function_info of beam.smp. */
     void *(*scheduler_data)(void);
     void (*function_info)(void *info, const void *pc, int full_info);
+    /* The VM's thread progress counter (erts_thr_prgr__.current), NULL if
+     * it is not exported.  Code the VM purges can only be followed by other
+     * code at its addresses once it has moved (a load is committed after
+     * thread progress). */
+    const volatile uint64_t *thread_progress;
 };
 
 /* One Erlang frame of a stack, named when its stack was first seen (atoms

@@ -280,6 +280,8 @@ static ERL_NIF_TERM check(ErlNifEnv *env, const ERL_NIF_TERM argv[], const char 
         layout.function_info = (void (*)(void *, const void *, int))x.fi;
         layout.info_loc = lines ? INFO_LOC : 0;
         layout.info_fname = lines == 2 ? INFO_FNAME : 0;
+        /* ErtsThrPrgr is {erts_atomic64_t current}: its first word. */
+        layout.thread_progress = dlsym(RTLD_DEFAULT, "erts_thr_prgr__");
         return mt_atoms.ok;
     }
     if (!layout.size)

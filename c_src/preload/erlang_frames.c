@@ -238,34 +238,59 @@ static const char *keep_file(const char *text, size_t len) {
     return kept;
 }
 
+/* What the VM says of pc now: its function's {module, function, arity}
+ * (NULL when in no loaded function), and its LOC_FILE / LOC_LINE location
+ * with the module's file name table (0 and NULL when unknown). */
+static const uint64_t *look_up(uintptr_t pc, uint32_t *loc, const uint64_t **fnames) {
+    *loc = 0;
+    *fnames = NULL;
+    if (pc & 1) /* the NIF's own frame: its MFA pointer */
+        return (const uint64_t *)(pc & ~(uintptr_t)1);
+    /* FunctionInfo, larger than the VM's own so that no layout can overrun it. */
+    _Alignas(16) char info[128];
+    memset(info, 0, sizeof info);
+    layout.function_info(info, (const void *)pc, layout.info_loc != 0);
+    const uint64_t *mfa;
+    memcpy(&mfa, info, sizeof mfa);
+    if (mfa && layout.info_loc)
+        memcpy(loc, info + layout.info_loc, sizeof *loc);
+    if (*loc && layout.info_fname)
+        memcpy(fnames, info + layout.info_fname, sizeof *fnames);
+    return mfa;
+}
+
 void mt_erl_name(uintptr_t pc, struct mtrace_erl_frame *out) {
     memset(out, 0, sizeof *out);
     out->pc = pc;
-    const uint64_t *mfa = NULL; /* ErtsCodeMFA: module, function, arity */
-    if (pc & 1) {
-        mfa = (const uint64_t *)(pc & ~(uintptr_t)1);
-    } else {
-        /* FunctionInfo, larger than the VM's own so that no layout can overrun it. */
-        _Alignas(16) char info[128];
-        memset(info, 0, sizeof info);
-        layout.function_info(info, (const void *)pc, layout.info_loc != 0);
-        memcpy(&mfa, info, sizeof mfa);
-        uint32_t loc = 0;
-        if (mfa && layout.info_loc)
-            memcpy(&loc, info + layout.info_loc, sizeof loc);
-        if (loc) { /* the VM's LOC_FILE / LOC_LINE encoding */
-            out->line = loc & 0xFFFFFF;
-            const uint64_t *fnames = NULL;
-            if (layout.info_fname)
-                memcpy(&fnames, info + layout.info_fname, sizeof fnames);
-            char text[FILE_TEXT];
-            size_t len = fnames ? list_text(fnames[loc >> 24], text, sizeof text) : 0;
-            out->file = len ? keep_file(text, len) : NULL;
-        }
+    uint32_t loc;
+    const uint64_t *fnames;
+    const uint64_t *mfa = look_up(pc, &loc, &fnames);
+    if (loc) {
+        out->line = loc & 0xFFFFFF;
+        char text[FILE_TEXT];
+        size_t len = fnames ? list_text(fnames[loc >> 24], text, sizeof text) : 0;
+        out->file = len ? keep_file(text, len) : NULL;
     }
     if (mfa) {
         out->module = mfa[0];
         out->function = mfa[1];
         out->arity = (uint32_t)mfa[2];
     }
+}
+
+uint64_t mt_erl_progress(void) {
+    static TLS uint64_t ticks; /* without the VM's counter: a new value every time */
+    if (layout.thread_progress)
+        return *layout.thread_progress;
+    return ++ticks | 1ull << 63;
+}
+
+int mt_erl_named_as(uintptr_t pc, const struct mtrace_erl_frame *named) {
+    uint32_t loc;
+    const uint64_t *fnames;
+    const uint64_t *mfa = look_up(pc, &loc, &fnames);
+    if (!mfa)
+        return !named->module;
+    return named->module == mfa[0] && named->function == mfa[1] &&
+           named->arity == (uint32_t)mfa[2] && named->line == (loc & 0xFFFFFF);
 }

@@ -112,6 +112,24 @@ static struct stack_rec *rec_of(uint32_t id) {
     return block ? block[id & ((1u << BLOCK_BITS) - 1)] : NULL;
 }
 
+/* Whether a record's Erlang frames still name the code at their pcs. */
+static int names_hold(const struct stack_rec *r) {
+    const struct mtrace_erl_frame *names = erl_names(r);
+    for (uint32_t i = 0; i < r->erl; i++)
+        if (!mt_erl_named_as(r->ips[r->depth + i], &names[i]))
+            return 0;
+    return 1;
+}
+
+static int still_named(uint32_t id) {
+    const struct stack_rec *r = id != MTRACE_NO_STACK ? rec_of(id) : NULL;
+    return r && names_hold(r);
+}
+
+/* The stack of these frames, newest first.  With Erlang frames, addresses
+ * are not enough: a purged module's code memory goes to the next module
+ * loaded, so a record whose names no longer hold is passed over (an older
+ * one may hold again, a new one is made if none does). */
 static uint32_t find(uint32_t head, uint32_t hash, const uintptr_t *ips, uint32_t depth,
                      uint32_t erl) {
     for (uint32_t id = head; id;) {
@@ -119,7 +137,7 @@ static uint32_t find(uint32_t head, uint32_t hash, const uintptr_t *ips, uint32_
         if (!r)
             return 0;
         if (r->hash == hash && r->depth == depth && r->erl == erl &&
-            !memcmp(r->ips, ips, (depth + erl) * sizeof(uintptr_t)))
+            !memcmp(r->ips, ips, (depth + erl) * sizeof(uintptr_t)) && (!erl || names_hold(r)))
             return id;
         id = r->next;
     }
@@ -226,6 +244,8 @@ none:
 static __thread uint32_t last_id __attribute__((tls_model("initial-exec")));
 /* Whether that stack had Erlang frames. */
 static __thread uint32_t last_erl __attribute__((tls_model("initial-exec")));
+/* mt_erl_progress() when that stack's Erlang names last held. */
+static __thread uint64_t last_progress __attribute__((tls_model("initial-exec")));
 /* Where that stack's frames began in the walk, and how many were kept. */
 static __thread int last_skip __attribute__((tls_model("initial-exec")));
 static __thread uint32_t last_got __attribute__((tls_model("initial-exec")));
@@ -313,13 +333,23 @@ static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at
     uintptr_t *ips = (uintptr_t *)(buf + skip);
     int erl_same;
     uint32_t erl = mt_erl_capture(ips + got, depth, &erl_same);
-    if (same && (erl ? erl_same : !last_erl))
+    /* The same words can be other code's: a module purged and another
+     * loaded at its addresses between two NIF calls.  Its names are checked
+     * again once the VM's thread progress has moved (a load is committed
+     * only after it has), which a long NIF call on a scheduler holds still. */
+    if (same && !erl && !last_erl)
         return last_id;
+    uint64_t progress = erl ? mt_erl_progress() : 0;
+    if (same && erl && erl_same && (progress == last_progress || still_named(last_id))) {
+        last_progress = progress;
+        return last_id;
+    }
     if (same) /* the native frames are needed after all (the Erlang ones follow them) */
         mt_unwind_last((uintptr_t *)buf, skip + (int)got);
     last_skip = skip;
     last_got = got;
     last_erl = erl;
+    last_progress = progress; /* read before the names were checked, or taken */
     last_id = mt_stack_intern_erl(ips, got, erl);
     last_recent =
         !erl && !same && walked && mt_recent_keep((int)(depth + MAX_HOOK_FRAMES), last_id);

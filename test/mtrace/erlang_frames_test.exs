@@ -150,6 +150,48 @@ defmodule Mtrace.ErlangFramesTest do
     assert [%{file: "reloaded.ex"} | _] = only_sites() |> hd() |> erlang() |> Enum.drop(1)
   end
 
+  # Mtrace.Test.Reused<i>: its leaking call on line `line`.
+  defp load_reused(module, line) do
+    source =
+      String.duplicate("\n", line - 3) <>
+        """
+        defmodule #{inspect(module)} do
+          def go(n) do
+            Mtrace.Test.LeakyNif.leak(:malloc, n, 1000)
+            :ok
+          end
+        end
+        """
+
+    [{^module, _}] = Code.compile_string(source, "reused.ex")
+  end
+
+  defp gone(module) do
+    :code.purge(module)
+    :code.delete(module)
+    :code.purge(module)
+  end
+
+  # Once a module is purged the JIT may load the next module, or the next
+  # version of it, at the same addresses: same return addresses, other code.
+  test "code loaded where purged code was is told apart, and named as it is" do
+    Code.put_compiler_option(:ignore_module_conflict, true)
+    on_exit(fn -> Code.put_compiler_option(:ignore_module_conflict, false) end)
+
+    versions = for i <- 1..6, do: {Mtrace.Test.Reused, 10 * i, i}
+    modules = for i <- 1..6, do: {Module.concat(Mtrace.Test, "Reused#{i}"), 10, i + 6}
+
+    for {module, line, n} <- versions ++ modules do
+      load_reused(module, line)
+      apply(module, :go, [n])
+      gone(module)
+    end
+
+    got = for site <- only_sites(), do: {site.count, chain(site, 2) |> Enum.at(1)}
+    expected = for {module, line, n} <- versions ++ modules, do: {n, {module, :go, 1, line}}
+    assert Enum.sort(got) == Enum.sort(expected)
+  end
+
   test "every output shows the Erlang frames: seed olds, report, folded, JSON, flame graph" do
     ErlangCallers.append(3)
     name = "Mtrace.Test.ErlangCallers.append/1"
