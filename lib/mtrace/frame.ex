@@ -95,7 +95,7 @@ defmodule Mtrace.Frame do
 
   ## Examples
 
-      iex> Mtrace.Frame.printable("caf\xE9\e[2J")
+      iex> Mtrace.Frame.printable("caf\\xE9\\e[2J")
       "caf\uFFFD?[2J"
       iex> Mtrace.Frame.printable("ns::f")
       "ns::f"
