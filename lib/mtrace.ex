@@ -655,15 +655,19 @@ defmodule Mtrace do
   def stats(opts \\ []) do
     o = Options.parse_remote!(opts, "stats/1", [:heap])
 
-    remote(o, :stats, [drop_node(opts)], fn ->
+    heap = Map.get(o, :heap, true)
+
+    o
+    |> remote(:stats, [drop_node(opts)], fn ->
       stats =
-        if Map.get(o, :heap, true),
+        if heap,
           do: call(&Native.stats/0),
           else: call(fn -> Native.stats(false) end)
 
-      stats = Map.merge(stats, %{now_ms: call(&Native.now_ms/0), heap: Map.get(o, :heap, true)})
-      Mtrace.Stats.new(stats)
+      Mtrace.Stats.new(Map.merge(stats, %{now_ms: call(&Native.now_ms/0), heap: heap}))
     end)
+    # a node of an older mtrace answers without it
+    |> Map.put_new(:heap, heap)
   end
 
   @doc """

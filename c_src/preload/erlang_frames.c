@@ -278,12 +278,7 @@ void mt_erl_name(uintptr_t pc, struct mtrace_erl_frame *out) {
     }
 }
 
-uint64_t mt_erl_progress(void) {
-    static TLS uint64_t ticks; /* without the VM's counter: a new value every time */
-    if (layout.thread_progress)
-        return *layout.thread_progress;
-    return ++ticks | 1ull << 63;
-}
+uint64_t mt_erl_progress(void) { return layout.thread_progress ? *layout.thread_progress : 0; }
 
 int mt_erl_named_as(uintptr_t pc, const struct mtrace_erl_frame *named) {
     uint32_t loc;
@@ -291,6 +286,14 @@ int mt_erl_named_as(uintptr_t pc, const struct mtrace_erl_frame *named) {
     const uint64_t *mfa = look_up(pc, &loc, &fnames);
     if (!mfa)
         return !named->module;
-    return named->module == mfa[0] && named->function == mfa[1] &&
-           named->arity == (uint32_t)mfa[2] && named->line == (loc & 0xFFFFFF);
+    if (named->module != mfa[0] || named->function != mfa[1] || named->arity != (uint32_t)mfa[2] ||
+        named->line != (loc & 0xFFFFFF))
+        return 0;
+    /* The next version may come from another file.  A name that could not
+     * be kept (the store full) is not compared, else it would never hold. */
+    if (!named->file)
+        return 1;
+    char text[FILE_TEXT];
+    size_t len = loc && fnames ? list_text(fnames[loc >> 24], text, sizeof text) : 0;
+    return len && !strcmp(text, named->file);
 }

@@ -39,7 +39,7 @@ void mt_erl_name(uintptr_t pc, struct mtrace_erl_frame *out);
 int mt_erl_named_as(uintptr_t pc, const struct mtrace_erl_frame *named);
 /* A value that moves before code at a purged module's addresses can run
  * (the VM's thread progress): while it stands still, names checked since
- * still hold.  Without the VM's counter, it moves at every call. */
+ * still hold.  0 = not known (without the VM's counter): check. */
 uint64_t mt_erl_progress(void);
 
 #endif

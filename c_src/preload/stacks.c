@@ -42,7 +42,8 @@
 #define MAX_HOOK_FRAMES 2 /* the same from a walk's start (mt_stack_capture's at) */
 
 /* ips holds depth native return addresses, then erl Erlang frame pcs (the
- * key is all of them), then the erl frames' names. */
+ * key is all of them), then the erl frames' names and, with any, the
+ * thread progress value at which they were last seen to hold. */
 struct stack_rec {
     uint32_t next; /* next id in the bucket chain, 0 = end */
     uint32_t hash;
@@ -53,6 +54,9 @@ struct stack_rec {
 
 static const struct mtrace_erl_frame *erl_names(const struct stack_rec *r) {
     return (const struct mtrace_erl_frame *)(r->ips + r->depth + r->erl);
+}
+static _Atomic uint64_t *erl_checked(const struct stack_rec *r) {
+    return (_Atomic uint64_t *)(erl_names(r) + r->erl);
 }
 
 static _Atomic uint32_t *buckets;     /* head id per bucket, 0 = empty */
@@ -112,12 +116,21 @@ static struct stack_rec *rec_of(uint32_t id) {
     return block ? block[id & ((1u << BLOCK_BITS) - 1)] : NULL;
 }
 
-/* Whether a record's Erlang frames still name the code at their pcs. */
+/* Whether a record's Erlang frames still name the code at their pcs: the
+ * JIT may give a purged module's code memory to the next module loaded.
+ * Checked with a lookup each only once the VM's thread progress has moved
+ * since they last held (no other code runs at their addresses before it
+ * does: a load is committed after it), so not again within a NIF call. */
 static int names_hold(const struct stack_rec *r) {
+    uint64_t now = mt_erl_progress();
+    _Atomic uint64_t *checked = erl_checked(r);
+    if (now && atomic_load_explicit(checked, memory_order_relaxed) == now)
+        return 1;
     const struct mtrace_erl_frame *names = erl_names(r);
     for (uint32_t i = 0; i < r->erl; i++)
         if (!mt_erl_named_as(r->ips[r->depth + i], &names[i]))
             return 0;
+    atomic_store_explicit(checked, now, memory_order_relaxed);
     return 1;
 }
 
@@ -127,9 +140,8 @@ static int still_named(uint32_t id) {
 }
 
 /* The stack of these frames, newest first.  With Erlang frames, addresses
- * are not enough: a purged module's code memory goes to the next module
- * loaded, so a record whose names no longer hold is passed over (an older
- * one may hold again, a new one is made if none does). */
+ * are not enough: a record whose names no longer hold is passed over (an
+ * older one may hold again, a new one is made if none does). */
 static uint32_t find(uint32_t head, uint32_t hash, const uintptr_t *ips, uint32_t depth,
                      uint32_t erl) {
     for (uint32_t id = head; id;) {
@@ -147,7 +159,7 @@ static uint32_t find(uint32_t head, uint32_t hash, const uintptr_t *ips, uint32_
 /* Bump allocation from 1 MiB chunks; called under insert_lock. */
 static struct stack_rec *alloc_rec(uint32_t depth, uint32_t erl) {
     size_t need = sizeof(struct stack_rec) + (depth + erl) * sizeof(uintptr_t) +
-                  erl * sizeof(struct mtrace_erl_frame);
+                  erl * sizeof(struct mtrace_erl_frame) + (erl ? sizeof(uint64_t) : 0);
     if (!chunk || (size_t)(chunk_end - chunk) < need) {
         char *c = map(CHUNK_BYTES, MAP_NORESERVE);
         if (!c)
@@ -222,10 +234,13 @@ uint32_t mt_stack_intern_erl(const uintptr_t *ips, uint32_t depth, uint32_t erl)
             /* Named in place, not on the C stack (128 names are 5 KiB),
              * once: new stacks with Erlang frames are few. */
             struct mtrace_erl_frame *names = (struct mtrace_erl_frame *)erl_names(r);
+            uint64_t now = erl ? mt_erl_progress() : 0; /* before the names are taken */
             for (uint32_t i = 0; i < erl; i++)
                 mt_erl_name(ips[depth + i], &names[i]);
-            if (erl)
+            if (erl) {
+                atomic_store_explicit(erl_checked(r), now, memory_order_relaxed);
                 atomic_fetch_add_explicit(&erl_stacks, 1, memory_order_relaxed);
+            }
             *slot = r;
             atomic_store_explicit(&next_id, fresh + 1, memory_order_release);
             atomic_store_explicit(bucket, fresh, memory_order_release);
@@ -244,8 +259,7 @@ none:
 static __thread uint32_t last_id __attribute__((tls_model("initial-exec")));
 /* Whether that stack had Erlang frames. */
 static __thread uint32_t last_erl __attribute__((tls_model("initial-exec")));
-/* mt_erl_progress() when that stack's Erlang names last held. */
-static __thread uint64_t last_progress __attribute__((tls_model("initial-exec")));
+
 /* Where that stack's frames began in the walk, and how many were kept. */
 static __thread int last_skip __attribute__((tls_model("initial-exec")));
 static __thread uint32_t last_got __attribute__((tls_model("initial-exec")));
@@ -334,22 +348,14 @@ static __attribute__((noinline)) uint32_t capture(const struct mt_walk_start *at
     int erl_same;
     uint32_t erl = mt_erl_capture(ips + got, depth, &erl_same);
     /* The same words can be other code's: a module purged and another
-     * loaded at its addresses between two NIF calls.  Its names are checked
-     * again once the VM's thread progress has moved (a load is committed
-     * only after it has), which a long NIF call on a scheduler holds still. */
-    if (same && !erl && !last_erl)
+     * loaded at its addresses between two NIF calls (names_hold). */
+    if (same && (erl ? erl_same && still_named(last_id) : !last_erl))
         return last_id;
-    uint64_t progress = erl ? mt_erl_progress() : 0;
-    if (same && erl && erl_same && (progress == last_progress || still_named(last_id))) {
-        last_progress = progress;
-        return last_id;
-    }
     if (same) /* the native frames are needed after all (the Erlang ones follow them) */
         mt_unwind_last((uintptr_t *)buf, skip + (int)got);
     last_skip = skip;
     last_got = got;
     last_erl = erl;
-    last_progress = progress; /* read before the names were checked, or taken */
     last_id = mt_stack_intern_erl(ips, got, erl);
     last_recent =
         !erl && !same && walked && mt_recent_keep((int)(depth + MAX_HOOK_FRAMES), last_id);
