@@ -280,7 +280,16 @@ void mt_erl_name(uintptr_t pc, struct mtrace_erl_frame *out) {
 
 uint64_t mt_erl_progress(void) { return layout.thread_progress ? *layout.thread_progress : 0; }
 
-int mt_erl_named_as(uintptr_t pc, const struct mtrace_erl_frame *named) {
+/* The file names a check has found equal, by where the VM keeps them: a
+ * module's functions share one table, so a stack's frames in one module
+ * compare its text once. */
+struct seen_file {
+    const uint64_t *table;
+    uint32_t index;
+    const char *named;
+};
+
+static int named_as(uintptr_t pc, const struct mtrace_erl_frame *named, struct seen_file *seen) {
     uint32_t loc;
     const uint64_t *fnames;
     const uint64_t *mfa = look_up(pc, &loc, &fnames);
@@ -293,7 +302,22 @@ int mt_erl_named_as(uintptr_t pc, const struct mtrace_erl_frame *named) {
      * be kept (the store full) is not compared, else it would never hold. */
     if (!named->file)
         return 1;
+    if (!loc || !fnames)
+        return 0;
+    if (seen->table == fnames && seen->index == loc >> 24 && seen->named == named->file)
+        return 1;
     char text[FILE_TEXT];
-    size_t len = loc && fnames ? list_text(fnames[loc >> 24], text, sizeof text) : 0;
-    return len && !strcmp(text, named->file);
+    size_t len = list_text(fnames[loc >> 24], text, sizeof text);
+    if (!len || strcmp(text, named->file))
+        return 0;
+    *seen = (struct seen_file){fnames, loc >> 24, named->file};
+    return 1;
+}
+
+int mt_erl_names_hold(const uintptr_t *pcs, const struct mtrace_erl_frame *names, uint32_t n) {
+    struct seen_file seen = {0};
+    for (uint32_t i = 0; i < n; i++)
+        if (!named_as(pcs[i], &names[i], &seen))
+            return 0;
+    return 1;
 }

@@ -33,10 +33,11 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged);
 
 /* Names a captured frame (module, function, arity, file, line). */
 void mt_erl_name(uintptr_t pc, struct mtrace_erl_frame *out);
-/* Whether the code at pc is still what mt_erl_name named: once a module
- * is purged, the JIT may load other code, or another version of it, at
- * the same addresses.  A lookup in the VM's code index, no lock taken. */
-int mt_erl_named_as(uintptr_t pc, const struct mtrace_erl_frame *named);
+/* Whether the code at each of n pcs is still what mt_erl_name named (the
+ * function, line and file): once a module is purged, the JIT may load
+ * other code, or another version of it, at the same addresses.  A lookup
+ * each in the VM's code index, no lock taken. */
+int mt_erl_names_hold(const uintptr_t *pcs, const struct mtrace_erl_frame *names, uint32_t n);
 /* A value that moves before code at a purged module's addresses can run
  * (the VM's thread progress): while it stands still, names checked since
  * still hold.  0 = not known (without the VM's counter): check. */

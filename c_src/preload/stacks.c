@@ -126,10 +126,8 @@ static int names_hold(const struct stack_rec *r) {
     _Atomic uint64_t *checked = erl_checked(r);
     if (now && atomic_load_explicit(checked, memory_order_relaxed) == now)
         return 1;
-    const struct mtrace_erl_frame *names = erl_names(r);
-    for (uint32_t i = 0; i < r->erl; i++)
-        if (!mt_erl_named_as(r->ips[r->depth + i], &names[i]))
-            return 0;
+    if (!mt_erl_names_hold(r->ips + r->depth, erl_names(r), r->erl))
+        return 0;
     atomic_store_explicit(checked, now, memory_order_relaxed);
     return 1;
 }
