@@ -17,6 +17,10 @@ AARCH64_MAKE = $(MAKE) --no-print-directory -f c_src/build.mk CC=$(AARCH64_CC) \
 	PRIV=$(AARCH64_BUILD)/priv BUILD=$(AARCH64_BUILD) MAKEVARS=$(AARCH64_BUILD)/makevars.mk \
 	EMULATOR=$(AARCH64_EMULATOR) EMULATOR_SYSROOT=$(AARCH64_SYSROOT) EMULATOR_LIBS=$(AARCH64_LIBS)
 
+# Each goal runs a sub-make of its own: under -j two of them would build
+# the same libraries at once (the sub-makes themselves still run in parallel).
+.NOTPARALLEL:
+
 .PHONY: all fixtures ctest ctest-asan ctest-tsan ctest-valgrind ctest-musl ctest-aarch64 test bench clean
 
 all fixtures ctest ctest-asan ctest-tsan ctest-valgrind: $(MAKEVARS)

@@ -20,17 +20,23 @@ defmodule Mix.Tasks.Compile.Mtrace do
     # app's priv/ may be a copy of the checkout's (build_embedded), whose
     # new modification times would make stale libraries look up to date.
     built = Path.join(build, "priv")
+    # make splits paths at spaces: the build directory is given relative to
+    # the checkout where that avoids them (a project under "my apps/").
+    make_build = spaceless!(build, root, "the build directory")
     # EXTRA_CFLAGS (-Werror in mtrace's own test builds) is not taken from
     # the environment: a newer compiler's new warning must not fail a release.
-    args = ["-f", makefile, "PRIV=#{built}", "BUILD=#{build}", "EXTRA_CFLAGS=", "all"]
-    env = [{"ERTS_INCLUDE_DIR", erts_include()}]
+    args = ["-f", makefile, "PRIV=#{make_build}/priv", "BUILD=#{make_build}", "EXTRA_CFLAGS="]
+    args = args ++ ["all"]
+    env = [{"ERTS_INCLUDE_DIR", spaceless!(erts_include(), root, "Erlang's include directory")}]
     forget_other_erts(Path.join(build, "makevars.mk"), erts_include())
 
     case System.cmd(make, args, cd: root, env: env, stderr_to_stdout: true) do
       {out, 0} ->
-        copied = Enum.filter(["mtrace.so", "mtrace_nif.so"], &install(built, priv, &1))
+        # installed whenever they differ (build_embedded copies the
+        # checkout's priv/ over them), said only when make built them
+        Enum.each(["mtrace.so", "mtrace_nif.so"], &install(built, priv, &1))
 
-        if copied != [] or String.contains?(out, "-o ") do
+        if String.contains?(out, "-o ") do
           Mix.shell().info("==> mtrace: built #{priv}/mtrace.so and mtrace_nif.so")
         end
 
@@ -51,8 +57,28 @@ defmodule Mix.Tasks.Compile.Mtrace do
     File.rm_rf(Path.join(Mix.Project.build_path(), "mtrace_c"))
   end
 
+  # path as make can take it: as it is, else relative to the checkout
+  # (the spaces are most often in the directories both are under).
+  defp spaceless!(path, root, what) do
+    relative = relative(Path.split(path), Path.split(root))
+
+    cond do
+      not String.match?(path, ~r/\s/) ->
+        path
+
+      not String.match?(relative, ~r/\s/) ->
+        relative
+
+      true ->
+        Mix.raise("mtrace: make cannot build with #{what} at #{inspect(path)}: it has spaces")
+    end
+  end
+
+  defp relative([same | path], [same | root]), do: relative(path, root)
+  defp relative(path, root), do: Path.join(Enum.map(root, fn _ -> ".." end) ++ path)
+
   # Copies a library make built into the app's priv/ when it differs from
-  # the one there; true when it did.
+  # the one there.
   defp install(built, priv, file) do
     from = Path.join(built, file)
     to = Path.join(priv, file)
@@ -62,7 +88,6 @@ defmodule Mix.Tasks.Compile.Mtrace do
       # a new file, not a write into one a running VM may have mapped
       File.rm(to)
       File.cp!(from, to)
-      true
     end
   end
 
@@ -91,6 +116,9 @@ defmodule Mix.Tasks.Compile.Mtrace do
         end
 
       make ->
+        unless System.find_executable(make),
+          do: Mix.raise("mtrace: MAKE=#{make} names no program found in PATH")
+
         if gnu_make?(make), do: {make, "Makefile"}, else: {make, "Makefile.bsd"}
     end
   end
