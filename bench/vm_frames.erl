@@ -13,9 +13,11 @@ main([Nif, CallsArg, Mode]) ->
     {module, Native} = code:ensure_loaded('Elixir.Mtrace.Native'),
     #{erlang_frames := On} = Native:stats(),
     Src = ["-module('Elixir.Mtrace.Test.LeakyNif').",
-           "-export([load/1, leak/3, leak_dirty/3, churn/2, free_kept/0, leak_threads/3, leak_enif/3, churn_enif/2]).",
+           "-export([load/1, leak/3, leak_dirty/3, leak_dirty2/3, spin/1, churn/2, free_kept/0,"
+           " leak_threads/3, leak_enif/3, churn_enif/2]).",
            "load(P) -> erlang:load_nif(P, 0).",
            "leak(_, _, _) -> erlang:nif_error(x).", "leak_dirty(_, _, _) -> erlang:nif_error(x).",
+           "leak_dirty2(_, _, _) -> erlang:nif_error(x).", "spin(_) -> erlang:nif_error(x).",
            "churn(_, _) -> erlang:nif_error(x).", "free_kept() -> erlang:nif_error(x).",
            "leak_threads(_, _, _) -> erlang:nif_error(x).", "leak_enif(_, _, _) -> erlang:nif_error(x).",
            "churn_enif(_, _) -> erlang:nif_error(x)."],

@@ -314,6 +314,16 @@ static int named_as(uintptr_t pc, const struct mtrace_erl_frame *named, struct s
     return 1;
 }
 
+int mt_erl_nifs_named(const uintptr_t *pcs, const struct mtrace_erl_frame *names, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        const uint64_t *mfa = (const uint64_t *)(pcs[i] & ~(uintptr_t)1);
+        if ((pcs[i] & 1) && (names[i].module != mfa[0] || names[i].function != mfa[1] ||
+                             names[i].arity != (uint32_t)mfa[2]))
+            return 0;
+    }
+    return 1;
+}
+
 int mt_erl_names_hold(const uintptr_t *pcs, const struct mtrace_erl_frame *names, uint32_t n) {
     struct seen_file seen = {0};
     for (uint32_t i = 0; i < n; i++)

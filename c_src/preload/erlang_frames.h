@@ -38,6 +38,9 @@ void mt_erl_name(uintptr_t pc, struct mtrace_erl_frame *out);
  * other code, or another version of it, at the same addresses.  A lookup
  * each in the VM's code index, no lock taken. */
 int mt_erl_names_hold(const uintptr_t *pcs, const struct mtrace_erl_frame *names, uint32_t n);
+/* The same for the NIF frames among them only (a NIF's {M, F, A} read
+ * where its pc points): no lookup. */
+int mt_erl_nifs_named(const uintptr_t *pcs, const struct mtrace_erl_frame *names, uint32_t n);
 /* A value that moves before code at a purged module's addresses can run
  * (the VM's thread progress): while it stands still, names checked since
  * still hold.  0 = not known (without the VM's counter): check. */

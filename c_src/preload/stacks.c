@@ -122,6 +122,11 @@ static struct stack_rec *rec_of(uint32_t id) {
  * since they last held (no other code runs at their addresses before it
  * does: a load is committed after it), so not again within a NIF call. */
 static int names_hold(const struct stack_rec *r) {
+    /* Except a NIF's own frame, the address of its {M, F, A}: for a dirty
+     * or rescheduled NIF the VM rewrites that in place (the process's one
+     * native function record), progress or not.  Three words compared. */
+    if (!mt_erl_nifs_named(r->ips + r->depth, erl_names(r), r->erl))
+        return 0;
     uint64_t now = mt_erl_progress();
     _Atomic uint64_t *checked = erl_checked(r);
     if (now && atomic_load_explicit(checked, memory_order_relaxed) == now)

@@ -151,7 +151,7 @@ defmodule Mtrace.ErlangFramesTest do
   end
 
   # Mtrace.Test.Reused<i>: its leaking call on line `line`.
-  defp load_reused(module, line, file \\ "reused.ex") do
+  defp load_reused(module, line, file) do
     source =
       String.duplicate("\n", line - 3) <>
         """
@@ -201,6 +201,43 @@ defmodule Mtrace.ErlangFramesTest do
 
     expected = for {module, line, file, n} <- loads, do: {n, {module, line, file}}
     assert Enum.sort(got) == Enum.sort(expected)
+  end
+
+  # A dirty NIF's frame is the address of its {M, F, A} in its process's one
+  # native function record, which the VM rewrites for the next dirty NIF:
+  # two NIFs from one call site, with thread progress held still by a NIF
+  # spinning on another scheduler, are still two sites.
+  if :erlang.system_info(:schedulers_online) < 2, do: @tag(skip: "needs 2 schedulers")
+
+  test "two dirty NIFs from one call site are told apart, thread progress or not" do
+    :erlang.spawn_opt(fn -> LeakyNif.spin(300) end, [{:scheduler, 2}])
+    me = self()
+
+    :erlang.spawn_opt(
+      fn ->
+        # let the spin start, on the caller's own scheduler
+        t = System.monotonic_time(:millisecond)
+
+        Stream.repeatedly(fn -> System.monotonic_time(:millisecond) - t end)
+        |> Enum.find(&(&1 >= 50))
+
+        for {nif, n} <- [leak_dirty: 3, leak_dirty2: 5],
+            do: apply(LeakyNif, nif, [:malloc, n, 512])
+
+        send(me, :done)
+      end,
+      [{:scheduler, 1}]
+    )
+
+    assert_receive :done, 5_000
+
+    got =
+      for site <- only_sites() do
+        [nif | _] = erlang(site)
+        {site.count, nif.function}
+      end
+
+    assert Enum.sort(got) == [{3, :leak_dirty}, {5, :leak_dirty2}]
   end
 
   test "every output shows the Erlang frames: seed olds, report, folded, JSON, flame graph" do

@@ -1196,12 +1196,14 @@ defmodule Mtrace.RobustnessTest do
   defp nif_stub(so_path) do
     source = """
     -module('Elixir.Mtrace.Test.LeakyNif').
-    -export([load/0, leak/3, leak_dirty/3, churn/2, free_kept/0, leak_threads/3, leak_enif/3,
-             churn_enif/2]).
+    -export([load/0, leak/3, leak_dirty/3, leak_dirty2/3, spin/1, churn/2, free_kept/0,
+             leak_threads/3, leak_enif/3, churn_enif/2]).
     -on_load(load/0).
     load() -> erlang:load_nif("#{Path.rootname(so_path)}", 0).
     leak(_, _, _) -> erlang:nif_error(nif_not_loaded).
     leak_dirty(_, _, _) -> erlang:nif_error(nif_not_loaded).
+    leak_dirty2(_, _, _) -> erlang:nif_error(nif_not_loaded).
+    spin(_) -> erlang:nif_error(nif_not_loaded).
     churn(_, _) -> erlang:nif_error(nif_not_loaded).
     free_kept() -> erlang:nif_error(nif_not_loaded).
     leak_threads(_, _, _) -> erlang:nif_error(nif_not_loaded).

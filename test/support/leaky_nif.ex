@@ -21,6 +21,8 @@ defmodule Mtrace.Test.LeakyNif do
 
   def leak(_kind, _count, _size), do: :erlang.nif_error(:nif_not_loaded)
   def leak_dirty(_kind, _count, _size), do: :erlang.nif_error(:nif_not_loaded)
+  def leak_dirty2(_kind, _count, _size), do: :erlang.nif_error(:nif_not_loaded)
+  def spin(_ms), do: :erlang.nif_error(:nif_not_loaded)
   def churn(_count, _size), do: :erlang.nif_error(:nif_not_loaded)
   def free_kept, do: :erlang.nif_error(:nif_not_loaded)
   def leak_threads(_threads, _per_thread, _size), do: :erlang.nif_error(:nif_not_loaded)
