@@ -51,6 +51,7 @@ struct capture_cache {
     uint32_t n, max, scanned;
     const uintptr_t *stop, *hend;
     uintptr_t current;
+    uint64_t mfa[3]; /* what current held: rewritten in place for a dirty NIF */
     uintptr_t pcs[MTRACE_MAX_DEPTH];
     uintptr_t words[CACHE_WORDS];
 };
@@ -62,6 +63,19 @@ static _Atomic uint32_t turns_on;
 static mt_spinlock files_lock;
 static const char *files[FILE_SLOTS];
 static char *arena, *arena_end;
+
+/* The NIFs seen, by {M, F, A}: a key's NIF frame is the address of the
+ * copy kept here, not of the VM's, since a dirty or rescheduled NIF's
+ * {M, F, A} is in its process's own native function record: one code path
+ * would make a stack per process, and the record is rewritten in place for
+ * the process's next such NIF.  Filled under nifs_lock, read without. */
+#define NIF_SLOTS 4096
+struct nif_mfa {
+    _Atomic uint64_t module; /* 0 = free: an atom is never 0 */
+    uint64_t function, arity;
+};
+static struct nif_mfa *nif_mfas;
+static mt_spinlock nifs_lock;
 
 /* A fork() child is no longer the VM: it takes no Erlang frames (and so
  * never needs files_lock, which another thread may have held). */
@@ -88,9 +102,48 @@ enum mtrace_result mt_erl_setup(const struct mtrace_erlang_layout *l) {
     } else if (s == ERL_SETTING || memcmp(l, &layout, sizeof layout)) {
         return MTRACE_ERR_REFUSED; /* readers may be using the kept layout: it never changes */
     }
+    if (!nif_mfas) { /* without it, NIF frames are keyed by the VM's address */
+        void *m = mmap(NULL, NIF_SLOTS * sizeof *nif_mfas, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m != MAP_FAILED)
+            nif_mfas = m;
+    }
     atomic_fetch_add_explicit(&turns_on, 1, memory_order_relaxed);
     atomic_store_explicit(&state, ERL_ON, memory_order_release);
     return MTRACE_OK;
+}
+
+/* The kept copy of {m, f, a}, or with fill the free slot it is then put
+ * in; NULL when neither is found. */
+static struct nif_mfa *nif_slot(uint64_t m, uint64_t f, uint64_t a, int fill) {
+    uint64_t h = (m * 0x9E3779B97F4A7C15ull ^ f * 0xC2B2AE3D27D4EB4Full ^ a) >> 40;
+    for (uint32_t probe = 0; probe < NIF_SLOTS; probe++) {
+        struct nif_mfa *slot = &nif_mfas[(h + probe) & (NIF_SLOTS - 1)];
+        uint64_t held = atomic_load_explicit(&slot->module, memory_order_acquire);
+        if (held == m && slot->function == f && slot->arity == a)
+            return slot;
+        if (!held) {
+            if (!fill)
+                return NULL;
+            slot->function = f;
+            slot->arity = a;
+            atomic_store_explicit(&slot->module, m, memory_order_release);
+            return slot;
+        }
+    }
+    return NULL;
+}
+
+/* The key of the NIF frame whose {M, F, A} is at mfa: the kept copy's
+ * address | 1, or (no room) the VM's. */
+static uintptr_t nif_key(const uint64_t *mfa) {
+    struct nif_mfa *slot = nif_mfas ? nif_slot(mfa[0], mfa[1], mfa[2], 0) : NULL;
+    if (!slot && nif_mfas) {
+        mt_lock(&nifs_lock);
+        slot = nif_slot(mfa[0], mfa[1], mfa[2], 1);
+        mt_unlock(&nifs_lock);
+    }
+    return slot ? (uintptr_t)slot | 1 : (uintptr_t)mfa | 1;
 }
 
 static inline const char *field(const char *base, uint32_t offset) {
@@ -146,9 +199,12 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
     if (!stop || stop >= hend || (uintptr_t)(hend - stop) > MAX_STACK_WORDS)
         return 0;
     uintptr_t current = (uintptr_t)field(proc, layout.proc_current);
+    uint64_t mfa[3] = {0, 0, 0};
+    if (current)
+        memcpy(mfa, (const void *)current, sizeof mfa);
     struct capture_cache *c = thread_cache();
     if (c && c->stop == stop && c->hend == hend && c->current == current && c->max == max &&
-        !memcmp(stop, c->words, c->scanned * sizeof *stop)) {
+        !memcmp(mfa, c->mfa, sizeof mfa) && !memcmp(stop, c->words, c->scanned * sizeof *stop)) {
         /* The words scanned are the same, so are the frames; they are the
          * previous capture's only if no capture without frames came between. */
         memcpy(pcs, c->pcs, c->n * sizeof *pcs);
@@ -159,7 +215,7 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
     }
     uint32_t n = 0;
     if (current)
-        pcs[n++] = current | 1; /* an MFA pointer, told apart from return addresses */
+        pcs[n++] = nif_key(mfa); /* an MFA pointer | 1, told apart from return addresses */
     /* The bottom word is the VM's beam_normal_exit, which names nothing. */
     const uintptr_t *end = hend - stop > SCAN_WORDS ? stop + SCAN_WORDS : hend - 1, *w = stop;
     for (; w < end && n < max; w++) {
@@ -169,7 +225,8 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
     }
     uint32_t scanned = (uint32_t)(w - stop); /* the words the result depends on */
     if (c && scanned <= CACHE_WORDS) {
-        *c = (struct capture_cache){1, on, n, max, scanned, stop, hend, current, {0}, {0}};
+        *c = (struct capture_cache){1, on, n, max, scanned, stop, hend, current, {0}, {0}, {0}};
+        memcpy(c->mfa, mfa, sizeof mfa);
         memcpy(c->pcs, pcs, n * sizeof *pcs);
         memcpy(c->words, stop, scanned * sizeof *stop);
     }

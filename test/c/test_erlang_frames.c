@@ -116,12 +116,32 @@ int main(void) {
 
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
     CHECK_EQ(same, 0);
-    CHECK_EQ(pcs[0], (uintptr_t)&mfas[0][0] | 1);
+    /* the NIF frame: the preload's own copy of its {M, F, A}, tagged */
+    CHECK_EQ(pcs[0] & 1, 1);
+    CHECK(pcs[0] != ((uintptr_t)&mfas[0][0] | 1));
+    CHECK(!memcmp((const void *)(pcs[0] & ~(uintptr_t)1), mfas[0], 3 * sizeof(uint64_t)));
+    uintptr_t nif_frame = pcs[0];
     CHECK_EQ(pcs[1], (uintptr_t)(code + 4));
     CHECK_EQ(pcs[2], (uintptr_t)(code + 120));
     /* the same stack again: from the cache */
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
     CHECK_EQ(same, 1);
+    /* a dirty NIF's record rewritten in place for another NIF: not the
+     * cache's, and another key; back again, the first key */
+    uint64_t kept_mfa[3];
+    memcpy(kept_mfa, mfas[0], sizeof kept_mfa);
+    memcpy(mfas[0], mfas[1], sizeof kept_mfa);
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+    CHECK_EQ(same, 0);
+    CHECK(pcs[0] != nif_frame && (pcs[0] & 1));
+    memcpy(mfas[0], kept_mfa, sizeof kept_mfa);
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+    CHECK_EQ(pcs[0], nif_frame);
+    /* the same {M, F, A} in another process's record: the same key */
+    put(process, 64, kept_mfa);
+    CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+    CHECK_EQ(pcs[0], nif_frame);
+    put(process, 64, &mfas[0][0]);
     /* a changed word is seen */
     stop[5] = (uint64_t)(uintptr_t)(code + 132);
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);

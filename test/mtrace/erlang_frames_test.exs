@@ -240,6 +240,25 @@ defmodule Mtrace.ErlangFramesTest do
     assert Enum.sort(got) == [{3, :leak_dirty}, {5, :leak_dirty2}]
   end
 
+  # ... and one code path is one site, though each process has its own
+  # record of the dirty NIF it runs.
+  test "a dirty NIF called by many processes at once is one site" do
+    parent = self()
+
+    pids =
+      for _ <- 1..12 do
+        spawn(fn ->
+          LeakyNif.leak_dirty(:malloc, 4, 640)
+          send(parent, :leaked)
+          receive do: (:go -> :ok)
+        end)
+      end
+
+    for _ <- pids, do: assert_receive(:leaked, 5_000)
+    assert [%{count: 48}] = only_sites()
+    Enum.each(pids, &send(&1, :go))
+  end
+
   test "every output shows the Erlang frames: seed olds, report, folded, JSON, flame graph" do
     ErlangCallers.append(3)
     name = "Mtrace.Test.ErlangCallers.append/1"
