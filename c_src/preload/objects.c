@@ -147,6 +147,8 @@ static _Atomic(find_object_fn) find_object;
 
 void mt_objects_init(void) {
     void *sym = dlsym(RTLD_DEFAULT, "_dl_find_object");
+    if (!sym) /* before glibc 2.35: not the program's failure to tell */
+        dlerror();
     find_object_fn f;
     memcpy(&f, &sym, sizeof f); /* a data pointer to a function pointer, as POSIX allows */
     atomic_store(&find_object, f);

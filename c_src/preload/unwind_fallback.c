@@ -105,11 +105,13 @@ void mt_fallback_load(void) {
     void *h = dlopen(MT_LIBUNWIND_SONAME, RTLD_NOW | RTLD_LOCAL);
     if (!h)
         h = dlopen("libunwind.so", RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        return;
-    backtrace_fn bt = (backtrace_fn)dlsym(h, "unw_backtrace");
-    policy_fn policy = (policy_fn)dlsym(h, NAME(unw_set_caching_policy));
-    unw_addr_space_t *local = dlsym(h, NAME(unw_local_addr_space));
+    backtrace_fn bt = h ? (backtrace_fn)dlsym(h, "unw_backtrace") : NULL;
+    policy_fn policy = h ? (policy_fn)dlsym(h, NAME(unw_set_caching_policy)) : NULL;
+    unw_addr_space_t *local = h ? dlsym(h, NAME(unw_local_addr_space)) : NULL;
+    /* A failure leaves its message for the program's first dlerror(): the
+     * program's own calls never failed, so none is left. */
+    if (!h || !bt || !policy || !local)
+        dlerror();
     if (!bt)
         return; /* never unloaded: a handle is cheap, a dlclose here is not */
     /* Per-thread caches keep libunwind off its global lock while unwinding. */
