@@ -606,9 +606,12 @@ defmodule Mtrace do
   `reallocarray`, `aligned_alloc`, `memalign`, `valloc`, `pvalloc`) count calls
   seen while tracking was on. `live_count`/`live_bytes` describe the table;
   `dropped` counts allocations that could not be recorded (no memory for the
-  table, or a signal handler's while its thread was inside the tracer),
-  `replaced` entries overwritten because a free was missed,
-  `stacks_dropped` allocations recorded without a stack. `enabled`, `active`
+  table, more than 65,535 blocks of 128 MiB or more at once, a signal
+  handler's while its thread was inside the tracer, or one waiting on a fork
+  that held the table's locks too long), `replaced` entries overwritten
+  because a free was missed, `stacks_dropped` allocations recorded without a
+  stack; the three count from the program's start (`reset/0` does not clear
+  them). `enabled`, `active`
   (this executable is traced) and `depth` are the effective settings.
   `allocated_bytes`, `used_bytes`, `free_bytes`, `mmap_chunks` and
   `mmap_bytes` come from glibc's `mallinfo2()`, which locks each malloc

@@ -179,11 +179,12 @@ defmodule Mtrace.Report do
     end
   end
 
-  # Losses make every figure below an underestimate, so they are always shown.
+  # Losses make every figure below an underestimate, so they are always shown
+  # (counted since the program started: a reset does not clear them).
   defp incomplete(stats) do
     losses =
       [
-        {stats[:dropped], "allocations not recorded (no memory for the table)"},
+        {stats[:dropped], "allocations not recorded since the start (Mtrace.stats/0 says why)"},
         {stats[:stacks_dropped], "recorded without a stack"},
         {stats[:replaced], "entries replaced after a missed free"}
       ]
