@@ -27,8 +27,9 @@ defmodule Mix.Tasks.Compile.Mtrace do
     # the environment: a newer compiler's new warning must not fail a release.
     args = ["-f", makefile, "PRIV=#{make_build}/priv", "BUILD=#{make_build}", "EXTRA_CFLAGS="]
     args = args ++ ["all"]
-    env = [{"ERTS_INCLUDE_DIR", spaceless!(erts_include(), root, "Erlang's include directory")}]
-    forget_other_erts(Path.join(build, "makevars.mk"), erts_include())
+    include = spaceless!(erts_include(), root, "Erlang's include directory")
+    env = [{"ERTS_INCLUDE_DIR", include}]
+    forget_other_erts(Path.join(build, "makevars.mk"), include)
 
     case System.cmd(make, args, cd: root, env: env, stderr_to_stdout: true) do
       {out, 0} ->

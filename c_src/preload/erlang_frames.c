@@ -134,16 +134,16 @@ static struct nif_mfa *nif_slot(uint64_t m, uint64_t f, uint64_t a, int fill) {
     return NULL;
 }
 
-/* The key of the NIF frame whose {M, F, A} is at mfa: the kept copy's
- * address | 1, or (no room) the VM's. */
-static uintptr_t nif_key(const uint64_t *mfa) {
+/* The key of the NIF frame whose {M, F, A} (read into mfa) is at current
+ * in the VM: the kept copy's address | 1, or (no room) the VM's. */
+static uintptr_t nif_key(const uint64_t *mfa, uintptr_t current) {
     struct nif_mfa *slot = nif_mfas ? nif_slot(mfa[0], mfa[1], mfa[2], 0) : NULL;
     if (!slot && nif_mfas) {
         mt_lock(&nifs_lock);
         slot = nif_slot(mfa[0], mfa[1], mfa[2], 1);
         mt_unlock(&nifs_lock);
     }
-    return slot ? (uintptr_t)slot | 1 : (uintptr_t)mfa | 1;
+    return slot ? (uintptr_t)slot | 1 : current | 1;
 }
 
 static inline const char *field(const char *base, uint32_t offset) {
@@ -215,7 +215,7 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
     }
     uint32_t n = 0;
     if (current)
-        pcs[n++] = nif_key(mfa); /* an MFA pointer | 1, told apart from return addresses */
+        pcs[n++] = nif_key(mfa, current); /* an MFA pointer | 1, told apart from return addresses */
     /* The bottom word is the VM's beam_normal_exit, which names nothing. */
     const uintptr_t *end = hend - stop > SCAN_WORDS ? stop + SCAN_WORDS : hend - 1, *w = stop;
     for (; w < end && n < max; w++) {

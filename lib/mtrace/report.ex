@@ -184,7 +184,7 @@ defmodule Mtrace.Report do
   defp incomplete(stats) do
     losses =
       [
-        {stats[:dropped], "allocations not recorded since the start (Mtrace.stats/0 says why)"},
+        {stats[:dropped], "allocations not recorded since start (h Mtrace.stats: why)"},
         {stats[:stacks_dropped], "recorded without a stack"},
         {stats[:replaced], "entries replaced after a missed free"}
       ]

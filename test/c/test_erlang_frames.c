@@ -19,6 +19,9 @@ static uint64_t stack[64];
 /* The code index: two functions, code at [code, code + 100) and [code + 100, +200). */
 static _Alignas(8) char code[200]; /* return addresses have their low two bits clear */
 static uint64_t mfas[2][3] = {{ATOM(1), ATOM(2), 1}, {ATOM(3), ATOM(4), 2}};
+/* More NIFs than the preload keeps (4,096): the rest keyed by the VM's address. */
+#define MANY_NIFS 4200
+static uint64_t many[MANY_NIFS][3];
 static uint64_t cells[32], fnames[2];
 struct fake_info {
     const uint64_t *mfa;
@@ -141,6 +144,21 @@ int main(void) {
     put(process, 64, kept_mfa);
     CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
     CHECK_EQ(pcs[0], nif_frame);
+    put(process, 64, &mfas[0][0]);
+    /* past the preload's table: the VM's own address, readable as long as
+     * the VM keeps it */
+    int ours = 0, vms = 0;
+    for (int i = 0; i < MANY_NIFS; i++) {
+        many[i][0] = ATOM(1000 + i), many[i][1] = ATOM(2), many[i][2] = 3;
+        put(process, 64, many[i]);
+        CHECK_EQ(mt_erl_capture(pcs, 32, &same), 3);
+        if (pcs[0] == ((uintptr_t)many[i] | 1))
+            vms++;
+        else
+            ours++;
+        CHECK(!memcmp((const void *)(pcs[0] & ~(uintptr_t)1), many[i], sizeof many[i]));
+    }
+    CHECK(ours > 0 && vms > 0 && ours + vms == MANY_NIFS);
     put(process, 64, &mfas[0][0]);
     /* a changed word is seen */
     stop[5] = (uint64_t)(uintptr_t)(code + 132);

@@ -337,8 +337,8 @@ defmodule Mtrace.ReportTest do
     stats = %{@exact | dropped: 1234, stacks_dropped: 5, replaced: 0}
 
     assert Enum.slice(lines([], stats), 1, 2) == [
-             "Incomplete: 1_234 allocations not recorded since the start (Mtrace.stats/0 says",
-             "  why), 5 recorded without a stack"
+             "Incomplete: 1_234 allocations not recorded since start (h Mtrace.stats: why),",
+             "  5 recorded without a stack"
            ]
 
     refute Enum.any?(lines([], @exact), &String.starts_with?(&1, "Incomplete"))
