@@ -245,6 +245,9 @@ defmodule Mtrace.Top do
         %{enabled: false, live_bytes: _, live_count: _} = native ->
           two_parts(native_held(native), "tracking switched off: Mtrace.enable/0", cols)
 
+        %{live_bytes: _, live_count: _} = native when s.reset == true ->
+          two_parts(native_held(native), "table reset since the last refresh", cols)
+
         %{live_bytes: _, live_count: _} = native when is_number(s.native_per_s) ->
           two_parts(native_held(native), about(native) <> Format.rate(s.native_per_s), cols)
 

@@ -138,6 +138,27 @@ defmodule Mtrace.TopTest do
         do: assert(site.growth_per_s == site.est_bytes / s.secs)
   end
 
+  test "a reset between refreshes: no native rate over it, site rates since the reset" do
+    LeakyNif.leak(:malloc, 8, 1_048_576)
+    first = Mtrace.Top.Sample.take(nil, 5)
+    Process.sleep(300)
+    Mtrace.reset()
+    Process.sleep(200)
+    LeakyNif.leak(:malloc, 10, 10_240)
+    s = Mtrace.Top.Sample.take(first.state, 5)
+    assert s.reset and s.native_per_s == nil
+    [site | _] = for site <- s.sites, site.bytes == 102_400, do: site
+    # 100 KiB over the ~0.2 s since the reset, not the ~0.5 s since the mark
+    assert site.growth_per_s > 102_400 / 0.45
+
+    screen =
+      s |> Mtrace.Top.render(%{interval: 1000, ansi: false}, {80, 24}) |> IO.iodata_to_binary()
+
+    assert screen =~ "table reset since the last refresh"
+    refute screen =~ ~r/ -[\d.]+ [KMG]?i?B\/s/
+    assert not Mtrace.Top.Sample.take(s.state, 5).reset
+  end
+
   test "the state carried between refreshes is small; a helper on the node keeps the processes" do
     idle_processes(20_000)
     first = Mtrace.Top.Sample.take(nil, 5)

@@ -46,6 +46,7 @@ defmodule Mtrace.Top.Sample do
           left_out: boolean,
           so: String.t() | nil,
           native_per_s: float | nil,
+          reset: boolean,
           nif: [map] | {:error, atom},
           sites: [map],
           procs: [{pid, integer, float, term}],
@@ -58,7 +59,9 @@ defmodule Mtrace.Top.Sample do
   rows of sites and processes at most. `secs` is the time since the sample
   `state` came from (`nil` for a first one); `procs_secs` the time between
   the two scans of the processes `procs` compares, `nil` (and `procs`
-  empty) when the helper has no earlier scan.
+  empty) when the helper has no earlier scan. `reset` says the table was
+  reset since `state`: `native_per_s` is then `nil`, and the sites' rates
+  are over the time since the reset.
 
   Options: `:viewers`, processes not to show (the view's own, when it runs
   on the node it watches; the caller and the helper are never shown);
@@ -87,6 +90,7 @@ defmodule Mtrace.Top.Sample do
     sites = if state && state.mark && memory.native, do: Native.sites(n, state.mark), else: []
     mark = if memory.native, do: Native.mark()
     secs = secs(state, mark, at)
+    reset = reset_since(state, memory)
 
     {helper, {procs, procs_secs}} =
       scan(state && state.helper, n, %{
@@ -103,9 +107,15 @@ defmodule Mtrace.Top.Sample do
       traced: memory.native != nil,
       left_out: match?(%{active: false}, Native.stats(false)),
       so: unless(memory.native, do: Native.so_path()),
-      native_per_s: native_rate(state, memory, secs),
+      # a reset since the last refresh forgot what it held: no rate over it
+      native_per_s: unless(reset, do: native_rate(state, memory, secs)),
+      reset: reset != nil,
       nif: nif_rows(n),
-      sites: if(secs && state.mark && mark, do: with_growth(sites, secs), else: []),
+      sites:
+        if(secs && state.mark && mark,
+          do: with_growth(sites, since_reset(reset, mark) || secs),
+          else: []
+        ),
       procs: procs,
       procs_secs: procs_secs,
       state: %{
@@ -135,6 +145,17 @@ defmodule Mtrace.Top.Sample do
 
   defp secs(%{mark: %{t_ms: before}}, %{t_ms: now}, _at), do: max(now - before, 1) / 1000
   defp secs(%{at_ms: before}, _mark, at), do: max(at - before, 1) / 1000
+
+  # The table's time of a reset made since the last refresh's mark, or nil.
+  defp reset_since(%{mark: %{t_ms: before}}, %{native: %{reset_ms: reset}})
+       when is_integer(reset) and reset >= before,
+       do: reset
+
+  defp reset_since(_state, _memory), do: nil
+
+  # What the sites hold was allocated since the reset.
+  defp since_reset(nil, _mark), do: nil
+  defp since_reset(reset, %{t_ms: now}), do: max(now - reset, 1) / 1000
 
   defp with_growth(sites, secs) do
     Enum.map(sites, &Map.put(&1, :growth_per_s, Map.get(&1, :est_bytes, &1.bytes) / secs))

@@ -190,6 +190,7 @@ defmodule Mtrace.VM.Memory do
           :live_bytes,
           :dropped,
           :enabled,
+          :reset_ms,
           :allocated_bytes,
           :used_bytes,
           :free_bytes,
