@@ -47,32 +47,37 @@ defmodule Mtrace.Error do
   @doc """
   `text` broken as `message/1` breaks a message, its first line `first`
   columns wide: for a message printed after some other text (a log line's
-  time and level, say).
+  time and level, say); the lines after it `width` wide (80 by default).
+  Indented lines (commands to copy) are left whole.
 
       iex> Mtrace.Error.wrap("one two three four", 9)
       "one two\\nthree four"
+      iex> Mtrace.Error.wrap("one two three four", 9, 5)
+      "one two\\nthree\\nfour"
   """
-  @spec wrap(String.t(), pos_integer()) :: String.t()
-  def wrap(text, first) do
+  @spec wrap(String.t(), pos_integer(), pos_integer()) :: String.t()
+  def wrap(text, first, width \\ 80) do
     text
     |> to_string()
     |> String.split("\n")
     |> Enum.with_index()
-    |> Enum.map_join("\n", fn {line, i} -> fill(line, if(i == 0, do: first, else: 80)) end)
+    |> Enum.map_join("\n", fn {line, i} ->
+      fill(line, if(i == 0, do: first, else: width), width)
+    end)
   end
 
-  defp fill(line, width) do
-    if String.length(line) <= width or String.starts_with?(line, " "),
+  defp fill(line, first, width) do
+    if String.length(line) <= first or String.starts_with?(line, " "),
       do: line,
-      else: line |> String.split(" ", trim: true) |> fill_words(width, [])
+      else: line |> String.split(" ", trim: true) |> fill_words(first, width, [])
   end
 
-  # Greedy: as many words as fit, then the rest at the full 80 columns.
-  defp fill_words([], _width, lines), do: lines |> Enum.reverse() |> Enum.join("\n")
+  # Greedy: as many words as fit, then the rest at the full width.
+  defp fill_words([], _first, _width, lines), do: lines |> Enum.reverse() |> Enum.join("\n")
 
-  defp fill_words([word | rest], width, lines) do
-    {line, rest} = take_words(rest, word, width)
-    fill_words(rest, 80, [line | lines])
+  defp fill_words([word | rest], first, width, lines) do
+    {line, rest} = take_words(rest, word, first)
+    fill_words(rest, width, width, [line | lines])
   end
 
   defp take_words([word | rest], line, width) do

@@ -198,26 +198,30 @@ defmodule Mtrace.Top do
     text = "the node is not answering: " <> String.replace_prefix(message, "mtrace: ", "")
     again = if last, do: [], else: ["trying again..."]
 
-    ([title(o.node, o, cols), ""] ++ String.split(Mtrace.Error.wrap(text, cols), "\n") ++ again)
+    lines = for line <- String.split(Mtrace.Error.wrap(text, cols, cols), "\n"), do: whole(line)
+
+    ([title(o.node, o, cols), ""] ++ lines ++ again)
     |> Enum.map(&[cut(&1, cols), "\n"])
   end
 
   # A node name too long for the width is shortened, so that the quit hint
-  # and the clock always show.
+  # always shows, and the clock while there is room for it.
   defp title(node, o, cols) do
     rest = "  #{every(o)}  q + Enter quits"
-    time = Time.utc_now() |> Time.truncate(:second) |> Time.to_string()
-    room = cols - String.length("mtrace top " <> rest) - String.length(time) - 5
+    time = (Time.utc_now() |> Time.truncate(:second) |> Time.to_string()) <> " UTC"
+    room = cols - String.length("mtrace top " <> rest)
     name = to_string(node)
+    clock? = room - String.length(time) - 1 >= min(String.length(name), 8)
+    room = if clock?, do: room - String.length(time) - 1, else: room
 
     name =
-      if String.length(name) > room and room >= 8,
-        do: String.slice(name, 0, room - 1) <> "…",
+      if String.length(name) > room,
+        do: String.slice(name, 0, max(room - 1, 1)) <> "…",
         else: name
 
     left = "mtrace top " <> name <> rest
-    pad = max(cols - String.length(left) - String.length(time) - 4, 1)
-    left <> String.duplicate(" ", pad) <> time <> " UTC"
+    pad = max(cols - String.length(left) - String.length(time), 1)
+    if clock?, do: left <> String.duplicate(" ", pad) <> time, else: left
   end
 
   # The interval asked for, or the time the last refresh really took when
@@ -255,7 +259,7 @@ defmodule Mtrace.Top do
           native_held(native)
 
         _ ->
-          not_traced(Map.get(s, :so))
+          not_traced(Map.get(s, :so), cols)
       end
 
     ["RSS #{Format.bytes(m.rss)}" <> vm | List.wrap(native)] ++ nif_line(s.nif, cols)
@@ -263,21 +267,22 @@ defmodule Mtrace.Top do
 
   # The watched node's own path first, then the release's line, which
   # holds anywhere (a sample from an older mtrace has no path).
-  defp not_traced(so) when is_binary(so) do
-    [
-      "native: not traced (the tracer is not preloaded); start the node with",
-      "  LD_PRELOAD=" <> so,
-      "  or, in a release, add to rel/env.sh.eex:",
-      "  " <> Native.enable_hint()
-    ]
+  defp not_traced(so, cols) when is_binary(so) do
+    prose("native: not traced (the tracer is not preloaded); start the node with", cols) ++
+      [{:whole, "  LD_PRELOAD=" <> so}, "  or, in a release, add to rel/env.sh.eex:"] ++
+      [{:whole, "  " <> Native.enable_hint()}]
   end
 
-  defp not_traced(_so) do
-    [
-      "native: not traced (the tracer is not preloaded); in rel/env.sh.eex:",
-      "  " <> Native.enable_hint()
-    ]
+  defp not_traced(_so, cols) do
+    prose("native: not traced (the tracer is not preloaded); in rel/env.sh.eex:", cols) ++
+      [{:whole, "  " <> Native.enable_hint()}]
   end
+
+  defp prose(text, cols), do: String.split(Mtrace.Error.wrap(text, cols, cols), "\n")
+
+  # An indented line is a command to copy: never cut (the terminal wraps it).
+  defp whole(" " <> _ = line), do: {:whole, line}
+  defp whole(line), do: line
 
   # Under sampling (MTRACE_SAMPLE_BYTES) the native figures are estimates.
   defp about(%{sampled: true}), do: "about "
@@ -383,6 +388,8 @@ defmodule Mtrace.Top do
     sites = Enum.take(sites, room)
     {sites, Enum.take(procs, max(room - length(sites), 0))}
   end
+
+  defp cut({:whole, line}, _cols), do: line
 
   defp cut(line, cols) do
     if String.length(line) > cols, do: String.slice(line, 0, cols - 1) <> "…", else: line

@@ -510,6 +510,32 @@ defmodule Mtrace.TopTest do
     refute last =~ "trying again"
   end
 
+  test "a narrow terminal: the error wraps whole, the quit hint stays, commands are not cut" do
+    node = :mtrace_review_remote_node_eleven@vm
+    o = %{node: node, interval: 1000, ansi: false}
+    message = "mtrace: cannot connect to node #{inspect(node)} (is it running? same cookie?)"
+
+    for cols <- [60, 50] do
+      screen = Mtrace.Top.render_error(o, message, {cols, 24}, false) |> IO.iodata_to_binary()
+      [title | _] = lines = String.split(screen, "\n", trim: true)
+      assert title =~ "q + Enter quits"
+      assert Enum.all?(lines, &(String.length(&1) <= cols)), screen
+      refute screen =~ "…\n" and not String.starts_with?(title, "mtrace top mtrace_")
+      assert String.replace(screen, "\n", " ") =~ "(is it running? same cookie?)"
+    end
+
+    s = Mtrace.Top.Sample.take(nil, 5)
+    so = "/srv/releases/my_app/lib/mtrace-0.2.0/priv/mtrace.so"
+    untraced = %{s | memory: %{s.memory | native: nil}, traced: false} |> Map.put(:so, so)
+    screen = untraced |> Mtrace.Top.render(o, {60, 24}) |> IO.iodata_to_binary()
+    assert screen =~ "\n  LD_PRELOAD=#{so}\n"
+    assert screen =~ "\n  export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)\n"
+
+    for line <- String.split(screen, "\n"),
+        not String.contains?(line, "LD_PRELOAD="),
+        do: assert(String.length(line) <= 60, line)
+  end
+
   test "without the tracer, the native line says not traced and no site section shows" do
     first = Mtrace.Top.Sample.take(nil, 5)
     s = Mtrace.Top.Sample.take(first.state, 5)
