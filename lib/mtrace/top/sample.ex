@@ -85,10 +85,11 @@ defmodule Mtrace.Top.Sample do
     # not glibc's heap figures: the view does not show them, and reading
     # them every refresh would make the node's threads wait on its arenas
     memory = Memory.read(heap: false)
-    # The sites since the last mark, then the new mark: the next refresh
-    # counts from where this one stopped, and the slow scan comes after.
-    sites = if state && state.mark && memory.native, do: Native.sites(n, state.mark), else: []
+    # The new mark, then the sites allocated from the last mark up to it:
+    # the refreshes' windows tile, so a block allocated during the scan is
+    # counted once, in the next one; the slow process scan comes after.
     mark = if memory.native, do: Native.mark()
+    sites = if state && state.mark && mark, do: sites_between(n, state.mark, mark), else: []
     secs = secs(state, mark, at)
     reset = reset_since(state, memory)
 
@@ -145,6 +146,17 @@ defmodule Mtrace.Top.Sample do
 
   defp secs(%{mark: %{t_ms: before}}, %{t_ms: now}, _at), do: max(now - before, 1) / 1000
   defp secs(%{at_ms: before}, _mark, at), do: max(at - before, 1) / 1000
+
+  # The n sites holding most of what was allocated in [from, to) and is
+  # still live (estimates when sampling); [] when the tracer cannot say.
+  defp sites_between(n, from, to) do
+    o = Mtrace.Options.parse!([limit: n, since: from], [sort: :bytes, limit: 10], "sites/1")
+    {_total, sites} = Mtrace.Query.sites(Map.put(o, :before, to.t_ms))
+    sites |> Enum.sort_by(&(-Mtrace.VMSites.bytes(&1))) |> Enum.take(n)
+  rescue
+    # the tracer cannot list them (switched off in this program, say)
+    Mtrace.Error -> []
+  end
 
   # The table's time of a reset made since the last refresh's mark, or nil.
   defp reset_since(%{mark: %{t_ms: before}}, %{native: %{reset_ms: reset}})
