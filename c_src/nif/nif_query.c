@@ -195,6 +195,30 @@ static ERL_NIF_TERM frame_terms(ErlNifEnv *env, struct mt_term_memo *frames, uin
     return t;
 }
 
+/* An Erlang frame's term, shared through `frames` as the native ones are:
+ * the outer frames of a NIF's stacks are its Erlang callers.  Keyed by all
+ * it names, not its pc alone (other code may have been loaded at that
+ * address since), mixed to 63 bits with the top bit set: apart from the
+ * native frames' keys, which are addresses. */
+static ERL_NIF_TERM erl_frame_term(ErlNifEnv *env, struct mt_term_memo *frames,
+                                   const struct mtrace_erl_frame *f, int maps) {
+    uint64_t parts[] = {f->pc, f->module, f->function, (uint64_t)f->arity << 32 | f->line,
+                        (uint64_t)(uintptr_t)f->file};
+    uint64_t key = 0x9E3779B97F4A7C15ull;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
+        key = (key ^ parts[i]) * 0xBF58476D1CE4E5B9ull;
+        key ^= key >> 31;
+    }
+    key |= 1ull << 63;
+    ERL_NIF_TERM t;
+    if (frames && mt_term_memo_get(frames, key, &t))
+        return t;
+    t = maps ? mt_erlang_frame_map(env, f) : mt_erlang_frame_pair(env, f);
+    if (frames)
+        mt_term_memo_put(frames, key, t);
+    return t;
+}
+
 /* A stack as a list, innermost first: its native frames, then its Erlang
  * frames (if any) from the NIF itself outwards.  With maps: a frame map per
  * level of inlined code at each address, then one for the function that
@@ -208,9 +232,7 @@ static ERL_NIF_TERM stack_term(ErlNifEnv *env, struct mt_term_memo *frames, uint
     uint32_t n_erl = mt_api->erlang_stack(stack_id, erl, MTRACE_MAX_DEPTH);
     ERL_NIF_TERM list = enif_make_list(env, 0);
     for (uint32_t i = n_erl; i-- > 0;)
-        list = enif_make_list_cell(
-            env, maps ? mt_erlang_frame_map(env, &erl[i]) : mt_erlang_frame_pair(env, &erl[i]),
-            list);
+        list = enif_make_list_cell(env, erl_frame_term(env, frames, &erl[i], maps), list);
     struct mt_frame_info info[MAX_INLINE];
     uint32_t first = 0, shown = depth;
     for (uint32_t i = 0; n_erl && i < depth; i++) {

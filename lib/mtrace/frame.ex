@@ -41,6 +41,10 @@ defmodule Mtrace.Frame do
           :offset => integer(),
           optional(atom()) => term()
         }) :: String.t()
+  # named/1 filled it in: formatted once, not at every use
+  def name(%{module: module, symbol: symbol}) when is_binary(symbol) and module != nil,
+    do: symbol
+
   def name(%{module: module, function: function, arity: arity})
       when is_atom(module) and module != nil and is_atom(function) and is_integer(arity),
       do: Exception.format_mfa(module, function, arity)
@@ -133,10 +137,35 @@ defmodule Mtrace.Frame do
       ...>   Mtrace.Frame.named([%{module: Ledger, function: :append, arity: 2, symbol: nil}])
   """
   @spec named([map()]) :: [map()]
-  def named(frames) do
-    Enum.map(frames, fn
-      %{module: _} = frame -> %{frame | symbol: name(frame)}
-      frame -> frame
+  def named(frames), do: frames |> named_in(%{}) |> elem(0)
+
+  @doc """
+  `named/1` for many stacks at once: an Erlang frame they share (the NIF's
+  callers, in every stack of a NIF) is named once and stays one term, so a
+  large answer is not copied frame by frame.
+
+      iex> nif = %{module: Ledger, function: :append, arity: 2, symbol: nil}
+      iex> [[a], [b]] = Mtrace.Frame.named_all([[nif], [nif]])
+      iex> :erts_debug.same(a, b)
+      true
+  """
+  @spec named_all([[map()]]) :: [[map()]]
+  def named_all(stacks), do: stacks |> Enum.map_reduce(%{}, &named_in/2) |> elem(0)
+
+  defp named_in(frames, memo) do
+    Enum.map_reduce(frames, memo, fn
+      %{module: _} = frame, memo ->
+        case memo do
+          %{^frame => named} ->
+            {named, memo}
+
+          _ ->
+            named = %{frame | symbol: name(frame)}
+            {named, Map.put(memo, frame, named)}
+        end
+
+      frame, memo ->
+        {frame, memo}
     end)
   end
 
@@ -148,12 +177,39 @@ defmodule Mtrace.Frame do
       [{"a.so", "f"}, {"erlang", ":ledger.append/1"}, {"erlang", nil}]
   """
   @spec named_pairs([{term(), term()}]) :: [{binary() | nil, binary() | nil}]
-  def named_pairs(stack) do
-    Enum.map(stack, fn
-      {:erlang, {m, f, a}} -> {"erlang", Exception.format_mfa(m, f, a)}
-      {:erlang, nil} -> {"erlang", nil}
-      pair -> pair
+  def named_pairs(stack), do: [stack] |> named_pairs_all() |> hd()
+
+  @doc """
+  `named_pairs/1` for many stacks at once, each Erlang frame they share
+  named once and kept one term (as `named_all/1`).
+
+      iex> [[a], [b]] = Mtrace.Frame.named_pairs_all([[{:erlang, {:ets, :insert, 2}}], [{:erlang, {:ets, :insert, 2}}]])
+      iex> {a, :erts_debug.same(a, b)}
+      {{"erlang", ":ets.insert/2"}, true}
+  """
+  @spec named_pairs_all([[{term(), term()}]]) :: [[{binary() | nil, binary() | nil}]]
+  def named_pairs_all(stacks) do
+    stacks
+    |> Enum.map_reduce(%{}, fn stack, memo ->
+      Enum.map_reduce(stack, memo, fn
+        {:erlang, {m, f, a}} = pair, memo ->
+          case memo do
+            %{^pair => named} ->
+              {named, memo}
+
+            _ ->
+              named = {"erlang", Exception.format_mfa(m, f, a)}
+              {named, Map.put(memo, pair, named)}
+          end
+
+        {:erlang, nil}, memo ->
+          {{"erlang", nil}, memo}
+
+        pair, memo ->
+          {pair, memo}
+      end)
     end)
+    |> elem(0)
   end
 
   @doc """

@@ -62,7 +62,7 @@ defmodule Mtrace.Query do
 
     native!(fn -> Native.olds(n, Map.get(o, :demangle, true), filter, o[:lib], :maps) end)
     |> traced!()
-    |> stacks_apart(& &1.frames, &%{&1 | frames: &2}, &Mtrace.Frame.named/1)
+    |> stacks_apart(& &1.frames, &%{&1 | frames: &2}, &Mtrace.Frame.named_all/1)
   end
 
   @doc """
@@ -91,7 +91,11 @@ defmodule Mtrace.Query do
     {stacks, entries} =
       native!(fn -> Native.olds(n, demangle, all, nil, :seed) end)
       |> traced!()
-      |> stacks_apart(&elem(&1, 4), &put_elem(&1, 4, &2), &Mtrace.Frame.named_pairs/1)
+      |> stacks_apart(
+        &elem(&1, 4),
+        &put_elem(&1, 4, &2),
+        &Mtrace.Frame.named_pairs_all/1
+      )
 
     Enum.map(entries, &put_elem(&1, 4, Map.fetch!(stacks, elem(&1, 4))))
   end
@@ -101,13 +105,15 @@ defmodule Mtrace.Query do
   # its id. Naming entry by entry would build a copy for each, and a
   # million entries of a few thousand stacks would hold a million stacks'
   # frames (gigabytes).
-  defp stacks_apart(answer, get, put, name) do
+  defp stacks_apart(answer, get, put, name_all) do
     {entries, stacks} =
       Enum.map_reduce(answer, %{}, fn {id, entry}, stacks ->
-        {put.(entry, id), Map.put_new_lazy(stacks, id, fn -> name.(get.(entry)) end)}
+        {put.(entry, id), Map.put_new_lazy(stacks, id, fn -> get.(entry) end)}
       end)
 
-    {stacks, entries}
+    # the distinct stacks named together, their shared frames once
+    {ids, frames} = Enum.unzip(stacks)
+    {Map.new(Enum.zip(ids, name_all.(frames))), entries}
   end
 
   @doc """
@@ -130,7 +136,9 @@ defmodule Mtrace.Query do
         Native.sites(limit, order, Map.get(o, :demangle, true), filter, o[:lib])
       end)
 
-    sites = sites |> traced!() |> Enum.map(&%{&1 | frames: Mtrace.Frame.named(&1.frames)})
+    sites = traced!(sites)
+    named = sites |> Enum.map(& &1.frames) |> Mtrace.Frame.named_all()
+    sites = Enum.zip_with(sites, named, &%{&1 | frames: &2})
     {total, if(o.sort == :growth, do: with_growth(sites, o.since), else: sites)}
   end
 

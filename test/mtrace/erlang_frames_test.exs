@@ -63,6 +63,24 @@ defmodule Mtrace.ErlangFramesTest do
 
     assert %{file: @callers, symbol: "Mtrace.Test.ErlangCallers.append/1"} =
              Enum.at(append.frames, 3)
+
+    # the frames both share (the NIF's, this test's) are one term each, in
+    # the answer and in both named forms: a large answer is not copied
+    # frame by frame
+    shared = fn a, b -> :erts_debug.same(List.last(a), List.last(b)) end
+    assert shared.(append.frames, audit.frames)
+    assert shared.(Enum.take(append.frames, 3), Enum.take(audit.frames, 3))
+    olds = Mtrace.olds(100, lib: @lib)
+    [a, b | _] = olds |> Enum.map(& &1.frames) |> Enum.uniq()
+    assert shared.(a, b)
+
+    leaks =
+      for {_, _, _, _, stack} <- Mtrace.olds(100_000, true),
+          match?([{_, "fixture_leak_malloc"} | _], stack),
+          do: stack
+
+    [sa, sb] = Enum.uniq(leaks)
+    assert shared.(sa, sb)
   end
 
   for {nif, marker} <- [leak: "inner", leak_dirty: "inner_dirty"] do
