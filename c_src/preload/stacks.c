@@ -122,9 +122,9 @@ static struct stack_rec *rec_of(uint32_t id) {
  * since they last held (no other code runs at their addresses before it
  * does: a load is committed after it), so not again within a NIF call. */
 static int names_hold(const struct stack_rec *r) {
-    /* Except a NIF's own frame, the address of its {M, F, A}: for a dirty
-     * or rescheduled NIF the VM rewrites that in place (the process's one
-     * native function record), progress or not.  Three words compared. */
+    /* Except a NIF's own frame keyed by the VM's record (more NIFs than
+     * the preload keeps: erlang_frames.c): for a dirty or rescheduled NIF
+     * the VM rewrites that in place, progress or not.  Three words each. */
     if (!mt_erl_nifs_named(r->ips + r->depth, erl_names(r), r->erl))
         return 0;
     uint64_t now = mt_erl_progress();
@@ -262,7 +262,6 @@ none:
 static __thread uint32_t last_id __attribute__((tls_model("initial-exec")));
 /* Whether that stack had Erlang frames. */
 static __thread uint32_t last_erl __attribute__((tls_model("initial-exec")));
-
 /* Where that stack's frames began in the walk, and how many were kept. */
 static __thread int last_skip __attribute__((tls_model("initial-exec")));
 static __thread uint32_t last_got __attribute__((tls_model("initial-exec")));
