@@ -137,7 +137,7 @@ defmodule Mtrace.Frame do
       ...>   Mtrace.Frame.named([%{module: Ledger, function: :append, arity: 2, symbol: nil}])
   """
   @spec named([map()]) :: [map()]
-  def named(frames), do: frames |> named_in(%{}) |> elem(0)
+  def named(frames), do: [frames] |> named_all() |> hd()
 
   @doc """
   `named/1` for many stacks at once: an Erlang frame they share (the NIF's
@@ -150,23 +150,25 @@ defmodule Mtrace.Frame do
       true
   """
   @spec named_all([[map()]]) :: [[map()]]
-  def named_all(stacks), do: stacks |> Enum.map_reduce(%{}, &named_in/2) |> elem(0)
+  def named_all(stacks) do
+    share_renamed(stacks, &match?(%{module: _}, &1), &%{&1 | symbol: name(&1)})
+  end
 
-  defp named_in(frames, memo) do
-    Enum.map_reduce(frames, memo, fn
-      %{module: _} = frame, memo ->
-        case memo do
-          %{^frame => named} ->
-            {named, memo}
-
-          _ ->
-            named = %{frame | symbol: name(frame)}
-            {named, Map.put(memo, frame, named)}
+  # Each frame of stacks that rename? picks, renamed once per distinct
+  # frame and that one term used for all of them; the others as they are
+  # (native frames: the NIF shares them already, and hashing them costs).
+  defp share_renamed(stacks, rename?, rename) do
+    stacks
+    |> Enum.map_reduce(%{}, fn stack, memo ->
+      Enum.map_reduce(stack, memo, fn frame, memo ->
+        case rename?.(frame) && Map.fetch(memo, frame) do
+          false -> {frame, memo}
+          {:ok, named} -> {named, memo}
+          :error -> rename.(frame) |> then(&{&1, Map.put(memo, frame, &1)})
         end
-
-      frame, memo ->
-        {frame, memo}
+      end)
     end)
+    |> elem(0)
   end
 
   @doc """
@@ -189,27 +191,10 @@ defmodule Mtrace.Frame do
   """
   @spec named_pairs_all([[{term(), term()}]]) :: [[{binary() | nil, binary() | nil}]]
   def named_pairs_all(stacks) do
-    stacks
-    |> Enum.map_reduce(%{}, fn stack, memo ->
-      Enum.map_reduce(stack, memo, fn
-        {:erlang, {m, f, a}} = pair, memo ->
-          case memo do
-            %{^pair => named} ->
-              {named, memo}
-
-            _ ->
-              named = {"erlang", Exception.format_mfa(m, f, a)}
-              {named, Map.put(memo, pair, named)}
-          end
-
-        {:erlang, nil}, memo ->
-          {{"erlang", nil}, memo}
-
-        pair, memo ->
-          {pair, memo}
-      end)
+    share_renamed(stacks, &match?({:erlang, _}, &1), fn
+      {:erlang, {m, f, a}} -> {"erlang", Exception.format_mfa(m, f, a)}
+      {:erlang, nil} -> {"erlang", nil}
     end)
-    |> elem(0)
   end
 
   @doc """
