@@ -98,8 +98,13 @@ $(PRIV)/mtrace_nif.so: $(NIF_SRC) $(NIF_HDR) $(MAKEVARS)
 	@mkdir -p $(PRIV)
 	$(CC) $(CFLAGS_ALL) $(NIF_CFLAGS) -Ic_src -I$(ERTS_INCLUDE) $(NIF_LDFLAGS) -o $@ $(NIF_SRC) $(NIF_LIBS)
 
-# Test NIF for ExUnit: leaks on purpose from static functions.
-fixtures: $(BUILD)/leaky_nif.so
+# Test NIF for ExUnit: leaks on purpose from static functions; and a
+# stand-in for another release's preload.
+fixtures: $(BUILD)/leaky_nif.so $(BUILD)/other_release.so
+
+$(BUILD)/other_release.so: test/fixtures/other_release.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -o $@ test/fixtures/other_release.c
 
 $(BUILD)/leaky_nif.so: test/fixtures/leaky_nif.c $(MAKEVARS)
 	@mkdir -p $(BUILD)

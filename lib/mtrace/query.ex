@@ -142,6 +142,24 @@ defmodule Mtrace.Query do
     {total, if(o.sort == :growth, do: with_growth(sites, o.since), else: sites)}
   end
 
+  @doc """
+  `{total, sites}` of the allocations made on this node from mark `from` up
+  to mark `to` (before it) that are still live, with `o`'s other options:
+  the windows of a watcher or a live view, which tile, so that no block
+  falls between two of them or in both. Both marks must be this node's
+  table's; the node's name may have changed since they were taken
+  (distribution started or stopped), the table and its clock have not.
+
+      iex> from = Mtrace.mark()
+      iex> {_total, sites} = Mtrace.Query.sites_between(%{limit: 3, sort: :bytes}, from, Mtrace.mark())
+      iex> length(sites) <= 3
+      true
+  """
+  @spec sites_between(map(), Mtrace.Mark.t(), Mtrace.Mark.t()) :: {Mtrace.site(), [Mtrace.site()]}
+  def sites_between(o, %Mtrace.Mark{t_ms: from}, %Mtrace.Mark{t_ms: to}) do
+    sites(Map.merge(o, %{since: %Mtrace.Mark{node: node(), t_ms: from}, before: to}))
+  end
+
   # An empty answer from a program the tracer does not trace (MTRACE_PROGRAMS
   # names another) would read as "nothing leaks": it raises instead. Only an
   # empty answer asks, so a query that finds something pays nothing more.

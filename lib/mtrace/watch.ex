@@ -18,7 +18,8 @@ defmodule Mtrace.Watch do
 
   Options:
 
-    * `:interval` — ms between samples (default 60_000);
+    * `:interval` — ms between samples (default 60_000, at least 100: each
+      sample's mark waits for the tracer's coarse clock, a few ms);
     * `:intervals` — consecutive growing intervals before a warning (default 5);
     * `:min_growth` — bytes an interval must add to count as growth
       (default 1 MiB), so that allocator noise stays quiet; an interval
@@ -29,7 +30,11 @@ defmodule Mtrace.Watch do
   Not started, it costs nothing. Started on a node without the tracer
   preloaded, or whose program `MTRACE_PROGRAMS` leaves untraced, it logs one
   warning saying what to change and returns `:ignore`, so the supervision
-  tree starts as usual. While tracking is switched off (`Mtrace.disable/0`,
+  tree starts as usual (likewise, with the reason, when the preloaded
+  library is another mtrace release's or the NIF cannot load). A
+  `Mtrace.reset/0` ends a streak: what it forgot cannot be compared with
+  what was live before; the watcher says so at level info and counts again
+  from there. While tracking is switched off (`Mtrace.disable/0`,
   `MTRACE_ENABLED=0`) no growth can be seen: it logs that once, and once
   more when tracking is back on.
   """
@@ -39,7 +44,7 @@ defmodule Mtrace.Watch do
   alias Mtrace.VM.Format
 
   @defaults [interval: 60_000, intervals: 5, min_growth: 1_048_576, limit: 5, name: __MODULE__]
-  @rules [interval: {:ms, 1}, intervals: :pos_int, min_growth: :non_neg_int, limit: :pos_int]
+  @rules [interval: {:ms, 100}, intervals: :pos_int, min_growth: :non_neg_int, limit: :pos_int]
 
   @doc """
   Starts the watcher (see the module doc for the options).
@@ -72,16 +77,14 @@ defmodule Mtrace.Watch do
 
   @impl true
   def init(o) do
-    cond do
-      not Mtrace.preloaded?() ->
-        not_started(Mtrace.Error.not_preloaded())
-
-      not Mtrace.stats().active ->
+    # stats/1 raises the reason itself: not preloaded, another release's
+    # library, the NIF not loaded
+    case Mtrace.stats(heap: false) do
+      %{active: false} ->
         not_started(Mtrace.Error.not_traced())
 
-      true ->
+      stats ->
         schedule(o)
-        stats = Mtrace.stats()
 
         {:ok,
          %{
@@ -95,6 +98,8 @@ defmodule Mtrace.Watch do
            about: ""
          }}
     end
+  rescue
+    e in Mtrace.Error -> not_started(e)
   end
 
   defp not_started(%Mtrace.Error{message: why}) do
@@ -120,15 +125,38 @@ defmodule Mtrace.Watch do
     # threads wait on its arenas at every tick
     stats = Mtrace.stats(heap: false)
     bytes = live_bytes(stats)
-    mark = Mtrace.mark()
+    # this table's mark, whatever the node is named now (a local query
+    # always is this node's)
+    mark = %Mtrace.Mark{node: node(), t_ms: Mtrace.Query.next_tick()}
     enabled = enabled?(stats, s.enabled)
 
     {:noreply,
      s
      |> Map.put(:about, if(stats[:sampled], do: "about ", else: ""))
-     |> step(bytes)
+     |> after_reset(stats)
+     |> step(bytes, mark)
      |> Map.merge(%{last_bytes: bytes, last_mark: mark, enabled: enabled})}
   end
+
+  # Anything else (a stray message to the registered name) is not the
+  # watcher's business and must not end its streak.
+  def handle_info(_other, s), do: {:noreply, s}
+
+  # A reset since the last sample forgot blocks: live bytes before it and
+  # after it do not compare, so a streak across it would add unlike figures.
+  defp after_reset(%{last_mark: %{t_ms: last}} = s, %{reset_ms: reset})
+       when is_integer(reset) and reset >= last do
+    Logger.info(
+      wrapped(
+        "Mtrace.Watch: ",
+        "the table was reset (Mtrace.reset/0); growth is counted again from here"
+      )
+    )
+
+    %{s | streak: 0, since: nil, last_bytes: :reset}
+  end
+
+  defp after_reset(s, _stats), do: s
 
   # Tracking switched off or on since the last sample is said once: while it
   # is off, live bytes cannot grow, and silence would read as "no leak".
@@ -158,7 +186,9 @@ defmodule Mtrace.Watch do
   # One sample: extend or end the streak, warn when it is long enough. An
   # interval grows only if live bytes went up, min_growth: 0 included: flat
   # memory (tracking switched off, say) is no growth.
-  defp step(s, bytes) do
+  defp step(%{last_bytes: :reset} = s, _bytes, _mark), do: s
+
+  defp step(s, bytes, now) do
     growth = bytes - s.last_bytes
 
     cond do
@@ -170,13 +200,16 @@ defmodule Mtrace.Watch do
 
       true ->
         {mark, start_bytes} = s.since || {s.last_mark, s.last_bytes}
-        warn(s.o, mark, start_bytes, bytes, s.about)
+        warn(s.o, {mark, now}, start_bytes, bytes, s.about)
         %{s | streak: 0, since: nil, warnings: s.warnings + 1}
     end
   end
 
-  defp warn(o, mark, from, to, about) do
-    sites = Mtrace.sites(since: mark, limit: o.limit, demangle: true)
+  # The sites of the blocks allocated from the streak's first mark up to
+  # this sample's, on this node's table.
+  defp warn(o, {from_mark, to_mark}, from, to, about) do
+    q = Mtrace.Options.parse!([limit: o.limit], [sort: :bytes, limit: 10], "sites/1")
+    {_total, sites} = Mtrace.Query.sites_between(q, from_mark, to_mark)
     sites = Mtrace.VMSites.merge(sites, &Mtrace.VMSites.bytes/1)
     Logger.warning(warning(o, sites, from, to, about))
   end

@@ -108,6 +108,20 @@ defmodule Mtrace.RemoteTest do
     assert error.reason == :nodedown
   end
 
+  test "another release's preload: the queries and the watcher say which library it is" do
+    other = Path.expand("_build/c/other_release.so")
+    assert File.exists?(other), "make fixtures builds #{other}"
+    peer = start_peer(code: true, env: [{~c"LD_PRELOAD", String.to_charlist(other)}])
+    error = assert_raise Mtrace.Error, fn -> Mtrace.stats(node: peer) end
+    assert error.message =~ "comes from another mtrace release"
+    # the watcher's one warning gives that reason, not "not preloaded"
+    {started, log} = :erpc.call(peer, Mtrace.Test.Remote, :watch_start_and_log, [])
+    assert started == :ignore
+    text = String.replace(log, ~r/\s*\n\s*/, " ")
+    assert text =~ "Mtrace.Watch not started: the preloaded tracer library comes from another"
+    refute text =~ "not preloaded"
+  end
+
   test "with sampling, sites estimate every live allocation of the site" do
     peer = start_peer(code: true, preload: true, env: [{~c"MTRACE_SAMPLE_BYTES", ~c"16384"}])
     :ok = :erpc.call(peer, LeakyNif, :leak, [:malloc, 4000, 4096])

@@ -138,6 +138,75 @@ defmodule Mtrace.WatchTest do
     refute none =~ "sites that grew most"
   end
 
+  # A watcher ticked by hand: `tick.()` takes one sample and returns the state.
+  defp manual_watcher(opts) do
+    opts = [interval: :timer.hours(1), min_growth: 0, limit: 3, name: nil] ++ opts
+    {:ok, pid} = Mtrace.Watch.start_link(opts)
+    on_exit(fn -> if Process.alive?(pid), do: GenServer.stop(pid) end)
+
+    {pid,
+     fn ->
+       send(pid, :tick)
+       Mtrace.Watch.info(pid)
+     end}
+  end
+
+  test "a reset during a streak ends it, and is said" do
+    mib = 1024 * 1024
+
+    log =
+      capture_log(fn ->
+        {_pid, tick} = manual_watcher(intervals: 3)
+        LeakyNif.leak(:malloc, 1, mib)
+        assert %{streak: 1} = tick.()
+        Mtrace.reset()
+        # more live after the reset than before it: not growth of one streak
+        LeakyNif.leak(:malloc, 16, mib)
+        assert %{streak: 0} = tick.()
+        LeakyNif.leak(:malloc, 1, mib)
+        assert %{streak: 1, warnings: 0} = tick.()
+      end)
+
+    assert log =~ "the table was reset"
+    refute log =~ "keeps growing"
+  end
+
+  test "the node renamed during a streak (distribution started): the warning still comes" do
+    log =
+      capture_log(fn ->
+        {pid, tick} = manual_watcher(intervals: 2)
+        LeakyNif.leak(:malloc, 4, 256 * 1024)
+        assert %{streak: 1} = tick.()
+
+        # the marks taken so far name the node as it was called then
+        :sys.replace_state(pid, fn s ->
+          {mark, bytes} = s.since
+          old = &%{&1 | node: :before_rename@nohost}
+          %{s | since: {old.(mark), bytes}, last_mark: old.(s.last_mark)}
+        end)
+
+        LeakyNif.leak(:malloc, 4, 256 * 1024)
+        assert %{streak: 0, warnings: 1} = tick.()
+      end)
+
+    text = String.replace(log, ~r/\n +/, " ")
+    assert text =~ "native live memory keeps growing"
+    assert text =~ "+2.0 MiB in 2 consecutive intervals"
+    # both halves of the streak, called from two lines
+    assert length(String.split(text, "+1.0 MiB in 4 blocks")) == 3, text
+  end
+
+  test "a stray message does not stop the watcher or end its streak" do
+    capture_log(fn ->
+      {pid, tick} = manual_watcher(intervals: 5)
+      LeakyNif.leak(:malloc, 1, 1024 * 1024)
+      assert %{streak: 1} = tick.()
+      send(pid, {:not, :for, :the_watcher})
+      LeakyNif.leak(:malloc, 1, 1024 * 1024)
+      assert %{streak: 2} = tick.()
+    end)
+  end
+
   test "info/1 without a watcher says so" do
     assert_raise ArgumentError, ~r/no watcher is running as :no_such_watch/, fn ->
       Mtrace.Watch.info(:no_such_watch)
@@ -146,6 +215,8 @@ defmodule Mtrace.WatchTest do
 
   test "bad options raise" do
     assert_raise ArgumentError, ~r/:interval/, fn -> Mtrace.Watch.start_link(interval: 0) end
+    # below the tracer's clock's few ms a "1 ms" interval would be 4 ms
+    assert_raise ArgumentError, ~r/:interval/, fn -> Mtrace.Watch.start_link(interval: 50) end
     assert_raise ArgumentError, ~r/:colour/, fn -> Mtrace.Watch.start_link(colour: 1) end
   end
 end

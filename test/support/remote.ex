@@ -47,6 +47,22 @@ defmodule Mtrace.Test.Remote do
     end
   end
 
+  # What Mtrace.Watch.start_link/1 returns and logs, run on a peer.
+  def watch_start_and_log do
+    {:ok, _} = Application.ensure_all_started(:logger)
+    {:ok, _} = Application.ensure_all_started(:ex_unit)
+    me = self()
+
+    log =
+      ExUnit.CaptureLog.capture_log(fn ->
+        send(me, {:started, Mtrace.Watch.start_link(name: nil)})
+      end)
+
+    receive do
+      {:started, started} -> {started, log}
+    end
+  end
+
   def preloaded_and_error do
     message =
       try do

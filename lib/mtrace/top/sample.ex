@@ -150,8 +150,8 @@ defmodule Mtrace.Top.Sample do
   # The n sites holding most of what was allocated in [from, to) and is
   # still live (estimates when sampling); [] when the tracer cannot say.
   defp sites_between(n, from, to) do
-    o = Mtrace.Options.parse!([limit: n, since: from], [sort: :bytes, limit: 10], "sites/1")
-    {_total, sites} = Mtrace.Query.sites(Map.put(o, :before, to.t_ms))
+    o = Mtrace.Options.parse!([limit: n], [sort: :bytes, limit: 10], "sites/1")
+    {_total, sites} = Mtrace.Query.sites_between(o, from, to)
     sites |> Enum.sort_by(&(-Mtrace.VMSites.bytes(&1))) |> Enum.take(n)
   rescue
     # the tracer cannot list them (switched off in this program, say)
