@@ -156,6 +156,8 @@ defmodule Mtrace.Options do
 
     * `:boolean`;
     * `:pos_int` — an integer greater than zero;
+    * `{:pos_int, max}` — an integer from 1 to `max` (a count the tracer
+      takes as a 64-bit word: `max` 2^64 - 1);
     * `:non_neg_int` — an integer of zero or more;
     * `:node` — a node name (an atom other than `nil`);
     * `{:ms, min}` — an integer of milliseconds from `min` to 2^32 - 1, as
@@ -167,6 +169,7 @@ defmodule Mtrace.Options do
   @type rule ::
           :boolean
           | :pos_int
+          | {:pos_int, pos_integer()}
           | :non_neg_int
           | :node
           | {:ms, non_neg_integer()}
@@ -196,6 +199,7 @@ defmodule Mtrace.Options do
 
   defp ok?(:boolean, v), do: is_boolean(v)
   defp ok?(:pos_int, v), do: is_integer(v) and v > 0
+  defp ok?({:pos_int, max}, v), do: is_integer(v) and v > 0 and v <= max
   defp ok?(:non_neg_int, v), do: is_integer(v) and v >= 0
   defp ok?(:node, v), do: is_atom(v) and v != nil
   defp ok?({:ms, min}, v), do: is_integer(v) and v >= min and v < 1 <<< 32
@@ -204,6 +208,7 @@ defmodule Mtrace.Options do
 
   defp what(:boolean), do: "a boolean"
   defp what(:pos_int), do: "a positive integer"
+  defp what({:pos_int, max}), do: "a positive integer up to #{max}"
   defp what(:non_neg_int), do: "a non-negative integer"
   defp what(:node), do: "a node name (atom)"
   defp what({:ms, min}), do: "an integer of milliseconds from #{min} to #{(1 <<< 32) - 1}"

@@ -164,7 +164,9 @@ defmodule Mtrace.Query do
   # names another) would read as "nothing leaks": it raises instead. Only an
   # empty answer asks, so a query that finds something pays nothing more.
   defp traced!([]) do
-    case native!(&Native.stats/0) do
+    # the table's figures only: glibc's heap walk (stats/0) waits on every
+    # arena, and a quiet node's top or watcher asks at every refresh
+    case native!(fn -> Native.stats(false) end) do
       %{active: false} -> raise Mtrace.Error.not_traced()
       _ -> []
     end

@@ -34,7 +34,8 @@ defmodule Mtrace.Top do
   @rules [
     interval: {:ms, 100},
     node: {:or, :node, nil},
-    rows: :pos_int,
+    # rows of sites: the tracer's limit, a 64-bit word
+    rows: {:pos_int, 0xFFFF_FFFF_FFFF_FFFF},
     ansi: {:one_of, [nil, true, false]},
     refreshes: {:or, :pos_int, :infinity},
     timeout: {:ms, 1}

@@ -44,7 +44,13 @@ defmodule Mtrace.Watch do
   alias Mtrace.VM.Format
 
   @defaults [interval: 60_000, intervals: 5, min_growth: 1_048_576, limit: 5, name: __MODULE__]
-  @rules [interval: {:ms, 100}, intervals: :pos_int, min_growth: :non_neg_int, limit: :pos_int]
+  @rules [
+    interval: {:ms, 100},
+    intervals: :pos_int,
+    min_growth: :non_neg_int,
+    # the sites query's limit, a 64-bit word
+    limit: {:pos_int, 0xFFFF_FFFF_FFFF_FFFF}
+  ]
 
   @doc """
   Starts the watcher (see the module doc for the options).

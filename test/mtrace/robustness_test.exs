@@ -360,7 +360,7 @@ defmodule Mtrace.RobustnessTest do
       for {key, values} <- [
             interval: positive ++ [@huge] ++ or_ok([1 <<< 32]),
             intervals: positive ++ or_ok([@huge]),
-            limit: positive ++ or_ok([@huge]),
+            limit: positive ++ [@huge, 1 <<< 64],
             min_growth: [-1, 1.5, :x, "10", nil] ++ or_ok([@huge]),
             name: [1, "watch", {:bad}, [:a]]
           ],

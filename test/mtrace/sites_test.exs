@@ -181,6 +181,37 @@ defmodule Mtrace.SitesTest do
     assert all >= total
   end
 
+  test "an empty answer asks the table whether it traces, not glibc's heap walk" do
+    # stats/0 walks glibc's arenas (every thread of the node waits); a quiet
+    # node's top and watcher get empty answers at every refresh
+    me = self()
+
+    tracer =
+      spawn_link(fn ->
+        collect = fn collect, calls ->
+          receive do
+            {:trace, ^me, :call, {Mtrace.Native, :stats, args}} ->
+              collect.(collect, [args | calls])
+
+            {:calls, to} ->
+              send(to, {:calls, Enum.reverse(calls)})
+          end
+        end
+
+        collect.(collect, [])
+      end)
+
+    :erlang.trace(me, true, [:call, {:tracer, tracer}])
+    :erlang.trace_pattern({Mtrace.Native, :stats, :_}, true, [:local])
+    on_exit(fn -> :erlang.trace_pattern({Mtrace.Native, :stats, :_}, false, [:local]) end)
+    assert Mtrace.sites(lib: "no_such_object_here") == []
+    :erlang.trace(me, false, [:call])
+    ref = :erlang.trace_delivered(me)
+    assert_receive {:trace_delivered, ^me, ^ref}
+    send(tracer, {:calls, me})
+    assert_receive {:calls, [[false]]}
+  end
+
   test "bad options raise ArgumentError naming the option" do
     for {opts, name} <- [
           {[sort: :size], ":sort"},

@@ -429,6 +429,8 @@ defmodule Mtrace.TopTest do
           {[interval: 0], "option :interval"},
           {[interval: 50], "option :interval"},
           {[rows: -1], "option :rows"},
+          # the sites' limit is a 64-bit word
+          {[rows: 1 <<< 64], "option :rows of Mtrace.top/1"},
           {[ansi: :maybe], "option :ansi"},
           {[node: "app@host"], "option :node"},
           {[refreshes: 0], "option :refreshes"},

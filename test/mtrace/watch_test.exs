@@ -1,6 +1,7 @@
 defmodule Mtrace.WatchTest do
   use ExUnit.Case, async: false
 
+  import Bitwise
   import ExUnit.CaptureLog
   alias Mtrace.Test.LeakyNif
 
@@ -218,5 +219,9 @@ defmodule Mtrace.WatchTest do
     # below the tracer's clock's few ms a "1 ms" interval would be 4 ms
     assert_raise ArgumentError, ~r/:interval/, fn -> Mtrace.Watch.start_link(interval: 50) end
     assert_raise ArgumentError, ~r/:colour/, fn -> Mtrace.Watch.start_link(colour: 1) end
+    # at start, not when the first warning's query takes it, hours later
+    assert_raise ArgumentError, ~r/option :limit of Mtrace.Watch.start_link/, fn ->
+      Mtrace.Watch.start_link(limit: 1 <<< 64, name: nil)
+    end
   end
 end
