@@ -29,7 +29,12 @@ defmodule Mix.Tasks.Compile.Mtrace do
     args = args ++ ["all"]
     include = spaceless!(erts_include(), root, "Erlang's include directory")
     env = [{"ERTS_INCLUDE_DIR", include}]
-    forget_other_erts(Path.join(build, "makevars.mk"), include)
+    makevars = Path.join(build, "makevars.mk")
+    forget_other_erts(makevars, include)
+    # `mix deps.clean mtrace` removes the app's directory, not this one: a
+    # build with no library installed probes again, so that it sees what was
+    # installed since (libdw-dev, say), as a first build does.
+    unless File.exists?(Path.join(priv, "mtrace.so")), do: File.rm(makevars)
 
     case System.cmd(make, args, cd: root, env: env, stderr_to_stdout: true) do
       {out, 0} ->
@@ -40,6 +45,10 @@ defmodule Mix.Tasks.Compile.Mtrace do
         if String.contains?(out, "-o ") do
           Mix.shell().info("==> mtrace: built #{priv}/mtrace.so and mtrace_nif.so")
         end
+
+        # what the platform's probe said (built without libdw: no source
+        # file:line, and how to have it), which make's own lines would hide
+        for "mtrace: " <> _ = note <- String.split(out, "\n"), do: Mix.shell().info(note)
 
         {:ok, []}
 

@@ -1,11 +1,14 @@
 #!/bin/sh
 # Release test: builds examples/leaky_app as an OTP release whose
 # rel/env.sh.eex preloads mtrace (the documented LD_PRELOAD line), starts it
-# as a daemon and checks through `bin/leaky_app rpc` that
-#   1. Mtrace.preloaded?() is true,
-#   2. Mtrace.olds(50) has a 4096-byte block whose frame 0 is the example's
+# as a daemon and checks that
+#   1. the build probed the platform again (no stale makevars.mk),
+#   2. Mtrace.preloaded?() is true (through `bin/leaky_app rpc`, as the rest),
+#   3. Mtrace.olds(50) has a 4096-byte block whose frame 0 is the example's
 #      leaky_app_cache_entry (the C function that called malloc),
-#   3. `bin/leaky_app stop` stops the node.
+#   4. its stack names the Erlang caller,
+#   5. Mtrace.VM.nif_memory() answers,
+#   6. `bin/leaky_app stop` stops the node.
 # Works offline (mtrace is a path dependency) and without stdin:
 #
 #   sh test/release/run.sh            (from the repository root, or anywhere)
@@ -18,7 +21,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 app="$root/examples/leaky_app"
 rel="$app/_build/prod/rel/leaky_app"
 bin="$rel/bin/leaky_app"
-total=5
+total=6
 passed=0
 failed=0
 started=0
@@ -111,13 +114,24 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/mtrace-release.XXXXXX")
 # ---- build -----------------------------------------------------------------
 command -v mix >/dev/null 2>&1 || die "mix not found (install Elixir)"
 say "building $rel"
-# Build mtrace afresh, as a first release build does: without its build
-# directory (mtrace_c) make probes the platform and builds both libraries
-# from c_src/.
+# Build mtrace afresh, as after `mix deps.clean mtrace`: that removes the
+# app's directory (lib/mtrace) but not mtrace's build directory (mtrace_c),
+# whose probe of the platform (makevars.mk) may be from before libdw-dev was
+# installed. A build with no library installed must probe again; a stale
+# probe stands in for the old one here.
 rm -rf "$rel" "$app/_build/prod/lib/mtrace" "$app/_build/prod/mtrace_c"
+mkdir -p "$app/_build/prod/mtrace_c"
+echo "# stale probe left by test/release/run.sh" >"$app/_build/prod/mtrace_c/makevars.mk"
 if ! (cd "$app" && mix deps.get && mix release --overwrite) </dev/null >"$tmp/build.log" 2>&1; then
     cat "$tmp/build.log"
     die "MIX_ENV=prod mix release failed in $app"
+fi
+
+# 1. The platform was probed again.
+if grep -q "stale probe" "$app/_build/prod/mtrace_c/makevars.mk"; then
+    fail "mix compile kept a probe from an earlier build (_build/prod/mtrace_c/makevars.mk)"
+else
+    pass "a build with no library installed probes the platform again"
 fi
 
 # The preload must be a real file inside the release, not a symlink back into
@@ -173,7 +187,7 @@ case "$os_pid" in
 esac
 
 # ---- checks ----------------------------------------------------------------
-# 1. The tracer is preloaded (rel/env.sh.eex did its job).
+# 2. The tracer is preloaded (rel/env.sh.eex did its job).
 if out=$(rpc 'IO.puts("preloaded=#{Mtrace.preloaded?()}")') &&
     echo "$out" | grep -qx 'preloaded=true'; then
     pass "Mtrace.preloaded?() is true"
@@ -182,7 +196,7 @@ else
     fail "Mtrace.preloaded?() is not true"
 fi
 
-# 2. The leak is found, named after the C function that called malloc.  What
+# 3. The leak is found, named after the C function that called malloc.  What
 # the VM allocated while booting is older than the leak and would fill
 # olds(50), so forget it first (Mtrace.reset/0) and let the leaker (one block
 # every 200 ms) leak a few more.
@@ -208,7 +222,7 @@ else
     echo "$out"
     fail "Mtrace.olds(50) has no 4096-byte block whose frame 0 is leaky_app_cache_entry"
 fi
-# 3. ... and after its native frames comes the Erlang code that called the NIF.
+# 4. ... and after its native frames comes the Erlang code that called the NIF.
 if echo "$out" | grep -qx 'caller=found'; then
     pass "its stack names the Erlang caller, LeakyApp.Leaker.handle_info/2"
 else
@@ -216,7 +230,7 @@ else
     fail "no leaked block's stack names the Erlang caller LeakyApp.Leaker.handle_info/2"
 fi
 
-# 4. NIF memory in the VM's allocators is readable: the release has tools.
+# 5. NIF memory in the VM's allocators is readable: the release has tools.
 if out=$(rpc 'IO.puts("nif_memory=#{is_list(Mtrace.VM.nif_memory())}")') &&
     echo "$out" | grep -qx 'nif_memory=true'; then
     pass "Mtrace.VM.nif_memory() answers (the tools application is in the release)"
@@ -225,7 +239,7 @@ else
     fail "Mtrace.VM.nif_memory() failed in the release"
 fi
 
-# 5. The node stops.
+# 6. The node stops.
 if out=$(limit 30 "$bin" stop </dev/null 2>&1) && wait_gone 15 &&
     ! rpc 'IO.puts(:ok)' >/dev/null; then
     stopped=1
