@@ -31,10 +31,12 @@ defmodule Mix.Tasks.Compile.Mtrace do
     env = [{"ERTS_INCLUDE_DIR", include}]
     makevars = Path.join(build, "makevars.mk")
     forget_other_erts(makevars, include)
-    # `mix deps.clean mtrace` removes the app's directory, not this one: a
-    # build with no library installed probes again, so that it sees what was
-    # installed since (libdw-dev, say), as a first build does.
-    unless File.exists?(Path.join(priv, "mtrace.so")), do: File.rm(makevars)
+    # `mix deps.clean mtrace` removes the app's directory, not this one: an
+    # app not compiled yet (this compiler runs first) probes again, so that
+    # it sees what was installed since (libdw-dev, say), as a first build
+    # does. (Its priv/ tells nothing: a path dependency's is the checkout's.)
+    app = Path.join([Mix.Project.app_path(), "ebin", "mtrace.app"])
+    unless File.exists?(app), do: File.rm(makevars)
 
     case System.cmd(make, args, cd: root, env: env, stderr_to_stdout: true) do
       {out, 0} ->

@@ -121,7 +121,11 @@ say "building $rel"
 # probe stands in for the old one here.
 rm -rf "$rel" "$app/_build/prod/lib/mtrace" "$app/_build/prod/mtrace_c"
 mkdir -p "$app/_build/prod/mtrace_c"
-echo "# stale probe left by test/release/run.sh" >"$app/_build/prod/mtrace_c/makevars.mk"
+# (of this Erlang: a probe against another Erlang's headers is redone anyway)
+erts_include=$(erl -noshell -eval 'io:format("~s", [filename:join([code:root_dir(),
+    "erts-" ++ erlang:system_info(version), "include"])]), halt().')
+printf '# stale probe left by test/release/run.sh\nERTS_INCLUDE = %s\n' "$erts_include" \
+    >"$app/_build/prod/mtrace_c/makevars.mk"
 if ! (cd "$app" && mix deps.get && mix release --overwrite) </dev/null >"$tmp/build.log" 2>&1; then
     cat "$tmp/build.log"
     die "MIX_ENV=prod mix release failed in $app"
