@@ -7,6 +7,7 @@
 #ifndef MT_NIF_H
 #define MT_NIF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <erl_nif.h>
@@ -31,7 +32,9 @@ extern struct mt_atoms mt_atoms;
 
 ERL_NIF_TERM mt_nif_binary(ErlNifEnv *env, const char *s);
 
-static inline ERL_NIF_TERM mt_nif_boolean(int on) { return on ? mt_atoms.true_ : mt_atoms.false_; }
+/* bool, not int: a 64-bit count given as a truth value (sample_bytes of
+ * 2^32) must not be cut to its low 32 bits, which may all be 0. */
+static inline ERL_NIF_TERM mt_nif_boolean(bool on) { return on ? mt_atoms.true_ : mt_atoms.false_; }
 ERL_NIF_TERM mt_nif_error(ErlNifEnv *env, ERL_NIF_TERM reason);
 /* {error, not_preloaded}, or {error, preload_mismatch} for a preload of another release. */
 ERL_NIF_TERM mt_nif_no_preload(ErlNifEnv *env);

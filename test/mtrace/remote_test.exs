@@ -144,6 +144,12 @@ defmodule Mtrace.RemoteTest do
     assert line |> String.split(" ") |> List.last() |> String.to_integer() == est_bytes
   end
 
+  test "sampling every 4 GiB is sampling (a 64-bit setting, not cut to 32 bits)" do
+    peer = start_peer(code: true, env: [{~c"MTRACE_SAMPLE_BYTES", ~c"4294967296"}])
+    assert %{sampled: true, sample_bytes: 4_294_967_296} = stats = Mtrace.stats(node: peer)
+    assert inspect(stats) =~ "sampling every 4.0 GiB"
+  end
+
   test "cluster/3 answers per node, errors included" do
     good = start_peer(code: true, preload: true)
     bare = start_peer(code: false, preload: true)
