@@ -503,8 +503,9 @@ defmodule Mtrace do
   end
 
   @doc """
-  Runs `Mtrace.fun(args...)` on this node and every connected node at once
-  and returns `%{node => {:ok, result} | {:error, exception}}`; a node where
+  Runs `Mtrace.fun(args...)` on this node and every node connected to it
+  (`Node.list/0`; from a node started hidden, `Node.list(:connected)`) at
+  once and returns `%{node => {:ok, result} | {:error, exception}}`; a node where
   mtrace is missing, not preloaded or unreachable gets its error, the others
   still answer. `fun` is one of `:stats`, `:sites`, `:olds`, `:mark`,
   `:reset`, `:enable`, `:disable`, `:preloaded?`. `args` is the list of
@@ -548,7 +549,7 @@ defmodule Mtrace do
     end
 
     Enum.each(args, &each_node_own!(&1, fun))
-    nodes = [node() | Node.list()]
+    nodes = [node() | cluster_nodes()]
 
     case {fun, args} do
       # each stack sent once by each node, not once per entry (olds/2's
@@ -564,6 +565,15 @@ defmodule Mtrace do
       _ ->
         Remote.multicall(nodes, __MODULE__, fun, args, timeout)
     end
+  end
+
+  # The nodes this one is connected to: the visible ones (remote consoles
+  # and other hidden nodes have no table of their own to read), or, from a
+  # hidden node, whose connections are all hidden, every one.
+  defp cluster_nodes do
+    if match?({:ok, _}, :init.get_argument(:hidden)),
+      do: Node.list(:connected),
+      else: Node.list()
   end
 
   def cluster(fun, args, _timeout) when is_list(args) do
@@ -669,8 +679,7 @@ defmodule Mtrace do
 
       Mtrace.Stats.new(Map.merge(stats, %{now_ms: call(&Native.now_ms/0), heap: heap}))
     end)
-    # a node of an older mtrace answers without it
-    |> Map.put_new(:heap, heap)
+    |> Mtrace.Stats.from_node(heap)
   end
 
   @doc """

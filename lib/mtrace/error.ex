@@ -25,6 +25,7 @@ defmodule Mtrace.Error do
           | :nodedown
           | :timeout
           | :not_loaded
+          | :version
           | :remote
           | :no_tools
           | :off

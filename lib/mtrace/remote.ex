@@ -6,8 +6,11 @@ defmodule Mtrace.Remote do
   Failures become `Mtrace.Error` with a reason and a message that say which
   node and what to do: `:not_distributed` (this node has no name),
   `:nodedown` (cannot connect), `:timeout`, `:not_loaded` (mtrace is not in
-  that node's code path). An `Mtrace.Error` raised there (say, the tracer is
-  not preloaded on that node) is raised here with the node named.
+  that node's code path), `:version` (that node runs another mtrace
+  version, without the function called), `:remote` (the process answering
+  there was killed, exited or threw). An `Mtrace.Error` raised there (say,
+  the tracer is not preloaded on that node) is raised here with the node
+  named, and so is another exception's message.
   """
 
   @default_timeout 60_000
@@ -36,6 +39,22 @@ defmodule Mtrace.Remote do
     :erpc.call(node, mod, fun, args, timeout)
   rescue
     e in ErlangError -> raise translate(e.original, node, mod, fun, args, timeout)
+  catch
+    # the process answering there was killed (a max_heap_size limit, say)
+    # or exited: this node's caller, a cluster/3 task included, goes on
+    :exit, {:signal, reason} ->
+      raise error(
+              :remote,
+              "on node #{inspect(node)}: the process answering there was ended " <>
+                "(#{inspect(reason)}) before it answered; a smaller answer (n, limit:) " <>
+                "needs less of its memory"
+            )
+
+    :exit, {:exception, reason} ->
+      raise error(:remote, "on node #{inspect(node)}: the call exited with #{inspect(reason)}")
+
+    :throw, value ->
+      raise error(:remote, "on node #{inspect(node)}: the call threw #{inspect(value)}")
   end
 
   @doc """
@@ -99,24 +118,48 @@ defmodule Mtrace.Remote do
   defp translate({:erpc, :timeout}, node, _mod, _fun, _args, timeout),
     do: error(:timeout, "node #{inspect(node)} did not answer within #{timeout} ms")
 
-  defp translate({:exception, :undef, [{mod, fun, _, _} | _]}, node, mod, fun, args, _) do
-    error(
-      :not_loaded,
-      "not loaded on node #{inspect(node)} (#{inspect(mod)}.#{fun}/#{length(args)} " <>
-        "is undefined there): include mtrace in that node's release, or add its ebin " <>
-        "directory there with :code.add_paths/1"
-    )
+  defp translate({:exception, :undef, [{mod, fun, _, _} | _]}, node, mod, fun, args, timeout) do
+    called = "#{inspect(mod)}.#{fun}/#{length(args)}"
+
+    if loaded_there?(node, mod, timeout) do
+      error(
+        :version,
+        "node #{inspect(node)} runs another mtrace version (#{called} is not there): " <>
+          "run the same mtrace version on both nodes"
+      )
+    else
+      error(
+        :not_loaded,
+        "not loaded on node #{inspect(node)} (#{called} is undefined there): include " <>
+          "mtrace in that node's release, or add its ebin directory there with " <>
+          ":code.add_paths/1"
+      )
+    end
   end
 
   defp translate({:exception, %Mtrace.Error{} = e, _stack}, node, _mod, _fun, _args, _) do
     %{e | message: "on node #{inspect(node)}: " <> e.message}
   end
 
+  # Another exception raised there (an older mtrace refusing an option this
+  # one has, say): the node is named, as in every error from there.
+  defp translate({:exception, %_{__exception__: true, message: m} = e, _}, node, _, _, _, _)
+       when is_binary(m),
+       do: %{e | message: "on node #{inspect(node)}: " <> m}
+
   defp translate({:exception, %_{__exception__: true} = e, _stack}, _node, _mod, _fun, _, _),
     do: e
 
   defp translate(other, node, _mod, _fun, _args, _timeout),
     do: error(:remote, "on node #{inspect(node)}: #{inspect(other)}")
+
+  # Whether mod is loaded on node, or can be: an undefined function of a
+  # module that is there is another version's.
+  defp loaded_there?(node, mod, timeout) do
+    match?({:module, ^mod}, :erpc.call(node, :code, :ensure_loaded, [mod], timeout))
+  catch
+    _, _ -> false
+  end
 
   defp error(reason, message), do: %Mtrace.Error{reason: reason, message: "mtrace: " <> message}
 end

@@ -85,6 +85,16 @@ defmodule Mtrace.Stats do
   @spec new(map) :: t
   def new(map), do: struct(__MODULE__, map)
 
+  # An answer from another node: one running an older mtrace answers with a
+  # struct of fewer fields; each field added since is nil there, as one the
+  # tracer does not report, and `heap` is what was asked.
+  @doc false
+  @spec from_node(map(), boolean()) :: t()
+  def from_node(answer, heap) do
+    stats = answer |> Map.from_struct() |> new()
+    if is_nil(stats.heap), do: %{stats | heap: heap}, else: stats
+  end
+
   @impl Access
   def fetch(stats, key), do: Map.fetch(stats, key)
 

@@ -18,7 +18,8 @@ defmodule Mtrace.RemoteTest do
     extra = Keyword.get(opts, :env, [])
 
     env = if preload, do: extra, else: [{~c"LD_PRELOAD", false} | extra]
-    {:ok, peer, node} = :peer.start_link(%{name: :peer.random_name(), env: env})
+    args = Keyword.get(opts, :args, [])
+    {:ok, peer, node} = :peer.start_link(%{name: :peer.random_name(), env: env, args: args})
 
     on_exit(fn ->
       try do
@@ -148,6 +149,64 @@ defmodule Mtrace.RemoteTest do
     peer = start_peer(code: true, env: [{~c"MTRACE_SAMPLE_BYTES", ~c"4294967296"}])
     assert %{sampled: true, sample_bytes: 4_294_967_296} = stats = Mtrace.stats(node: peer)
     assert inspect(stats) =~ "sampling every 4.0 GiB"
+  end
+
+  test "a process killed or exited there, another version, another exception: Mtrace.Error or the node named" do
+    peer = start_peer(code: true)
+
+    for fun <- [:killed, :exits] do
+      error =
+        assert_raise Mtrace.Error, fn -> Mtrace.Remote.call(peer, Mtrace.Test.Remote, fun, []) end
+
+      assert error.reason == :remote
+      assert error.message =~ "on node #{inspect(peer)}: "
+    end
+
+    # cluster/3's tasks: the caller goes on, the node gets its error
+    assert %{^peer => {:error, %Mtrace.Error{reason: :remote}}} =
+             Mtrace.Remote.multicall([peer], Mtrace.Test.Remote, :killed, [])
+
+    # a module there without the function: another mtrace version
+    error = assert_raise Mtrace.Error, fn -> Mtrace.Remote.call(peer, Mtrace.Query, :gone, []) end
+    assert error.reason == :version
+    assert error.message =~ "runs another mtrace version (Mtrace.Query.gone/0 is not there)"
+
+    # an older mtrace refusing an option: its message, the node named
+    error =
+      assert_raise ArgumentError, fn ->
+        Mtrace.Remote.call(peer, Mtrace, :stats, [[heap: :maybe]])
+      end
+
+    assert error.message =~ ~r/^on node #{inspect(peer)}: option :heap/
+  end
+
+  test "stats from a node of an older mtrace, with fewer fields, inspect" do
+    now = Mtrace.stats()
+    old = now |> Map.drop([:unwind_cut, :now_ms, :reset_ms, :heap, :erlang_stacks])
+    stats = Mtrace.Stats.from_node(old, true)
+    assert %Mtrace.Stats{unwind_cut: nil, heap: true} = stats
+    assert inspect(stats) =~ "#Mtrace.Stats<"
+  end
+
+  test "diagnose(node:) waits for the node no longer than its timeout" do
+    peer = start_peer(code: true)
+    os_pid = :erpc.call(peer, System, :pid, [])
+    {_, 0} = System.cmd("kill", ["-STOP", os_pid])
+    on_exit(fn -> System.cmd("kill", ["-CONT", os_pid]) end)
+
+    error =
+      assert_raise Mtrace.Error, fn ->
+        Mtrace.VM.diagnose(node: peer, timeout: 1000, print: false)
+      end
+
+    assert error.reason == :timeout
+    assert error.message =~ "within 1000 ms"
+  end
+
+  test "cluster/3 from a hidden node asks the nodes it is connected to" do
+    hidden = start_peer(code: true, args: [~c"-hidden"])
+    {:ok, _} = :erpc.call(hidden, Application, :ensure_all_started, [:mtrace])
+    assert node() in :erpc.call(hidden, Mtrace.Test.Remote, :cluster_nodes, [])
   end
 
   test "cluster/3 answers per node, errors included" do

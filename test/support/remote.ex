@@ -63,6 +63,14 @@ defmodule Mtrace.Test.Remote do
     end
   end
 
+  # Ends the process that runs it, as a max_heap_size limit would.
+  def killed, do: Process.exit(self(), :kill)
+
+  def exits, do: exit(:gone)
+
+  # What cluster(:preloaded?) answers on the node that runs it.
+  def cluster_nodes, do: Mtrace.cluster(:preloaded?) |> Map.keys() |> Enum.sort()
+
   def preloaded_and_error do
     message =
       try do

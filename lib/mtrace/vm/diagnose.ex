@@ -412,7 +412,8 @@ defmodule Mtrace.VM.Diagnose do
   # A node that cannot be reached, or has no mtrace, raises Mtrace.Error
   # (reason :nodedown, :timeout, :not_loaded, ...) as Mtrace's queries do.
   defp remote(%{node: target} = o) do
-    Mtrace.Remote.reachable!(target, Mtrace.VM, 15_000)
+    # within the caller's timeout, as everything asked of that node
+    Mtrace.Remote.reachable!(target, Mtrace.VM, o.timeout)
     waiting(o)
     # erpc takes at most 2^32 - 1 ms
     timeout =
