@@ -188,6 +188,15 @@ defmodule Mtrace.Stats do
       end
     end
 
+    # Stacks the own walker gave to libunwind; with libunwind walking every
+    # one, "(0 to libunwind)" would contradict the line.
+    defp fallbacks(%{fast_unwind: false}), do: ""
+
+    defp fallbacks(%{unwind_fallbacks: n}) when is_integer(n),
+      do: " (#{Format.int(n)} to libunwind)"
+
+    defp fallbacks(_s), do: ""
+
     # An untraced program walks no stack: its walker and Erlang frames
     # would only be the defaults, not something it did.
     defp tracking(%{active: false}), do: "not traced (not a program MTRACE_PROGRAMS names)"
@@ -200,7 +209,7 @@ defmodule Mtrace.Stats do
           true -> "lossless"
         end,
         if(s.fast_unwind == false, do: "libunwind", else: "own stack walker") <>
-          if(s.unwind_fallbacks, do: " (#{Format.int(s.unwind_fallbacks)} to libunwind)", else: "") <>
+          fallbacks(s) <>
           if(is_integer(s.unwind_cut) and s.unwind_cut > 0,
             do: ", #{Format.count(s.unwind_cut, "stack")} cut short",
             else: ""

@@ -72,6 +72,16 @@ defmodule Mtrace.OutputsTest do
     refute capture_io(fn -> Mtrace.report(since: later, lib: @lib) end) =~ "The table was"
   end
 
+  test "stats name the walker in use, and the own walker's stacks given to libunwind" do
+    s = Mtrace.stats()
+    own = inspect(%{s | fast_unwind: true, unwind_fallbacks: 3})
+    assert own =~ "own stack walker (3 to libunwind)"
+    # MTRACE_UNWIND=libunwind: every stack is libunwind's, none "given" to it
+    libunwind = inspect(%{s | fast_unwind: false, unwind_fallbacks: 0})
+    assert libunwind =~ "; libunwind"
+    refute libunwind =~ "to libunwind"
+  end
+
   test "export/2 :folded lines sum to the live bytes (or counts) of the sites", %{dir: dir} do
     path = Path.join(dir, "native.folded")
     assert :ok = Mtrace.export(path, lib: @lib)
