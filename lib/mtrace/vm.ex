@@ -66,10 +66,14 @@ defmodule Mtrace.VM do
       carriers and what they hand out as blocks, read in one snapshot so
       that `used <= allocated`. `allocated - used` is allocator overhead and
       fragmentation;
-    * `:outside_vm`: RSS not explained by the ERTS allocators (`rss -
-      allocated`, floored at 0): the emulator's own code and static data,
-      and memory taken directly from malloc/mmap by NIFs, drivers and
-      libraries. A large or growing value points at native code;
+    * `:jit_code`: the RSS of the JIT's code, which it maps twice (writable
+      and executable) from one shared memory file, so that RSS counts it
+      twice; read as the process's shared memory (RssShmem), so shared
+      memory a NIF maps counts here too; `nil` where there is no `/proc`;
+    * `:outside_vm`: RSS not explained by the ERTS allocators nor the JIT's
+      code (`rss - allocated - jit_code`, floored at 0): the emulator's own
+      static data, and memory taken directly from malloc/mmap by NIFs,
+      drivers and libraries. A large or growing value points at native code;
     * `:carrier_cache`: carriers the VM freed that its segment allocator
       keeps mapped for reuse for a few seconds (an upper bound of the RSS
       they hold, part of `:outside_vm`; `nil` without mseg_alloc). Right

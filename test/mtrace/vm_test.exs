@@ -52,11 +52,28 @@ defmodule Mtrace.VMTest do
 
       assert m.used <= m.allocated
       assert m.rss <= m.rss_peak
-      assert m.outside_vm == max(m.rss - m.allocated, 0)
+      assert m.outside_vm == max(m.rss - m.allocated - m.jit_code, 0)
 
       if VM.Native.preloaded?(),
         do: assert(is_integer(m.native.live_bytes)),
         else: assert(m.native == nil)
+    end
+
+    test "the JIT's code, mapped twice, is not memory outside the VM" do
+      if :erlang.system_info(:emu_flavor) == :jit do
+        # each view of the JIT's shared code file, resident, as smaps sees it
+        views =
+          for map <- String.split(File.read!("/proc/self/smaps"), ~r/\n(?=[0-9a-f]+-)/),
+              String.contains?(hd(String.split(map, "\n")), "memfd:vmem"),
+              [_, kb] = Regex.run(~r/\nRss: +(\d+) kB/, map),
+              do: String.to_integer(kb) * 1024
+
+        assert length(views) >= 2 and rem(length(views), 2) == 0
+        m = VM.memory()
+        # read a moment later: code loaded since only adds
+        assert m.jit_code >= Enum.sum(views)
+        assert m.outside_vm <= max(m.rss - m.allocated - Enum.sum(views), 0)
+      end
     end
 
     test "carriers a dead process freed and the segment cache still maps are carrier_cache" do
@@ -376,7 +393,7 @@ defmodule Mtrace.VMTest do
       mib = 1_048_576
       # As right after a process with a 300 MiB heap died: its carriers are
       # cached, outside the allocators' figures but still resident.
-      memory = %{snap.memory | outside_vm: 330 * mib, carrier_cache: 300 * mib}
+      memory = %{snap.memory | outside_vm: 330 * mib, carrier_cache: 300 * mib, jit_code: 0}
       extra = %{bin_leak: nil, preloaded: false, sites: []}
       [_, _, _, _, native, _, _] = VM.MemoryChecks.run(nil, %{snap | memory: memory}, nil, extra)
 
@@ -396,6 +413,14 @@ defmodule Mtrace.VMTest do
         VM.Diagnosis.render(%VM.Diagnosis{VM.diagnose(print: false, gc: false) | memory: memory})
 
       refute lines =~ "of it carriers", lines
+
+      # the JIT's code, said where it is left out
+      memory = %{memory | outside_vm: 330 * mib, jit_code: 25 * mib}
+
+      lines =
+        VM.Diagnosis.render(%VM.Diagnosis{VM.diagnose(print: false, gc: false) | memory: memory})
+
+      assert lines =~ ~r/do not hold, the JIT's\s+25.0 MiB of code left out\); up to/
     end
 
     test "without the tracer, a carrier cache too small to be named leaves the figure whole" do
@@ -1072,7 +1097,7 @@ defmodule Mtrace.VMTest do
       assert is_integer(m.rss) and m.rss > 0
       # Only the allocators that cannot be disabled are left to count.
       assert m.allocated > 0 and m.used <= m.allocated
-      assert m.outside_vm == max(m.rss - m.allocated, 0)
+      assert m.outside_vm == max(m.rss - m.allocated - m.jit_code, 0)
       assert m.native == nil
 
       rows = :erpc.call(node, VM, :allocators, [])

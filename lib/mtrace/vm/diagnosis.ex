@@ -102,9 +102,15 @@ defmodule Mtrace.VM.Diagnosis do
       "        ERTS allocators #{Format.bytes(m.allocated)} allocated, " <>
         "#{Format.bytes(m.used)} used",
       "        outside the VM #{Format.bytes(m.outside_vm)} (RSS the ERTS allocators do not " <>
-        "hold)" <> cached(m)
+        "hold" <> jit(m) <> ")" <> cached(m)
     ]
   end
+
+  # The JIT's code is the VM's, though no allocator holds it: left out.
+  defp jit(%{jit_code: jit}) when is_integer(jit) and jit > 0,
+    do: ", the JIT's #{Format.bytes(jit)} of code left out"
+
+  defp jit(_m), do: ""
 
   # Carriers the VM freed but still maps (Mtrace.VM.Memory.carrier_cache/0)
   # are part of outside_vm: said when they are a good part of it.

@@ -53,6 +53,7 @@ defmodule Mtrace.VM.Memory do
           allocated: non_neg_integer | nil,
           used: non_neg_integer | nil,
           carrier_cache: non_neg_integer | nil,
+          jit_code: non_neg_integer | nil,
           outside_vm: non_neg_integer | nil,
           native: map | nil
         }
@@ -70,7 +71,7 @@ defmodule Mtrace.VM.Memory do
   def read(opts \\ []) do
     {allocated, used} = allocator_totals()
     cache = carrier_cache()
-    {rss, rss_peak} = proc_status()
+    {rss, rss_peak, shared} = status()
 
     erlang_memory()
     |> Map.merge(%{
@@ -79,7 +80,8 @@ defmodule Mtrace.VM.Memory do
       allocated: allocated,
       used: used,
       carrier_cache: cache,
-      outside_vm: outside(rss, allocated),
+      jit_code: shared,
+      outside_vm: outside(rss, allocated, shared),
       native: native(Keyword.get(opts, :heap, true))
     })
   end
@@ -95,9 +97,20 @@ defmodule Mtrace.VM.Memory do
   """
   @spec proc_status() :: {non_neg_integer | nil, non_neg_integer | nil}
   def proc_status do
+    {rss, peak, _shared} = status()
+    {rss, peak}
+  end
+
+  # VmRSS, VmHWM and RssShmem. The JIT maps its code twice, writable and
+  # executable, from one shared memory file: RSS counts those pages twice,
+  # as shared memory (RssShmem), and no ERTS allocator holds them.
+  defp status do
     case File.read("/proc/self/status") do
-      {:ok, text} -> {status_kb(text, "VmRSS:"), status_kb(text, "VmHWM:")}
-      {:error, _} -> {nil, nil}
+      {:ok, text} ->
+        {status_kb(text, "VmRSS:"), status_kb(text, "VmHWM:"), status_kb(text, "RssShmem:")}
+
+      {:error, _} ->
+        {nil, nil, nil}
     end
   end
 
@@ -117,10 +130,10 @@ defmodule Mtrace.VM.Memory do
     ErlangError -> Map.new(@erlang_keys, &{&1, nil})
   end
 
-  defp outside(rss, allocated) when is_integer(rss) and is_integer(allocated),
-    do: max(rss - allocated, 0)
+  defp outside(rss, allocated, shared) when is_integer(rss) and is_integer(allocated),
+    do: max(rss - allocated - (shared || 0), 0)
 
-  defp outside(_, _), do: nil
+  defp outside(_, _, _), do: nil
 
   @doc """
   Bytes of carriers the VM has freed but its segment allocator still keeps
@@ -209,7 +222,8 @@ defmodule Mtrace.VM.Memory do
   @doc """
   The native memory figure `Mtrace.VM.diagnose/1` follows across a window:
   with `traced`, the tracer's live malloc bytes (estimated when sampling),
-  else RSS outside the ERTS allocators. `nil` when it cannot be read.
+  else RSS outside the ERTS allocators and the JIT's code. `nil` when it
+  cannot be read.
 
   ## Example
 
@@ -231,8 +245,8 @@ defmodule Mtrace.VM.Memory do
   # rise step after step, which reads as a native leak. Over a window,
   # less_cache_rise/1 takes off only what the cache grows by.
   def native_sample(false) do
-    {rss, _peak} = proc_status()
-    outside(rss, allocated())
+    {rss, _peak, shared} = status()
+    outside(rss, allocated(), shared)
   end
 
   @doc """
