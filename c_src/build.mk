@@ -44,7 +44,8 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_own_alloc $(BUILD)/test_interpose_nopie \
 	$(BUILD)/test_interpose_small_stacks $(BUILD)/test_interpose_loader_lock \
 	$(BUILD)/test_interpose_coroutine $(BUILD)/test_interpose_thread_exit \
-	$(BUILD)/test_interpose_signals $(BUILD)/test_interpose_signal_stack
+	$(BUILD)/test_interpose_signals $(BUILD)/test_interpose_signal_stack \
+	$(BUILD)/test_interpose_malloc_debug
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
 	$(BUILD)/test_symbols_files $(BUILD)/test_name_fit $(BUILD)/test_demangle \
 	$(BUILD)/test_elf_symtab \
@@ -320,6 +321,10 @@ $(BUILD)/test_interpose_thread_exit: test/c/test_interpose_thread_exit.c test/c/
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_thread_exit.c \
 		$(DL_LIBS) -lpthread
+
+$(BUILD)/test_interpose_malloc_debug: test/c/test_interpose_malloc_debug.c test/c/check.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -o $@ test/c/test_interpose_malloc_debug.c $(DL_LIBS)
 
 $(BUILD)/test_interpose_signals: test/c/test_interpose_signals.c test/c/check.h test/c/queries.h \
 		test/c/interrupted.h c_src/mtrace_api.h $(MAKEVARS)

@@ -21,19 +21,62 @@ struct mt_libc mt_libc;
  * stub, which leads back here.  glibc's dladdr1 gives the symbol to tell;
  * musl has no such call, and there only the next definition is taken (a
  * program's own allocator is not seen: README, Limitations). */
+#if defined(__GLIBC__) && (defined(__x86_64__) || defined(__aarch64__))
+/* The version a program's references to the malloc family carry.  They
+ * bind to the first object that defines the name either without a version
+ * or with that one, even where that version is hidden from plain lookups,
+ * as in glibc's own libc_malloc_debug.so.0 (MALLOC_CHECK_, mcheck, mtrace()).
+ * dlsym finds the first of the former only, dlvsym the first of the latter
+ * only: the one found earlier in the loader's order is the program's. */
+#if defined(__x86_64__)
+#define LIBC_BASE_VERSION "GLIBC_2.2.5"
+#define LIBC_ALIGNED_VERSION "GLIBC_2.16"
+#else
+#define LIBC_BASE_VERSION "GLIBC_2.17"
+#define LIBC_ALIGNED_VERSION "GLIBC_2.17"
+#endif
+
+/* Whether the object defining a comes before the one defining b in the
+ * chain of loaded objects (the program, what was preloaded, the rest). */
+static int loaded_before(void *a, void *b) {
+    Dl_info at;
+    struct link_map *la = NULL, *lb = NULL;
+    if (!dladdr1(a, &at, (void **)&la, RTLD_DL_LINKMAP) || !la ||
+        !dladdr1(b, &at, (void **)&lb, RTLD_DL_LINKMAP) || !lb || la == lb)
+        return 0;
+    for (struct link_map *m = la->l_next; m; m = m->l_next)
+        if (m == lb)
+            return 1;
+    return 0;
+}
+#endif
+
+/* name's definition in where's scope, as the program's reference finds it. */
+static void *lookup(void *where, const char *name) {
+    void *f = dlsym(where, name);
+#if defined(LIBC_BASE_VERSION)
+    const char *version =
+        __builtin_strcmp(name, "aligned_alloc") == 0 ? LIBC_ALIGNED_VERSION : LIBC_BASE_VERSION;
+    void *v = dlvsym(where, name, version);
+    if (v && (!f || loaded_before(v, f)))
+        return v;
+#endif
+    return f;
+}
+
 static void *reached(const char *name) {
 #if defined(__GLIBC__)
     Dl_info at;
     const ElfW(Sym) *sym = NULL;
     if (!dladdr((const void *)reached, &at))
-        return dlsym(RTLD_NEXT, name); /* this library unknown: never itself */
+        return lookup(RTLD_NEXT, name); /* this library unknown: never itself */
     const void *self = at.dli_fbase;
-    void *f = dlsym(RTLD_DEFAULT, name);
+    void *f = lookup(RTLD_DEFAULT, name);
     if (f && dladdr1(f, &at, (void **)&sym, RTLD_DL_SYMENT) && sym && sym->st_shndx != SHN_UNDEF &&
         at.dli_fbase != self && at.dli_saddr == f)
         return f;
 #endif
-    return dlsym(RTLD_NEXT, name);
+    return lookup(RTLD_NEXT, name);
 }
 
 #if defined(__GLIBC__)
