@@ -10,8 +10,10 @@
  * here, on the table's clock, right before the scan.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -132,11 +134,22 @@ static ERL_NIF_TERM frame_map(ErlNifEnv *env, const struct mt_frame_info *f) {
     return map;
 }
 
+/* Whether addr is in mapped memory: JIT code is, the code of a library
+ * unloaded since is not (mincore fails with ENOMEM on an unmapped page). */
+static int mapped(uintptr_t addr) {
+    unsigned char resident;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    return mincore((void *)(addr & ~(page - 1)), 1, &resident) == 0 || errno != ENOMEM;
+}
+
 /* Where a stack with Erlang frames leaves the NIF: the first frame of the
- * VM's NIF trampoline, or of JIT code (in no object).  The frames from there
- * outwards are the scheduler's, and the Erlang frames stand in for them. */
+ * VM's NIF trampoline, or of JIT code (in no object, but mapped: a NIF
+ * library unloaded since is in no object either, and its frames, shown as
+ * ?? with their addresses, are what tell its stacks apart).  The frames
+ * from there outwards are the scheduler's, and the Erlang frames stand in
+ * for them. */
 static int vm_boundary(const struct mt_frame_info *f) {
-    return !*f->lib || strstr(f->symbol, "beam_jit_call_nif") ||
+    return (!*f->lib && mapped(f->addr)) || strstr(f->symbol, "beam_jit_call_nif") ||
            strstr(f->symbol, "erts_call_dirty_nif");
 }
 

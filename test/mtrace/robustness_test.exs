@@ -1284,6 +1284,43 @@ defmodule Mtrace.RobustnessTest do
     end)
   end
 
+  test "a NIF library unloaded, Erlang frames on: its frames stay, nameless, and its stacks apart" do
+    dir = tmp_dir("nif_unload_erl")
+    src = Path.expand(Path.join(System.get_env("MTRACE_BUILD", "_build/c"), "leaky_nif.so"))
+    copy = Path.join(dir, "leaky_erl_#{System.unique_integer([:positive])}.so")
+    File.cp!(src, copy)
+    size = 66_663
+    only = [min_size: size, max_size: size]
+
+    with_peer([], fn node ->
+      assert %{erlang_frames: true} = :erpc.call(node, Mtrace, :stats, [])
+      load_nif_copy(node, copy)
+      :ok = :erpc.call(node, LeakyNif, :leak, [:malloc, 3, size])
+      # calloc(n, 3): the same size from another function
+      :ok = :erpc.call(node, LeakyNif, :leak, [:calloc, 2, div(size, 3)])
+      loaded = :erpc.call(node, Mtrace, :sites, [only])
+      assert [%{count: 3}, %{count: 2}] = loaded
+      ours = fn frames -> for %{lib: ^copy, addr: a} <- frames, do: a end
+      assert Enum.all?(loaded, &(length(ours.(&1.frames)) >= 2))
+
+      assert :erpc.call(node, :code, :delete, [LeakyNif])
+      :erpc.call(node, :code, :purge, [LeakyNif])
+
+      # the library's frames are still there, nameless, so the two stacks
+      # (malloc's and calloc's) stay two sites, told apart by address
+      assert [a, b] = :erpc.call(node, Mtrace, :sites, [only])
+      assert {a.count, b.count} == {3, 2}
+      assert a.frames != b.frames
+
+      for {site, was} <- Enum.zip([a, b], loaded) do
+        addrs = ours.(was.frames)
+        gone = Enum.take(site.frames, length(addrs))
+        assert Enum.map(gone, & &1.addr) == addrs
+        assert Enum.all?(gone, &match?(%{lib: nil, symbol: nil}, &1))
+      end
+    end)
+  end
+
   test "a NIF library unloaded while its allocations live: stacks into it lose their names" do
     dir = tmp_dir("nif_reload")
     src = Path.expand(Path.join(System.get_env("MTRACE_BUILD", "_build/c"), "leaky_nif.so"))
