@@ -27,6 +27,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 typedef ElfW(Phdr) Phdr;
@@ -107,11 +109,23 @@ static void module_free(struct module *m) {
     free(m);
 }
 
+/* Whether the path names another file than the one mapped, or none: the
+ * list of mappings may be older than a package upgrade that replaced it. */
+static int replaced(const struct module *m) {
+    if (m->file.deleted)
+        return 1;
+    struct stat st;
+    if (!m->file.ino || stat(m->path, &st) != 0)
+        return !m->file.ino ? 0 : 1;
+    unsigned long dev = ((unsigned long)major(st.st_dev) << 20) | minor(st.st_dev);
+    return (uint64_t)st.st_ino != m->file.ino || dev != m->file.dev;
+}
+
 static void module_load(struct module *m) {
     m->loaded = 1;
     char mapped[64];
     const char *path = m->is_exe ? "/proc/self/exe" : m->path;
-    if (!m->is_exe && m->file.deleted) { /* the path names another file now, or none */
+    if (!m->is_exe && replaced(m)) { /* the path names another file now, or none */
         mt_maps_file(&m->file, mapped, sizeof mapped);
         path = mapped;
     }

@@ -7,7 +7,8 @@
  *   - A library replaced on disk while loaded (as a package upgrade
  *     replaces it), first named after that: its own names, from the mapped
  *     file (or none where /proc/self/map_files cannot be read), never the
- *     new file's.
+ *     new file's; also when the loaded objects were listed before it was
+ *     replaced.
  *   - A library unloaded, rebuilt and loaded again under the same path,
  *     perhaps at the same address: the new file's names.
  *   - A name longer than a frame's text: cut whole characters, valid UTF-8.
@@ -61,6 +62,24 @@ static void test_replaced_while_loaded(const char *v1, const char *v2) {
     mt_symbols_flush();
     const char *name = resolved(f, 0);
     printf("replaced while loaded, named after: '%s'\n", name);
+    CHECK(strcmp(name, "names_version_1") == 0 || name[0] == '\0');
+    dlclose(h);
+}
+
+/* The same, with the loaded objects already listed before the file is
+ * replaced (any earlier query lists them): the list says the file is not
+ * deleted, so the symbolizer must see for itself when it reads it. */
+static void test_replaced_after_listing(const char *v1, const char *v2) {
+    char path[256], next[256];
+    void *h = load_v1("listed", v1, v2, path, next, sizeof path);
+    if (!h)
+        return;
+    void *f = dlsym(h, "names_version_1");
+    mt_symbols_flush();
+    CHECK(resolved((void *)copy, 0)[0] != '\0'); /* lists the objects, reads only the program */
+    CHECK(rename(next, path) == 0);
+    const char *name = resolved(f, 0);
+    printf("replaced after the objects were listed, named after: '%s'\n", name);
     CHECK(strcmp(name, "names_version_1") == 0 || name[0] == '\0');
     dlclose(h);
 }
@@ -126,6 +145,7 @@ int main(int argc, char **argv) {
     CHECK(mkdtemp(dir) != NULL);
     mt_symbols_use(&objects_only);
     test_replaced_while_loaded(v1, v2);
+    test_replaced_after_listing(v1, v2);
     test_reloaded(v1, v2);
     test_long_name(v1);
     char cmd[256];
