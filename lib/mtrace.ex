@@ -567,15 +567,6 @@ defmodule Mtrace do
     end
   end
 
-  # The nodes this one is connected to: the visible ones (remote consoles
-  # and other hidden nodes have no table of their own to read), or, from a
-  # hidden node, whose connections are all hidden, every one.
-  defp cluster_nodes do
-    if match?({:ok, _}, :init.get_argument(:hidden)),
-      do: Node.list(:connected),
-      else: Node.list()
-  end
-
   def cluster(fun, args, _timeout) when is_list(args) do
     raise ArgumentError,
           "cluster/3: fun must be one of :stats, :sites, :olds, :mark, :reset, :enable, " <>
@@ -584,6 +575,15 @@ defmodule Mtrace do
 
   def cluster(_fun, args, _timeout) do
     raise ArgumentError, "cluster/3: args must be a list, got: #{inspect(args)}"
+  end
+
+  # The nodes this one is connected to: the visible ones (remote consoles
+  # and other hidden nodes have no table of their own to read), or, from a
+  # hidden node, whose connections are all hidden, every one.
+  defp cluster_nodes do
+    if match?({:ok, _}, :init.get_argument(:hidden)),
+      do: Node.list(:connected),
+      else: Node.list()
   end
 
   # Each node answers for itself: options that would send its query to
