@@ -17,7 +17,11 @@ defmodule Demo.Sessions do
   end
 end
 
-true = Mtrace.preloaded?()
+unless Mtrace.preloaded?() do
+  IO.puts(:stderr, "bin/demo: the tracer is not preloaded into this VM (LD_PRELOAD)")
+  System.halt(1)
+end
+
 # As in a release, where mtrace is one of the applications: its start marks
 # the end of the VM's boot for report/1.
 {:ok, _} = Application.ensure_all_started(:mtrace)
