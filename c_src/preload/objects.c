@@ -211,6 +211,13 @@ uint64_t mt_objects_generation(void) {
     return g;
 }
 
+uint64_t mt_objects_generation_walking(void) {
+    uint64_t g = 0;
+    if (!mt_objects_forked())
+        iterate(generation_of, &g, 0);
+    return g;
+}
+
 const uint8_t *mt_object_eh_frame_hdr(const struct mtrace_object *o) {
     const ElfW(Phdr) *ph = o->phdr;
     for (uint32_t i = 0; i < o->phnum; i++)

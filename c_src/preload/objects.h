@@ -23,6 +23,10 @@ enum mtrace_result mt_object_at(uintptr_t addr, struct mtrace_object *out);
  * that maps something and every dlclose that unmaps it. */
 uint64_t mt_objects_generation(void);
 
+/* The same for the walker, inside an allocation: 0 while a fork is under
+ * way and in a fork child, where it must not wait for the loader's lock. */
+uint64_t mt_objects_generation_walking(void);
+
 /* For the walker, inside an allocation: the object holding addr and its
  * .eh_frame_hdr (*hdr, NULL if it has none), MTRACE_OK; else
  * MTRACE_ERR_ARGUMENT.  While a fork is under way it looks nothing up and

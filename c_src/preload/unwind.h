@@ -116,6 +116,13 @@ static inline int mt_proof_applies(const struct mt_walk_proof *p, const struct m
 /* Code may have been unmapped (dlclose): forget every cached rule. */
 void mt_unwind_forget(void);
 
+/* An unload the dlclose hook does not see (the C library's own dlclose of a
+ * module it loaded) is found at the next rule that misses the cache; where
+ * walks are few (sampling), code mapped where the unloaded code was may be
+ * walked with the old rules before any miss.  This compares the loader's
+ * count of loads and unloads, at most once per tick of now_ms. */
+void mt_unwind_check_loads(uint64_t now_ms);
+
 /* Walks that gave up (and were done by libunwind, or in a build without
  * libunwind were cut short), for stats. */
 uint64_t mt_unwind_fallbacks(void);

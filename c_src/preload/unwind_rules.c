@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 
 #include "hash.h"
+#include "objects.h"
 #include "unwind.h"
 
 #define CACHE_BITS 15 /* 32768 addresses, 512 KiB */
@@ -74,6 +75,18 @@ void mt_unwind_forget(void) {
         if (atomic_compare_exchange_weak(&mt_rules_generation, &g, next))
             return;
     }
+}
+
+void mt_unwind_check_loads(uint64_t now_ms) {
+    static _Atomic uint64_t checked_ms;
+    if (atomic_exchange_explicit(&checked_ms, now_ms, memory_order_relaxed) == now_ms)
+        return;
+    uint64_t loads = mt_objects_generation_walking();
+    if (!loads)
+        return;
+    uint64_t was = atomic_exchange_explicit(&seen_loads, loads, memory_order_relaxed);
+    if (was && was != loads)
+        mt_unwind_forget();
 }
 
 /* Can r be packed?  eh_frame.c only makes frame rules with cfa_off > 0 and

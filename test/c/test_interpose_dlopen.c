@@ -9,7 +9,9 @@
  * unmapped memory, and reading, querying and naming them must not crash.
  * The libraries are also unloaded with libc's own dlclose, as glibc does for
  * iconv's gconv modules, so the preload's dlclose never sees the unload
- * (in a child process: a crash fails one check).  musl's dlclose unloads
+ * (in a child process: a crash fails one check; and in this program started
+ * again with sampling, where walks are few and none may miss the rule
+ * cache between an unload and the next library's walk).  musl's dlclose unloads
  * nothing: there each library's constructor runs at its first dlopen only,
  * its destructor at exit, and its code stays mapped (UNLOADS is 0); and
  * its libc (the loader) has no unwind tables, so the constructor's stack
@@ -122,11 +124,10 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* One library after the other at one address, each walked through, unloaded
- * by `unload`; returns how many walks were wrong. */
 /* The big-frame library, then the other at its address, and so on, each
- * walked through and unloaded by `unload`; returns how many walks were wrong. */
-static int alternate(const char (*paths)[4096], int cycles, int (*unload)(void *)) {
+ * walked through by a block of `size` bytes and unloaded by `unload`;
+ * returns how many walks were wrong. */
+static int alternate(const char (*paths)[4096], int cycles, int (*unload)(void *), size_t size) {
     int wrong = 0;
     for (int c = 0; c < cycles; c++) {
         void *h = load(paths[(c + 1) % 2]);
@@ -134,8 +135,8 @@ static int alternate(const char (*paths)[4096], int cycles, int (*unload)(void *
             return cycles;
         call_fn call = (call_fn)(uintptr_t)dlsym(h, "fixture_call");
         uintptr_t ips[MTRACE_MAX_DEPTH];
-        void *p = through_library(call, CALL_SIZE);
-        uint32_t depth = stack_of(p, CALL_SIZE, ips, MTRACE_MAX_DEPTH, NULL);
+        void *p = through_library(call, size);
+        uint32_t depth = stack_of(p, size, ips, MTRACE_MAX_DEPTH, NULL);
         wrong += !(depth >= 3 && inside(ips[0], callback) &&
                    in_object(ips[1], paths[(c + 1) % 2]) && inside(ips[2], through_library));
         free(p);
@@ -144,26 +145,76 @@ static int alternate(const char (*paths)[4096], int cycles, int (*unload)(void *
     return wrong;
 }
 
-static void test_unhooked_unload(const char (*paths)[4096]) {
+static const char *build_dir; /* argv[1] */
+
+/* libc's own dlclose, which the preload's does not see. */
+static int (*libc_dlclose)(void *);
+
+static int find_libc_dlclose(void) {
     void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
-    int (*libc_dlclose)(void *) = libc ? (int (*)(void *))(uintptr_t)dlsym(libc, "dlclose") : NULL;
-    CHECK(libc_dlclose != NULL);
-    if (!libc_dlclose)
-        return;
+    libc_dlclose = libc ? (int (*)(void *))(uintptr_t)dlsym(libc, "dlclose") : NULL;
+    return libc_dlclose != NULL;
+}
+
+/* ... then a wait longer than a tick of the tracer's coarse clock. */
+static int libc_dlclose_then_wait(void *h) {
+    int r = libc_dlclose(h);
+    usleep(10000);
+    return r;
+}
+
+/* mode "sampled": this program started again with sampling, where walks are
+ * few and none may miss the rule cache between an unload and the next
+ * library's walk; the blocks are large enough to be sampled every time. */
+static int unhooked_sampled(const char (*paths)[4096]) {
+    if (!find_libc_dlclose())
+        return 2;
+    /* the small-frame library first: its rules, kept, would make the big
+     * frames of the other look small (the other way round, the walk sees
+     * its frame leave the stack, gives up and is done by libunwind) */
+    char swapped[2][4096];
+    memcpy(swapped[0], paths[1], sizeof swapped[0]);
+    memcpy(swapped[1], paths[0], sizeof swapped[1]);
+    return alternate((const char(*)[4096])swapped, 10, libc_dlclose_then_wait, (size_t)32 << 20)
+               ? 1
+               : 0;
+}
+
+/* Runs fn in a child (forked, or this program started again in mode);
+ * a crash or wrong stacks fail one check. */
+static void in_child(const char *what, char *argv0, const char *mode,
+                     int (*fn)(const char (*)[4096]), const char (*paths)[4096]) {
     fflush(stdout);
     pid_t pid = fork();
-    if (pid == 0)
-        _exit(alternate(paths, 20, libc_dlclose) ? 1 : 0);
+    if (pid == 0) {
+        if (!mode)
+            _exit(fn(paths));
+        setenv("MTRACE_SAMPLE_BYTES", "1048576", 1);
+        char *args[] = {argv0, (char *)build_dir, (char *)mode, NULL};
+        check_exec_self(args);
+        _exit(126);
+    }
     int status = -1;
     waitpid(pid, &status, 0);
     if (WIFSIGNALED(status))
-        fprintf(stderr, "unloaded by libc's dlclose: the walk crashed (signal %d)\n",
-                WTERMSIG(status));
+        fprintf(stderr, "%s: the walk crashed (signal %d)\n", what, WTERMSIG(status));
     else if (WEXITSTATUS(status))
-        fprintf(stderr, "unloaded by libc's dlclose: wrong stacks\n");
+        fprintf(stderr, "%s: wrong stacks\n", what);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        printf("unloaded by libc's own dlclose: 20 cycles, stacks exact\n");
+        printf("%s: stacks exact\n", what);
+}
+
+static int unhooked_forked(const char (*paths)[4096]) {
+    return alternate(paths, 20, libc_dlclose, CALL_SIZE) ? 1 : 0;
+}
+
+static void test_unhooked_unload(char *argv0, const char (*paths)[4096]) {
+    CHECK(find_libc_dlclose());
+    if (!libc_dlclose)
+        return;
+    in_child("unloaded by libc's own dlclose, 20 cycles", argv0, NULL, unhooked_forked, paths);
+    in_child("the same, sampled, 10 cycles", argv0, "sampled", unhooked_sampled, paths);
 }
 
 int main(int argc, char **argv) {
@@ -187,6 +238,9 @@ int main(int argc, char **argv) {
         snprintf(paths[i], sizeof paths[i], "%s", real);
         free(real);
     }
+    build_dir = dir;
+    if (argc > 2 && !strcmp(argv[2], "sampled"))
+        return unhooked_sampled((const char(*)[4096])paths);
 
     pthread_t threads[2];
     for (uintptr_t i = 0; i < 2; i++)
@@ -291,6 +345,6 @@ int main(int argc, char **argv) {
     CHECK_EQ(query_olds(api, &lf, olds, 64), 0);
     printf("%d blocks outlived %s; their stacks were read, queried and named\n", n_kept,
            UNLOADS ? "their library" : "dlclose (which left the library loaded)");
-    test_unhooked_unload((const char(*)[4096])paths);
+    test_unhooked_unload(argv[0], (const char(*)[4096])paths);
     return check_summary();
 }
