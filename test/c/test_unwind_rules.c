@@ -29,6 +29,10 @@ static int32_t far_bp;
 static atomic_int arrived;
 static int racing;
 
+/* The loader's count of loads and unloads, as objects.c would give it: it
+ * never moves here (the stub's *loads is always 1). */
+uint64_t mt_objects_generation_walking(void) { return 1; }
+
 void mt_eh_frame_rule(uintptr_t target, struct mt_frame_rule *out, uint64_t *loads) {
     *out = (struct mt_frame_rule){rule_of(target + 1), -8, 0, 0, 0, MT_RULE_FRAME};
     if (far_bp)
