@@ -16,20 +16,20 @@ PRELOAD_SRC = c_src/preload/hooks.c $(TRACKER_SRC)
 TRACKER_SRC = c_src/preload/tracker.c c_src/preload/fork.c c_src/preload/libc.c c_src/preload/counters.c \
 	c_src/preload/sampling.c $(READ_SRC)
 READ_SRC = c_src/preload/api.c c_src/preload/query.c c_src/preload/sites.c $(TABLE_PART_SRC) \
-	c_src/preload/stacks.c c_src/preload/recent_stacks.c c_src/preload/state.c c_src/preload/clock.c c_src/preload/config.c c_src/preload/estimate.c \
+	c_src/preload/stacks.c c_src/preload/unloads.c c_src/preload/recent_stacks.c c_src/preload/state.c c_src/preload/clock.c c_src/preload/config.c c_src/preload/estimate.c \
 	c_src/preload/unwind.c c_src/preload/unwind_rules.c c_src/preload/unwind_fallback.c c_src/preload/eh_frame.c c_src/preload/objects.c c_src/preload/erlang_frames.c
 PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/state.h c_src/preload/clock.h c_src/preload/tracker.h c_src/preload/libc.h \
 	c_src/preload/table.h c_src/preload/table_grow.h c_src/preload/table_mem.h c_src/preload/table_spill.h c_src/preload/table_slot.h c_src/preload/table_bucket.h c_src/preload/stacks.h c_src/preload/config.h c_src/preload/spinlock.h \
 	c_src/preload/sampling.h c_src/preload/estimate.h c_src/preload/math_lite.h c_src/preload/hash.h c_src/preload/unwind.h c_src/preload/unwind_frames.h c_src/preload/unwind_rules.h c_src/preload/unwind_fallback.h \
 	c_src/preload/eh_frame.h c_src/preload/objects.h c_src/preload/counters.h c_src/preload/query.h \
 	c_src/preload/stack_bounds.h c_src/preload/recent_stacks.h c_src/preload/fork_gate.h \
-	c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/dwarf_cfi.h
-NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_erlang.c c_src/nif/term_memo.c $(SYM_SRC)
+	c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/dwarf_cfi.h c_src/preload/unloads.h
+NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_stacks.c c_src/nif/nif_erlang.c c_src/nif/term_memo.c $(SYM_SRC)
 SYM_SRC = c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/name_fit.c \
 	c_src/nif/dwarf_lines.c c_src/nif/proc_maps.c
 SYM_HDR = c_src/nif/symbols.h c_src/nif/elf_symtab.h c_src/nif/demangle.h c_src/nif/name_fit.h \
 	c_src/nif/dwarf_lines.h c_src/nif/proc_maps.h
-NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h c_src/nif/term_memo.h $(SYM_HDR)
+NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h c_src/nif/nif_stacks.h c_src/nif/term_memo.h $(SYM_HDR)
 
 # test_interpose* run with the preload (test/c/run.sh); MTRACE_STRESS=1 in the
 # environment makes some of them run longer.

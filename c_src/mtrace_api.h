@@ -262,6 +262,14 @@ struct mtrace_api {
     /* Changes whenever an object is loaded or unloaded: a reader that keeps
      * anything per object checks it before trusting what it kept. */
     uint64_t (*objects_generation)(void);
+
+    /* Code unloaded by dlclose since a stack was walked: another library
+     * may be mapped at its addresses now.  stack_epoch gives the epoch as
+     * of which a stack's native frames were still the code they were
+     * walked in; unloaded_since whether an address was unloaded after an
+     * epoch (1 also when that is no longer known): such a frame has no name. */
+    uint32_t (*stack_epoch)(uint32_t stack_id);
+    int (*unloaded_since)(uint32_t epoch, uintptr_t addr);
 };
 
 #endif

@@ -1,6 +1,6 @@
 /*
- * The NIF's queries: olds and sites, with their filters, and stacks turned
- * into terms.  They run on dirty CPU schedulers (a scan of millions of
+ * The NIF's queries: olds and sites, with their filters (stacks are turned
+ * into terms by nif_stacks.c).  They run on dirty CPU schedulers (a scan of millions of
  * entries, symbolization of cold addresses) with the calling thread ignored
  * by the tracer, so their own allocations are never reported.
  *
@@ -10,27 +10,20 @@
  * here, on the table's clock, right before the scan.
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "nif.h"
+#include "nif_stacks.h"
 #include "symbols.h"
 #include "term_memo.h"
-
-#define MAX_INLINE 8
 
 static uint64_t mono_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static ERL_NIF_TERM binary_or_nil(ErlNifEnv *env, const char *s) {
-    return *s ? mt_nif_binary(env, s) : mt_atoms.nil;
 }
 
 static uint64_t age_s(uint64_t now, uint64_t t_ms) { return now > t_ms ? (now - t_ms) / 1000 : 0; }
@@ -102,175 +95,25 @@ static int stack_set_for(ErlNifEnv *env, ERL_NIF_TERM lib, struct mtrace_query *
     needle[b.size] = '\0';
 
     uint64_t bits = figures().stacks + 1;
+    uintptr_t kept[MTRACE_MAX_DEPTH];
     uint64_t *words = enif_alloc((size_t)((bits + 63) / 64) * sizeof(uint64_t));
     if (!words)
         return -1;
     memset(words, 0, (size_t)((bits + 63) / 64) * sizeof(uint64_t));
     uintptr_t ips[MTRACE_MAX_DEPTH];
     for (uint64_t id = 1; id < bits; id++) {
-        uint32_t depth = mt_api->stack((uint32_t)id, ips, MTRACE_MAX_DEPTH);
-        if (mt_symbols_any_lib(ips, depth, needle))
+        uint32_t depth = mt_api->stack((uint32_t)id, ips, MTRACE_MAX_DEPTH), n = 0;
+        uint32_t epoch = mt_api->stack_epoch((uint32_t)id);
+        for (uint32_t i = 0; i < depth; i++) /* unloaded code is in no library */
+            if (!mt_api->unloaded_since(epoch, ips[i]))
+                kept[n++] = ips[i];
+        if (mt_symbols_any_lib(kept, n, needle))
             words[id / 64] |= 1ull << (id % 64);
     }
     q->stack_set = words;
     q->stack_set_bits = bits;
     *set = words;
     return 1;
-}
-
-/* ---- stacks as terms --------------------------------------------------- */
-
-static ERL_NIF_TERM frame_map(ErlNifEnv *env, const struct mt_frame_info *f) {
-    ERL_NIF_TERM keys[] = {mt_atoms.lib,  mt_atoms.symbol,  mt_atoms.file,  mt_atoms.line,
-                           mt_atoms.addr, mt_atoms.inlined, mt_atoms.offset};
-    ERL_NIF_TERM values[] = {
-        binary_or_nil(env, f->lib),       binary_or_nil(env, f->symbol),
-        binary_or_nil(env, f->file),      f->line > 0 ? enif_make_int(env, f->line) : mt_atoms.nil,
-        enif_make_uint64(env, f->addr),   mt_nif_boolean(f->inlined),
-        enif_make_uint64(env, f->offset),
-    };
-    ERL_NIF_TERM map;
-    enif_make_map_from_arrays(env, keys, values, sizeof keys / sizeof *keys, &map);
-    return map;
-}
-
-/* Whether addr is in mapped memory: JIT code is, the code of a library
- * unloaded since is not (mincore fails with ENOMEM on an unmapped page). */
-static int mapped(uintptr_t addr) {
-    unsigned char resident;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    return mincore((void *)(addr & ~(page - 1)), 1, &resident) == 0 || errno != ENOMEM;
-}
-
-/* Where a stack with Erlang frames leaves the NIF: the first frame of the
- * VM's NIF trampoline, or of JIT code (in no object, but mapped: a NIF
- * library unloaded since is in no object either, and its frames, shown as
- * ?? with their addresses, are what tell its stacks apart).  The frames
- * from there outwards are the scheduler's, and the Erlang frames stand in
- * for them. */
-static int vm_boundary(const struct mt_frame_info *f) {
-    return (!*f->lib && mapped(f->addr)) || strstr(f->symbol, "beam_jit_call_nif") ||
-           strstr(f->symbol, "erts_call_dirty_nif");
-}
-
-/* The running executable (beam.smp), as the symbolizer names objects. */
-static const char *vm_executable(void) {
-    static char path[MT_SYM_TEXT];
-    static int known;
-    if (!known) {
-        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-        path[n > 0 ? n : 0] = 0;
-        known = 1;
-    }
-    return path;
-}
-
-/* A frame of the VM's allocators or of the API a NIF or driver allocates
- * through (enif_alloc_resource, driver_alloc, ...): with +MRe false or
- * +MBe false they reach malloc, and the frame worth showing first is the
- * NIF's own, below them. */
-static int vm_allocator(const struct mt_frame_info *f) {
-    static const char *const prefixes[] = {"erts_sys_alloc", "erts_sys_realloc", "erts_alloc",
-                                           "erts_realloc",   "erts_alcu_",       "erts_bin_",
-                                           "enif_",          "driver_",          "sys_alloc",
-                                           "sys_realloc"};
-    if (!*f->lib || strcmp(f->lib, vm_executable()))
-        return 0;
-    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
-        if (!strncmp(f->symbol, prefixes[i], strlen(prefixes[i])))
-            return 1;
-    return 0;
-}
-
-/* The frame terms of the native frame at ip: with maps, a tuple of a map
- * per level of inlined code, innermost first; else the seed's {lib,
- * symbol} pair.  Built once per answer through `frames` (NULL: no memo):
- * thousands of stacks share their outer frames. */
-static ERL_NIF_TERM frame_terms(ErlNifEnv *env, struct mt_term_memo *frames, uintptr_t ip,
-                                int demangle, int maps) {
-    ERL_NIF_TERM t;
-    if (frames && mt_term_memo_get(frames, ip, &t))
-        return t;
-    struct mt_frame_info info[MAX_INLINE];
-    int n = mt_symbols_resolve(ip, demangle, info, MAX_INLINE);
-    if (maps) {
-        ERL_NIF_TERM levels[MAX_INLINE];
-        for (int k = 0; k < n; k++)
-            levels[k] = frame_map(env, &info[k]);
-        t = enif_make_tuple_from_array(env, levels, n > 0 ? (unsigned)n : 0);
-    } else {
-        const struct mt_frame_info *f = &info[n > 0 ? n - 1 : 0];
-        t = n > 0 ? enif_make_tuple2(env, binary_or_nil(env, f->lib), binary_or_nil(env, f->symbol))
-                  : enif_make_tuple2(env, mt_atoms.nil, mt_atoms.nil);
-    }
-    if (frames)
-        mt_term_memo_put(frames, ip, t);
-    return t;
-}
-
-/* An Erlang frame's term, shared through `frames` as the native ones are:
- * the outer frames of a NIF's stacks are its Erlang callers.  Keyed by all
- * it names, not its pc alone (other code may have been loaded at that
- * address since), mixed to 63 bits with the top bit set: apart from the
- * native frames' keys, which are addresses. */
-static ERL_NIF_TERM erl_frame_term(ErlNifEnv *env, struct mt_term_memo *frames,
-                                   const struct mtrace_erl_frame *f, int maps) {
-    uint64_t parts[] = {f->pc, f->module, f->function, (uint64_t)f->arity << 32 | f->line,
-                        (uint64_t)(uintptr_t)f->file};
-    uint64_t key = 0x9E3779B97F4A7C15ull;
-    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) {
-        key = (key ^ parts[i]) * 0xBF58476D1CE4E5B9ull;
-        key ^= key >> 31;
-    }
-    key |= 1ull << 63;
-    ERL_NIF_TERM t;
-    if (frames && mt_term_memo_get(frames, key, &t))
-        return t;
-    t = maps ? mt_erlang_frame_map(env, f) : mt_erlang_frame_pair(env, f);
-    if (frames)
-        mt_term_memo_put(frames, key, t);
-    return t;
-}
-
-/* A stack as a list, innermost first: its native frames, then its Erlang
- * frames (if any) from the NIF itself outwards.  With maps: a frame map per
- * level of inlined code at each address, then one for the function that
- * holds them.  Without: the seed's {lib, symbol}, symbol being the ELF
- * function that contains the address (the outermost of any inlined chain). */
-static ERL_NIF_TERM stack_term(ErlNifEnv *env, struct mt_term_memo *frames, uint32_t stack_id,
-                               int demangle, int maps) {
-    uintptr_t ips[MTRACE_MAX_DEPTH];
-    struct mtrace_erl_frame erl[MTRACE_MAX_DEPTH];
-    uint32_t depth = mt_api->stack(stack_id, ips, MTRACE_MAX_DEPTH);
-    uint32_t n_erl = mt_api->erlang_stack(stack_id, erl, MTRACE_MAX_DEPTH);
-    ERL_NIF_TERM list = enif_make_list(env, 0);
-    for (uint32_t i = n_erl; i-- > 0;)
-        list = enif_make_list_cell(env, erl_frame_term(env, frames, &erl[i], maps), list);
-    struct mt_frame_info info[MAX_INLINE];
-    uint32_t first = 0, shown = depth;
-    for (uint32_t i = 0; n_erl && i < depth; i++) {
-        int n = mt_symbols_resolve(ips[i], 0, info, MAX_INLINE);
-        if (n > 0 && vm_boundary(&info[n - 1])) {
-            shown = i;
-            break;
-        }
-    }
-    while (first + 1 < shown && mt_symbols_resolve(ips[first], 0, info, MAX_INLINE) > 0 &&
-           vm_allocator(&info[0]))
-        first++;
-    for (uint32_t i = shown; i-- > first;) {
-        ERL_NIF_TERM t = frame_terms(env, frames, ips[i], demangle, maps);
-        if (!maps) {
-            list = enif_make_list_cell(env, t, list);
-            continue;
-        }
-        int n;
-        const ERL_NIF_TERM *levels;
-        if (enif_get_tuple(env, t, &n, &levels))
-            for (int k = n; k-- > 0;)
-                list = enif_make_list_cell(env, levels[k], list);
-    }
-    return list;
 }
 
 /* ---- olds -------------------------------------------------------------- */
@@ -300,7 +143,7 @@ static ERL_NIF_TERM memo_stack(ErlNifEnv *env, struct answer_memo *m, uint32_t i
                                int maps) {
     ERL_NIF_TERM t;
     if (!mt_term_memo_get(&m->stacks, id, &t)) {
-        t = stack_term(env, &m->frames, id, demangle, maps);
+        t = mt_nif_stack_term(env, &m->frames, id, demangle, maps);
         mt_term_memo_put(&m->stacks, id, t);
     }
     return t;
@@ -456,7 +299,8 @@ ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {
     for (size_t i = n; i-- > 0;)
         list = enif_make_list_cell(
             env,
-            site_map(env, &buf[i], now, stack_term(env, &frames, buf[i].stack_id, demangle, 1)),
+            site_map(env, &buf[i], now,
+                     mt_nif_stack_term(env, &frames, buf[i].stack_id, demangle, 1)),
             list);
     mt_term_memo_free(&frames);
     enif_free(buf);

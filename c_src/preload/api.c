@@ -12,6 +12,7 @@
 #include "objects.h"
 #include "query.h"
 #include "stacks.h"
+#include "unloads.h"
 #include "state.h"
 #include "table.h"
 #include "tracker.h"
@@ -97,4 +98,6 @@ __attribute__((visibility("default"))) const struct mtrace_api mtrace_api_v2 = {
     .objects = mt_objects_each,
     .object_at = mt_object_at,
     .objects_generation = mt_objects_generation,
+    .stack_epoch = mt_stack_epoch,
+    .unloaded_since = mt_unloaded_since,
 };

@@ -11,6 +11,7 @@
 
 #include "libc.h"
 #include "tracker.h"
+#include "unloads.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define COLD __attribute__((noinline))
@@ -130,14 +131,15 @@ EXPORT char *strdup(const char *s) { return dup_bytes(s, strlen(s), MT_FN_STRDUP
 EXPORT char *strndup(const char *s, size_t n) { return dup_bytes(s, strnlen(s, n), MT_FN_STRNDUP); }
 
 /* Unloaded code takes its unwind rules with it: the walker must not apply
- * them to whatever is mapped at those addresses next. */
+ * them to whatever is mapped at those addresses next; and the stacks walked
+ * through it must not be named after that either (unloads.h). */
 EXPORT int dlclose(void *handle) {
     if (!mt_libc.dlclose) {
         unsigned char was = mt_tracker_call_out(); /* dlsym may allocate */
         mt_libc_resolve();
         mt_tracker_call_back(was);
     }
-    int r = mt_libc.dlclose ? mt_libc.dlclose(handle) : -1;
+    int r = mt_libc.dlclose ? mt_unloads_dlclose(mt_libc.dlclose, handle) : -1;
     mt_tracker_code_unloaded();
     return r;
 }

@@ -22,6 +22,7 @@
 #include "spinlock.h"
 #include "unwind.h"
 #include "unwind_fallback.h"
+#include "unloads.h"
 
 /* 2^17 buckets (512 KiB), mapped populated: hashing scatters even a few
  * hundred stacks over every page of the array, and faulting them in one by
@@ -47,8 +48,9 @@
 struct stack_rec {
     uint32_t next; /* next id in the bucket chain, 0 = end */
     uint32_t hash;
-    uint32_t depth;
-    uint32_t erl;
+    uint16_t depth;
+    uint16_t erl;
+    _Atomic uint32_t epoch; /* its native frames' code was loaded as of it (unloads.h) */
     uintptr_t ips[];
 };
 
@@ -137,6 +139,19 @@ static int names_hold(const struct stack_rec *r) {
     return 1;
 }
 
+/* Whether none of the code its native frames were walked in was unloaded
+ * since its epoch (another library's stacks at those addresses are others). */
+static int code_stayed(const struct stack_rec *r, uint32_t now) {
+    uint32_t epoch = atomic_load_explicit(&r->epoch, memory_order_relaxed);
+    if (epoch == now)
+        return 1;
+    for (uint32_t i = 0; i < r->depth; i++)
+        if (mt_unloaded_since(epoch, r->ips[i]))
+            return 0;
+    atomic_store_explicit((_Atomic uint32_t *)&r->epoch, now, memory_order_relaxed);
+    return 1;
+}
+
 static int still_named(uint32_t id) {
     const struct stack_rec *r = id != MTRACE_NO_STACK ? rec_of(id) : NULL;
     return r && names_hold(r);
@@ -152,7 +167,8 @@ static uint32_t find(uint32_t head, uint32_t hash, const uintptr_t *ips, uint32_
         if (!r)
             return 0;
         if (r->hash == hash && r->depth == depth && r->erl == erl &&
-            !memcmp(r->ips, ips, (depth + erl) * sizeof(uintptr_t)) && (!erl || names_hold(r)))
+            !memcmp(r->ips, ips, (depth + erl) * sizeof(uintptr_t)) && (!erl || names_hold(r)) &&
+            code_stayed(r, mt_unloads_epoch()))
             return id;
         id = r->next;
     }
@@ -231,8 +247,9 @@ uint32_t mt_stack_intern_erl(const uintptr_t *ips, uint32_t depth, uint32_t erl)
         if (r) {
             r->next = atomic_load_explicit(bucket, memory_order_relaxed);
             r->hash = hash;
-            r->depth = depth;
-            r->erl = erl;
+            r->depth = (uint16_t)depth;
+            r->erl = (uint16_t)erl;
+            atomic_store_explicit(&r->epoch, mt_unloads_epoch(), memory_order_relaxed);
             memcpy(r->ips, ips, (depth + erl) * sizeof(uintptr_t));
             /* Named in place, not on the C stack (128 names are 5 KiB),
              * once: new stacks with Erlang frames are few. */
@@ -403,6 +420,11 @@ uint32_t mt_stack_get(uint32_t id, uintptr_t *ips, uint32_t max) {
     if (n)
         memcpy(ips, r->ips, n * sizeof(uintptr_t));
     return n;
+}
+
+uint32_t mt_stack_epoch(uint32_t id) {
+    const struct stack_rec *r = published(id);
+    return r ? atomic_load_explicit(&r->epoch, memory_order_relaxed) : 0;
 }
 
 uint32_t mt_stack_erl(uint32_t id, struct mtrace_erl_frame *out, uint32_t max) {

@@ -38,6 +38,10 @@ uint32_t mt_stack_erl(uint32_t id, struct mtrace_erl_frame *out, uint32_t max);
 /* Copies up to max frames of a stack; returns the count (0 for unknown ids). */
 uint32_t mt_stack_get(uint32_t id, uintptr_t *ips, uint32_t max);
 
+/* The unloads' epoch as of which a stack's native frames are the code they
+ * were walked in (unloads.h); 0 for unknown ids. */
+uint32_t mt_stack_epoch(uint32_t id);
+
 struct mt_stack_figures {
     uint64_t stacks, bytes, dropped;
     uint64_t erl_stacks; /* stacks with Erlang frames */

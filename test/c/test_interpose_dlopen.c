@@ -333,6 +333,18 @@ int main(int argc, char **argv) {
     }
     CHECK_EQ(readable, n_kept);
     CHECK_EQ(unnamed, UNLOADS ? n_kept : 0);
+    /* Each kept stack went through code unloaded since, and each load's is
+     * a stack of its own, though the next library at that address has the
+     * same return addresses: else its frames would be named after it. */
+    int said_gone = 0, shared = 0;
+    for (int i = 0; i < n_kept; i++) {
+        said_gone += api->unloaded_since(api->stack_epoch(kept[i].stack_id), kept[i].lib_ip) == 1;
+        for (int j = 0; j < i; j++)
+            shared += kept[j].stack_id == kept[i].stack_id;
+    }
+    CHECK_EQ(said_gone, UNLOADS ? n_kept : 0);
+    if (UNLOADS)
+        CHECK_EQ(shared, 0);
     struct mtrace_alloc olds[64];
     struct mtrace_query lf = sized_query(LIB_SIZE, LIB_SIZE);
     CHECK_EQ(query_olds(api, &lf, olds, 64), n_kept);

@@ -1,0 +1,136 @@
+/* Code unloaded by dlclose (see unloads.h). */
+#define _GNU_SOURCE
+#include "unloads.h"
+
+#include <errno.h>
+#include <link.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+
+#include "objects.h"
+
+#define SLOTS 4096       /* ranges kept: older ones are forgotten */
+#define MAX_OBJECTS 8192 /* objects one dlclose's snapshot holds */
+
+struct range {
+    uintptr_t lo, hi;
+    _Atomic uint32_t epoch; /* the epoch it was unloaded in; 0 while written */
+};
+static struct range ranges[SLOTS];
+
+/* The epoch (high half) and the ranges ever logged (low half), moved
+ * together: a range logged later never has an earlier epoch, so a reader
+ * going back from the newest can stop at the first one old enough. */
+static _Atomic uint64_t state;
+
+uint32_t mt_unloads_epoch(void) {
+    return (uint32_t)(atomic_load_explicit(&state, memory_order_acquire) >> 32);
+}
+
+/* The span of an object's executable segments, [lo, hi); lo == hi if none. */
+static void code_span(const struct mtrace_object *o, uintptr_t *lo, uintptr_t *hi) {
+    const ElfW(Phdr) *ph = o->phdr;
+    *lo = UINTPTR_MAX, *hi = 0;
+    for (uint32_t i = 0; i < o->phnum; i++)
+        if (ph[i].p_type == PT_LOAD && (ph[i].p_flags & PF_X)) {
+            uintptr_t a = o->base + ph[i].p_vaddr, z = a + ph[i].p_memsz;
+            *lo = a < *lo ? a : *lo;
+            *hi = z > *hi ? z : *hi;
+        }
+    if (*lo >= *hi)
+        *lo = *hi = 0;
+}
+
+/* The executable spans of the objects loaded before a dlclose, in memory
+ * mapped for the call (a dlclose may come from any thread, on any stack). */
+struct before {
+    uintptr_t (*spans)[2];
+    size_t n, max;
+};
+
+static int note_one(void *ctx, const struct mtrace_object *o) {
+    struct before *b = ctx;
+    uintptr_t lo, hi;
+    code_span(o, &lo, &hi);
+    if (o->index == 0 || lo == hi || b->n == b->max)
+        return 0; /* the program is never unloaded */
+    b->spans[b->n][0] = lo;
+    b->spans[b->n][1] = hi;
+    b->n++;
+    return 0;
+}
+
+static void note_before(struct before *b) {
+    b->n = 0;
+    b->max = MAX_OBJECTS;
+    void *m = mmap(NULL, MAX_OBJECTS * sizeof *b->spans, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    b->spans = m == MAP_FAILED ? NULL : m;
+    if (b->spans)
+        mt_objects_each(note_one, b);
+}
+
+/* Crosses off the spans of the objects still loaded (spans[i][1] = 0). */
+static int still_there(void *ctx, const struct mtrace_object *o) {
+    struct before *b = ctx;
+    uintptr_t lo, hi;
+    code_span(o, &lo, &hi);
+    for (size_t i = 0; i < b->n; i++)
+        if (b->spans[i][0] == lo && b->spans[i][1] == hi)
+            b->spans[i][1] = 0;
+    return 0;
+}
+
+static void note_after(struct before *b) {
+    if (!b->spans)
+        return;
+    mt_objects_each(still_there, b);
+    uint32_t gone = 0;
+    for (size_t i = 0; i < b->n; i++)
+        gone += b->spans[i][1] != 0;
+    if (gone) {
+        uint64_t was = atomic_fetch_add(&state, (1ull << 32) + gone);
+        uint32_t epoch = (uint32_t)(was >> 32) + 1, at = (uint32_t)was;
+        for (size_t i = 0; i < b->n; i++) {
+            if (!b->spans[i][1])
+                continue;
+            struct range *r = &ranges[at++ % SLOTS];
+            atomic_store_explicit(&r->epoch, 0, memory_order_relaxed);
+            atomic_thread_fence(memory_order_release);
+            r->lo = b->spans[i][0];
+            r->hi = b->spans[i][1];
+            atomic_store_explicit(&r->epoch, epoch, memory_order_release);
+        }
+    }
+    munmap(b->spans, MAX_OBJECTS * sizeof *b->spans);
+}
+
+int mt_unloads_dlclose(int (*real)(void *), void *handle) {
+    struct before b;
+    int saved = errno;
+    note_before(&b);
+    errno = saved;
+    int r = real(handle);
+    saved = errno;
+    note_after(&b);
+    errno = saved;
+    return r;
+}
+
+int mt_unloaded_since(uint32_t epoch, uintptr_t addr) {
+    uint64_t s = atomic_load_explicit(&state, memory_order_acquire);
+    if ((uint32_t)(s >> 32) <= epoch)
+        return 0; /* nothing unloaded since */
+    uint32_t n = (uint32_t)s, oldest = n > SLOTS ? n - SLOTS : 0;
+    for (uint32_t i = n; i-- > oldest;) {
+        const struct range *r = &ranges[i % SLOTS];
+        uint32_t e = atomic_load_explicit(&r->epoch, memory_order_acquire);
+        if (!e)
+            continue; /* being logged */
+        if (e <= epoch)
+            return 0; /* every range logged since was looked at */
+        if (addr >= r->lo && addr < r->hi)
+            return 1;
+    }
+    return oldest > 0; /* the log no longer reaches back to epoch */
+}

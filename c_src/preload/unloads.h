@@ -1,0 +1,26 @@
+/*
+ * Code unloaded by dlclose, for stacks recorded before it: once another
+ * library is loaded at its addresses, their frames would read as that
+ * library's.  Each dlclose that unmaps code starts a new epoch and logs the
+ * address ranges it unmapped; an interned stack keeps the epoch as of which
+ * its frames were last known to be the code they were walked in (stacks.c),
+ * and a reader asks whether a frame's address was unloaded since.  Unloads
+ * the interposed dlclose does not see (the C library's own) are not logged.
+ */
+#ifndef MT_UNLOADS_H
+#define MT_UNLOADS_H
+
+#include <stdint.h>
+
+/* real(handle), dlclose itself, noting which objects' code it unmapped. */
+int mt_unloads_dlclose(int (*real)(void *), void *handle);
+
+/* Dlcloses that unmapped code so far. */
+uint32_t mt_unloads_epoch(void);
+
+/* Whether addr lay in code unloaded after epoch; 1 also when the log no
+ * longer reaches back to epoch (a name then is not given rather than a
+ * wrong one). */
+int mt_unloaded_since(uint32_t epoch, uintptr_t addr);
+
+#endif
