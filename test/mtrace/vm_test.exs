@@ -76,6 +76,75 @@ defmodule Mtrace.VMTest do
       end
     end
 
+    test "the process diagnosing is not among those it judges" do
+      # the largest process here, with what it holds (a first snapshot, say)
+      hold = Enum.to_list(1..2_000_000)
+      snap = VM.Diagnose.snapshot()
+      largest = Enum.map(snap.procs.memory_top, &elem(&1, 0))
+      assert largest != []
+      refute self() in largest
+      refute Map.has_key?(snap.procs.memory, self())
+      assert length(hold) == 2_000_000
+    end
+
+    test "a table of objects too large to copy gets no binary estimate, not a copy" do
+      t = :ets.new(:huge_objects, [])
+      # about 9 MiB in the table: two words a list cell
+      :ets.insert(t, {1, Enum.to_list(1..600_000)})
+      assert VM.ETS.binary_estimate(t, 64) == nil
+      small = :ets.new(:small_objects, [])
+      :ets.insert(small, {1, :binary.copy("x", 1000)})
+      assert VM.ETS.binary_estimate(small, 64) == 1000
+    end
+
+    test "a process with a large dictionary is not copied to be named" do
+      big = Enum.to_list(1..5_000_000)
+
+      {:ok, agent} =
+        Agent.start_link(fn ->
+          Process.put(:hoard, big)
+          :state
+        end)
+
+      on_exit(fn -> Process.exit(agent, :kill) end)
+      # over 64 MiB: what proc_lib recorded is not read, at any size of it
+      assert {:memory, m} = Process.info(agent, :memory)
+      assert m > 64 * 1024 * 1024
+
+      # no process_info(agent, :dictionary): the whole dictionary, copied here
+      me = self()
+
+      tracer =
+        spawn_link(fn ->
+          collect = fn collect, asked ->
+            receive do
+              {:trace, ^me, :call, {:erlang, :process_info, [^agent, what]}} ->
+                collect.(collect, [what | asked])
+
+              {:trace, _, _, _} ->
+                collect.(collect, asked)
+
+              {:asked, to} ->
+                send(to, {:asked, asked})
+            end
+          end
+
+          collect.(collect, [])
+        end)
+
+      :erlang.trace(me, true, [:call, {:tracer, tracer}])
+      :erlang.trace_pattern({:erlang, :process_info, 2}, true, [:global])
+      on_exit(fn -> :erlang.trace_pattern({:erlang, :process_info, 2}, false, [:global]) end)
+      assert [current_function: _, initial_call: _] = VM.Procs.info(agent)
+      :erlang.trace(me, false, [:call])
+      ref = :erlang.trace_delivered(me)
+      assert_receive {:trace_delivered, ^me, ^ref}
+      send(tracer, {:asked, me})
+      assert_receive {:asked, asked}
+      assert asked != []
+      refute :dictionary in asked
+    end
+
     test "carriers a dead process freed and the segment cache still maps are carrier_cache" do
       cache_drained()
       before = VM.memory().carrier_cache
@@ -275,6 +344,25 @@ defmodule Mtrace.VMTest do
       assert ets.evidence.table == t
       assert ets.evidence.binary_estimate <= mib
       :ets.delete(t)
+    end
+
+    test "a table rebuilt and swapped for the old one is not growth; a new table grows by what ETS did" do
+      mib = 1_048_576
+      old = :ets.new(:cache, [])
+      new = :ets.new(:cache, [])
+      snap = VM.Diagnose.snapshot()
+      extra = %{bin_leak: nil, preloaded: false, sites: []}
+      # 50 MiB in the old table, then in its replacement; ETS as a whole flat
+      prev = %{snap | at_ms: snap.at_ms - 5_000, ets: %{old => 50 * mib}}
+      swapped = %{snap | ets: %{new => 50 * mib}, memory: %{snap.memory | ets: prev.memory.ets}}
+      [ets | _] = VM.MemoryChecks.run(prev, swapped, 5.0, extra)
+      assert ets.score < 50, ets.summary
+      refute ets.summary =~ "growing by"
+
+      # the same table new while ETS grew by 10 MiB: that much, not 50
+      grown = put_in(swapped.memory.ets, prev.memory.ets + 10 * mib)
+      [ets | _] = VM.MemoryChecks.run(prev, grown, 5.0, extra)
+      assert ets.evidence.growth_per_s == 2 * mib
     end
 
     test "a mailbox finding on the largest queue carries that queue's rate, not another's" do
@@ -1109,6 +1197,20 @@ defmodule Mtrace.VMTest do
       assert result.verdict == :healthy
       assert result.memory.total == nil
       assert %{binary_before: nil, binary_after: nil} = :erpc.call(node, VM, :bin_leak, [1])
+    end
+
+    test "the process table full (a process leak): bin_leak and diagnose still collect" do
+      node = start_peer(["+P", "1024"])
+      calls = [bin_leak: [2], diagnose: [[gc: true, print: false]]]
+
+      # their code loaded first, while the code server can still start what it needs
+      for {fun, args} <- calls, do: :erpc.call(node, VM, fun, args, 60_000)
+      {:module, _} = :erpc.call(node, :code, :ensure_loaded, [Exception])
+
+      for {fun, args} <- calls do
+        assert {:ok, _} =
+                 :erpc.call(node, @scenarios, :with_full_process_table, [VM, fun, args], 60_000)
+      end
     end
 
     test "a node without mtrace loaded is named in the error" do

@@ -361,6 +361,35 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  Runs `apply(mod, fun, args)` with the process table full (spawned
+  processes up to the `+P` limit), then ends those processes; returns
+  `{:ok, result}` or `{:raised, exception}`.
+
+  ## Example
+
+      {:ok, _} = Mtrace.VMScenarios.with_full_process_table(Mtrace.VM, :bin_leak, [2])
+  """
+  @spec with_full_process_table(module, atom, list) :: {:ok, term} | {:raised, Exception.t()}
+  def with_full_process_table(mod, fun, args) do
+    fillers = fill_process_table([])
+
+    try do
+      {:ok, apply(mod, fun, args)}
+    rescue
+      e -> {:raised, e}
+    after
+      Enum.each(fillers, &Process.exit(&1, :kill))
+    end
+  end
+
+  defp fill_process_table(acc) do
+    pid = spawn(fn -> Process.sleep(:infinity) end)
+    fill_process_table([pid | acc])
+  rescue
+    SystemLimitError -> acc
+  end
+
+  @doc """
   Loads every `Mtrace.VM` module and the option checks they share
   (`Mtrace.Options`), then makes the native module `Mtrace` unloadable, as
   on a node that never had it.

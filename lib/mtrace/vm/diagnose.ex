@@ -264,15 +264,7 @@ defmodule Mtrace.VM.Diagnose do
 
   @items [:message_queue_len, :monitors, :memory, :status, :initial_call, :current_function]
 
-  # What the VM records as the initial call of every process started
-  # through proc_lib; the most of a process's memory (bytes) for which its
-  # whole dictionary is copied to read proc_lib's record.
-  @proc_lib {:proc_lib, :init_p, 5}
-  @dictionary_max 256 * 1024
-
   defp procs(prev) do
-    lookup = dictionary_lookup()
-
     acc = %{
       count: 0,
       mql: %{},
@@ -287,10 +279,13 @@ defmodule Mtrace.VM.Diagnose do
       idle_groups: %{}
     }
 
+    # not the process diagnosing: it holds the first snapshot, and would
+    # read as the one that grew most
     :erlang.processes()
+    |> List.delete(self())
     |> Enum.reduce(acc, fn pid, acc ->
       case :erlang.process_info(pid, @items) do
-        [_ | _] = items -> add(acc, pid, Map.new(items), prev, lookup)
+        [_ | _] = items -> add(acc, pid, Map.new(items), prev)
         _ -> acc
       end
     end)
@@ -305,7 +300,7 @@ defmodule Mtrace.VM.Diagnose do
     ])
   end
 
-  defp add(acc, pid, i, prev, lookup) do
+  defp add(acc, pid, i, prev) do
     mql = i.message_queue_len
     monitors = length(i.monitors)
 
@@ -320,7 +315,7 @@ defmodule Mtrace.VM.Diagnose do
         memory_top: rank(acc.memory_top, pid, i.memory)
     }
 
-    acc = idle(acc, pid, i, lookup)
+    acc = idle(acc, pid, i)
 
     if prev do
       %{
@@ -340,8 +335,8 @@ defmodule Mtrace.VM.Diagnose do
   # and where it waits; a leaking pool shows up as one very large group.
   # Each group keeps its first process as a sample, with the VM's initial
   # call for it.
-  defp idle(acc, pid, %{status: :waiting, message_queue_len: 0} = i, lookup) do
-    key = {started_as(pid, i, lookup), i.current_function}
+  defp idle(acc, pid, %{status: :waiting, message_queue_len: 0} = i) do
+    key = {Procs.started_as(pid, i.initial_call), i.current_function}
 
     groups =
       Map.update(acc.idle_groups, key, {1, pid, i.initial_call}, fn {count, sample, initial} ->
@@ -351,31 +346,7 @@ defmodule Mtrace.VM.Diagnose do
     %{acc | idle_groups: groups}
   end
 
-  defp idle(acc, _pid, _i, _lookup), do: acc
-
-  # What an idle process was started as, read at a bounded cost (see the
-  # module documentation).
-  defp started_as(pid, %{initial_call: @proc_lib} = i, :item) do
-    case :erlang.process_info(pid, {:dictionary, :"$initial_call"}) do
-      {_, {m, f, a}} when is_atom(m) and is_atom(f) and is_integer(a) -> {m, f, a}
-      _ -> i.initial_call
-    end
-  end
-
-  defp started_as(pid, %{initial_call: @proc_lib, memory: memory} = i, :whole)
-       when memory <= @dictionary_max,
-       do: Procs.started_as(pid, i.initial_call)
-
-  defp started_as(_pid, i, _lookup), do: i.initial_call
-
-  # :item where this VM reads one dictionary entry of another process
-  # (OTP 26.2+), else :whole.
-  defp dictionary_lookup do
-    :erlang.process_info(self(), {:dictionary, :"$initial_call"})
-    :item
-  rescue
-    ArgumentError -> :whole
-  end
+  defp idle(acc, _pid, _i), do: acc
 
   defp largest_group(groups) when groups == %{}, do: nil
 

@@ -82,7 +82,8 @@ defmodule Mtrace.VM.ETS do
   @doc """
   Estimated bytes of refc binaries (over 64 bytes) that `table` references,
   which `:ets.info(table, :memory)` leaves out; `nil` if the table cannot be
-  read (private to another process, or deleted).
+  read (private to another process, or deleted), or if its objects average
+  over 4 MiB (objects read are copied: at most 4 MiB of them are).
 
   Measured on the first `samples` objects and scaled to the table's size, so
   binaries shared by many objects are counted once per object (a slice
@@ -98,7 +99,8 @@ defmodule Mtrace.VM.ETS do
   """
   @spec binary_estimate(:ets.table(), pos_integer) :: non_neg_integer | nil
   def binary_estimate(table, samples) do
-    with {objects, _continuation} when objects != [] <-
+    with samples when samples > 0 <- affordable(table, samples),
+         {objects, _continuation} when objects != [] <-
            :ets.select(table, [{:_, [], [:"$_"]}], samples),
          # deleted between the two reads: :undefined
          size when is_integer(size) <- :ets.info(table, :size) do
@@ -111,10 +113,24 @@ defmodule Mtrace.VM.ETS do
       end
     else
       :"$end_of_table" -> 0
-      _gone -> nil
+      _gone_or_too_large -> nil
     end
   rescue
     ArgumentError -> nil
+  end
+
+  # Objects read copies them into the caller: at most @sample_bytes of them
+  # by the table's average, and none of objects larger than that.
+  @sample_bytes 4 * 1024 * 1024
+
+  defp affordable(table, samples) do
+    with words when is_integer(words) <- :ets.info(table, :memory),
+         size when is_integer(size) and size > 0 <- :ets.info(table, :size) do
+      each = div(words * :erlang.system_info(:wordsize), size) + 1
+      min(samples, div(@sample_bytes, each))
+    else
+      _ -> samples
+    end
   end
 
   @doc """

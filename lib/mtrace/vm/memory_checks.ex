@@ -109,14 +109,8 @@ defmodule Mtrace.VM.MemoryChecks do
         do: ratio(held / total, th.ets_share),
         else: 0
 
-    {gtable, delta} =
-      if prev do
-        snap.ets
-        |> Enum.map(fn {t, b} -> {t, b - Map.get(prev.ets, t, 0)} end)
-        |> Enum.max_by(&elem(&1, 1))
-      else
-        {nil, nil}
-      end
+    deltas = prev && ets_deltas(prev, snap)
+    {gtable, delta} = if deltas, do: Enum.max_by(deltas, &elem(&1, 1)), else: {nil, nil}
 
     size = max(ratio(held, th.ets_bytes), share)
     growth = growth_ratio(delta, secs, th.ets_growth, th.ets_growth_min)
@@ -126,7 +120,7 @@ defmodule Mtrace.VM.MemoryChecks do
         do: {gtable, Enum.find_value(estimates, fn {t, _, bins} -> t == gtable && bins end)},
         else: {table, binaries}
 
-    per_s = prev && rate(Map.get(snap.ets, table, 0) - Map.get(prev.ets, table, 0), secs)
+    per_s = deltas && rate(Map.get(deltas, table, 0), secs)
     info = ETS.describe(table, :erlang.system_info(:wordsize)) || []
     # An unnamed table's name reaches nothing (:ets.info(:sessions) is
     # :undefined): said, so that the hint is not taken for a handle.
@@ -157,6 +151,24 @@ defmodule Mtrace.VM.MemoryChecks do
       ) <>
         "(owner #{inspect(info[:owner])}) without deleting"
     )
+  end
+
+  # Each table's growth since prev. A table new since grew by at most what
+  # ETS as a whole did: a cache rebuilt in a new table and swapped for the
+  # old one is not growth.
+  defp ets_deltas(prev, snap) do
+    rise =
+      with now when is_integer(now) <- snap.memory[:ets],
+           was when is_integer(was) <- prev.memory[:ets],
+           do: max(now - was, 0),
+           else: (_ -> nil)
+
+    Map.new(snap.ets, fn {t, b} ->
+      case prev.ets do
+        %{^t => was} -> {t, b - was}
+        _ -> {t, if(rise, do: min(b, rise), else: b)}
+      end
+    end)
   end
 
   # Terms kept in persistent_term: never collected, and not in processes,

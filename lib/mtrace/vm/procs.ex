@@ -104,6 +104,14 @@ defmodule Mtrace.VM.Procs do
     :lists.ukeysort(1, bins) |> Enum.reduce(0, fn {_, size, _}, acc -> acc + size end)
   end
 
+  # The most of a process's memory (bytes) for which its whole dictionary
+  # is copied to read proc_lib's record, where the VM cannot read that one
+  # entry (before OTP 26.2): a copy that grows with what the process keeps.
+  # Passes over every process copy little each; a process named in an
+  # answer (a few) may copy more, so that a large GenServer is named.
+  @dictionary_max 256 * 1024
+  @named_dictionary_max 64 * 1024 * 1024
+
   @doc """
   How a process is named in results, or `nil` when it is gone.
 
@@ -128,7 +136,7 @@ defmodule Mtrace.VM.Procs do
         [registered_name: name]
 
       [registered_name: _, current_function: mfa, initial_call: init] ->
-        [current_function: mfa, initial_call: started_as(pid, init)]
+        [current_function: mfa, initial_call: started_as(pid, init, @named_dictionary_max)]
 
       _ ->
         nil
@@ -140,7 +148,10 @@ defmodule Mtrace.VM.Procs do
   (`$initial_call` in its dictionary) when it has one, else `initial`, the
   VM's initial call. Unlike `:proc_lib.translate_initial_call/1`, a plain
   spawn keeps its own (`:proc_lib.init_p/5` would name every process not
-  started through proc_lib).
+  started through proc_lib). Where the VM cannot read that one entry of
+  another process (before OTP 26.2) its whole dictionary is copied, so only
+  for a process of at most 256 KiB (64 MiB for the few processes `info/1`
+  names): a larger one keeps `initial`.
 
   ## Example
 
@@ -149,16 +160,53 @@ defmodule Mtrace.VM.Procs do
       {Map, :new, 0}
   """
   @spec started_as(pid, mfa | nil) :: mfa | nil
-  def started_as(pid, initial) do
-    case :erlang.process_info(pid, :dictionary) do
-      {:dictionary, dict} ->
-        case List.keyfind(dict, :"$initial_call", 0) do
-          {_, {m, f, a}} when is_atom(m) and is_atom(f) and is_integer(a) -> {m, f, a}
-          _ -> initial
-        end
+  def started_as(pid, initial), do: started_as(pid, initial, @dictionary_max)
 
-      _ ->
-        initial
+  defp started_as(pid, {:proc_lib, :init_p, 5} = initial, max) do
+    case initial_call_entry(pid, max) do
+      {m, f, a} when is_atom(m) and is_atom(f) and is_integer(a) -> {m, f, a}
+      _ -> initial
+    end
+  end
+
+  defp started_as(_pid, initial, _max), do: initial
+
+  defp initial_call_entry(pid, max) do
+    if dictionary_item?() do
+      case :erlang.process_info(pid, {:dictionary, :"$initial_call"}) do
+        {_, value} -> value
+        _ -> nil
+      end
+    else
+      with {:memory, memory} when memory <= max <-
+             :erlang.process_info(pid, :memory),
+           {:dictionary, dict} <- :erlang.process_info(pid, :dictionary),
+           {_, value} <- List.keyfind(dict, :"$initial_call", 0) do
+        value
+      else
+        _ -> nil
+      end
+    end
+  end
+
+  # Whether this VM reads one dictionary entry of another process (OTP
+  # 26.2+); asked once.
+  defp dictionary_item? do
+    case :persistent_term.get({__MODULE__, :dictionary_item}, nil) do
+      nil ->
+        item =
+          try do
+            :erlang.process_info(self(), {:dictionary, :"$initial_call"})
+            true
+          rescue
+            ArgumentError -> false
+          end
+
+        :persistent_term.put({__MODULE__, :dictionary_item}, item)
+        item
+
+      item ->
+        item
     end
   end
 
@@ -375,6 +423,22 @@ defmodule Mtrace.VM.Procs do
 
       {:DOWN, ^mref, :process, ^helper, _} ->
         :ok
+    end
+  rescue
+    # The process table is full (a process leak, often what is being looked
+    # for): asked from here instead, and replies that came late cleared.
+    SystemLimitError ->
+      ref = make_ref()
+      Enum.each(pids, &:erlang.garbage_collect(&1, async: ref))
+      await_gc(ref, length(pids), System.monotonic_time(:millisecond) + @gc_timeout)
+      flush_gc(ref)
+  end
+
+  defp flush_gc(ref) do
+    receive do
+      {:garbage_collect, ^ref, _} -> flush_gc(ref)
+    after
+      0 -> :ok
     end
   end
 
