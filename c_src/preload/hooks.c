@@ -139,7 +139,10 @@ EXPORT int dlclose(void *handle) {
         mt_libc_resolve();
         mt_tracker_call_back(was);
     }
-    int r = mt_libc.dlclose ? mt_unloads_dlclose(mt_libc.dlclose, handle) : -1;
+    /* (in a program the tracker does not track, no stack names anything) */
+    int r = !mt_libc.dlclose      ? -1
+            : mt_tracker_active() ? mt_unloads_dlclose(mt_libc.dlclose, handle)
+                                  : mt_libc.dlclose(handle);
     mt_tracker_code_unloaded();
     return r;
 }

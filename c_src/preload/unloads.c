@@ -41,71 +41,135 @@ static void code_span(const struct mtrace_object *o, uintptr_t *lo, uintptr_t *h
         *lo = *hi = 0;
 }
 
-/* The executable spans of the objects loaded before a dlclose, in memory
- * mapped for the call (a dlclose may come from any thread, on any stack). */
+/* The executable spans of the objects loaded before a dlclose, sorted by
+ * their start, in memory mapped for the call (a dlclose may come from any
+ * thread, on any stack); and the loader's count of loads and unloads. */
 struct before {
     uintptr_t (*spans)[2];
     size_t n, max;
+    int truncated;       /* more objects than max */
+    uint64_t generation; /* the loader's count (objects.h) */
 };
 
 static int note_one(void *ctx, const struct mtrace_object *o) {
     struct before *b = ctx;
     uintptr_t lo, hi;
     code_span(o, &lo, &hi);
-    if (o->index == 0 || lo == hi || b->n == b->max)
-        return 0; /* the program is never unloaded */
+    b->generation = o->generation;
+    if (o->index == 0 || lo == hi) /* the program is never unloaded */
+        return 0;
+    if (b->n == b->max) {
+        b->truncated = 1;
+        return 0;
+    }
     b->spans[b->n][0] = lo;
     b->spans[b->n][1] = hi;
     b->n++;
     return 0;
 }
 
+/* Shell sort by start, in place: no allocation, and no quadratic pass for
+ * a process of thousands of objects under the loader's lock. */
+static void sort_spans(uintptr_t (*s)[2], size_t n) {
+    static const size_t gaps[] = {701, 301, 132, 57, 23, 10, 4, 1};
+    for (size_t g = 0; g < sizeof gaps / sizeof *gaps; g++)
+        for (size_t i = gaps[g]; i < n; i++) {
+            uintptr_t lo = s[i][0], hi = s[i][1];
+            size_t j = i;
+            for (; j >= gaps[g] && s[j - gaps[g]][0] > lo; j -= gaps[g]) {
+                s[j][0] = s[j - gaps[g]][0];
+                s[j][1] = s[j - gaps[g]][1];
+            }
+            s[j][0] = lo;
+            s[j][1] = hi;
+        }
+}
+
 static void note_before(struct before *b) {
-    b->n = 0;
-    b->max = MAX_OBJECTS;
+    *b = (struct before){.max = MAX_OBJECTS};
     void *m = mmap(NULL, MAX_OBJECTS * sizeof *b->spans, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     b->spans = m == MAP_FAILED ? NULL : m;
-    if (b->spans)
-        mt_objects_each(note_one, b);
+    if (!b->spans) {
+        b->generation = mt_objects_generation();
+        return;
+    }
+    mt_objects_each(note_one, b);
+    sort_spans(b->spans, b->n);
 }
+
+struct after {
+    struct before *b;
+    uint64_t generation;
+};
 
 /* Crosses off the spans of the objects still loaded (spans[i][1] = 0). */
 static int still_there(void *ctx, const struct mtrace_object *o) {
-    struct before *b = ctx;
+    struct after *a = ctx;
+    struct before *b = a->b;
     uintptr_t lo, hi;
     code_span(o, &lo, &hi);
-    for (size_t i = 0; i < b->n; i++)
-        if (b->spans[i][0] == lo && b->spans[i][1] == hi)
+    a->generation = o->generation;
+    size_t first = 0, past = b->n;
+    while (first < past) { /* the first span starting at lo or after */
+        size_t mid = first + (past - first) / 2;
+        if (b->spans[mid][0] < lo)
+            first = mid + 1;
+        else
+            past = mid;
+    }
+    for (size_t i = first; i < b->n && b->spans[i][0] == lo; i++)
+        if (b->spans[i][1] == hi)
             b->spans[i][1] = 0;
     return 0;
 }
 
+/* Logs n spans (those of spans whose end is not 0) under a new epoch. */
+static void log_spans(uintptr_t (*spans)[2], size_t n, uint32_t gone) {
+    uint64_t was = atomic_fetch_add(&state, (1ull << 32) + gone);
+    uint32_t epoch = (uint32_t)(was >> 32) + 1, at = (uint32_t)was;
+    for (size_t i = 0; i < n; i++) {
+        if (!spans[i][1])
+            continue;
+        struct range *r = &ranges[at++ % SLOTS];
+        atomic_store_explicit(&r->epoch, 0, memory_order_relaxed);
+        atomic_thread_fence(memory_order_release);
+        r->lo = spans[i][0];
+        r->hi = spans[i][1];
+        atomic_store_explicit(&r->epoch, epoch, memory_order_release);
+    }
+}
+
 static void note_after(struct before *b) {
-    if (!b->spans)
+    if (!b->spans) { /* no snapshot: what went is not known, so all of it */
+        if (mt_objects_generation() != b->generation) {
+            uintptr_t all[1][2] = {{0, UINTPTR_MAX}};
+            log_spans(all, 1, 1);
+        }
         return;
-    mt_objects_each(still_there, b);
+    }
+    struct after a = {b, b->generation};
+    mt_objects_each(still_there, &a);
     uint32_t gone = 0;
     for (size_t i = 0; i < b->n; i++)
         gone += b->spans[i][1] != 0;
-    if (gone) {
-        uint64_t was = atomic_fetch_add(&state, (1ull << 32) + gone);
-        uint32_t epoch = (uint32_t)(was >> 32) + 1, at = (uint32_t)was;
-        for (size_t i = 0; i < b->n; i++) {
-            if (!b->spans[i][1])
-                continue;
-            struct range *r = &ranges[at++ % SLOTS];
-            atomic_store_explicit(&r->epoch, 0, memory_order_relaxed);
-            atomic_thread_fence(memory_order_release);
-            r->lo = b->spans[i][0];
-            r->hi = b->spans[i][1];
-            atomic_store_explicit(&r->epoch, epoch, memory_order_release);
-        }
+    if (b->truncated && a.generation != b->generation) { /* perhaps one not listed */
+        b->spans[0][0] = 0;
+        b->spans[0][1] = UINTPTR_MAX;
+        gone = 1;
+        b->n = 1;
     }
+    if (gone)
+        log_spans(b->spans, b->n, gone);
     munmap(b->spans, MAX_OBJECTS * sizeof *b->spans);
 }
 
 int mt_unloads_dlclose(int (*real)(void *), void *handle) {
+    /* A fork child may not ask the loader's list (objects.c): another
+     * thread of the parent may have held its lock at the fork, and glibc's
+     * own dlclose takes it only if something is unloaded. */
+    if (mt_objects_forked())
+        return real(handle);
     struct before b;
     int saved = errno;
     note_before(&b);

@@ -5,7 +5,9 @@
  * address ranges it unmapped; an interned stack keeps the epoch as of which
  * its frames were last known to be the code they were walked in (stacks.c),
  * and a reader asks whether a frame's address was unloaded since.  Unloads
- * the interposed dlclose does not see (the C library's own) are not logged.
+ * the interposed dlclose does not see (the C library's own), or makes in a
+ * fork child, are not logged; where it could not tell what a dlclose
+ * unloaded (no memory for its snapshot) the whole address space is.
  */
 #ifndef MT_UNLOADS_H
 #define MT_UNLOADS_H

@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -143,6 +144,32 @@ static int alternate(const char (*paths)[4096], int cycles, int (*unload)(void *
         unload(h);
     }
     return wrong;
+}
+
+/* A dlclose with no memory for its snapshot of what is loaded (the address
+ * space at its limit): what it unloaded is not known, so all code is taken
+ * as unloaded since, and the block's frame in the library has no name. */
+static void test_unload_without_snapshot(const char *path) {
+    void *h = load(path);
+    malloc_fn m = h ? (malloc_fn)(uintptr_t)dlsym(h, "fixture_malloc") : NULL;
+    CHECK(m != NULL);
+    if (!m)
+        return;
+    void *p = from_library(m, LIB_SIZE + 1);
+    uintptr_t ips[MTRACE_MAX_DEPTH];
+    uint32_t id = 0;
+    uint32_t depth = stack_of(p, LIB_SIZE + 1, ips, MTRACE_MAX_DEPTH, &id);
+    CHECK(depth >= 1);
+    struct rlimit old, low;
+    CHECK(getrlimit(RLIMIT_AS, &old) == 0);
+    low = old;
+    low.rlim_cur = (rlim_t)check_status_kib("VmSize") * 1024; /* no room for a mapping */
+    CHECK(setrlimit(RLIMIT_AS, &low) == 0);
+    CHECK_EQ(dlclose(h), 0);
+    CHECK(setrlimit(RLIMIT_AS, &old) == 0);
+    CHECK(depth >= 1 && api->unloaded_since(api->stack_epoch(id), ips[0]) == 1);
+    free(p);
+    printf("unloaded without room for the snapshot: taken as unloaded, not named\n");
 }
 
 static const char *build_dir; /* argv[1] */
@@ -357,6 +384,8 @@ int main(int argc, char **argv) {
     CHECK_EQ(query_olds(api, &lf, olds, 64), 0);
     printf("%d blocks outlived %s; their stacks were read, queried and named\n", n_kept,
            UNLOADS ? "their library" : "dlclose (which left the library loaded)");
+    if (UNLOADS)
+        test_unload_without_snapshot(paths[0]);
     test_unhooked_unload(argv[0], (const char(*)[4096])paths);
     return check_summary();
 }

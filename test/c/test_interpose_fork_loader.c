@@ -3,7 +3,8 @@
  * a fork child does not get it back from a thread that held it: children
  * forked while other threads look objects up, or while other code iterates
  * over the loader's list, must still walk their stacks and exit, and an
- * allocating dl_iterate_phdr callback must not deadlock against lookups.
+ * allocating dl_iterate_phdr callback must not deadlock against lookups;
+ * nor may a child's dlclose that unloads nothing.
  * A hung child is killed by its alarm and counted.  MTRACE_STRESS=1 forks
  * ten times as many children. */
 #define _GNU_SOURCE
@@ -150,7 +151,13 @@ static void *iterate_for_ever(void *arg) {
     return NULL;
 }
 
+/* A library opened twice: the child's dlclose of one only drops a reference,
+ * which takes glibc no lock of the loader's list, nor may it the preload. */
+static void *second_ref;
+
 static __attribute__((noinline)) int child_walks(void) {
+    if (second_ref && dlclose(second_ref) != 0)
+        return 3;
     void *p = malloc(ANCHOR_SIZE + 5); /* walked: the child's rule cache starts empty */
     uint32_t id = p ? stack_of(p, ANCHOR_SIZE + 5) : 0;
     uintptr_t ips[8];
@@ -161,6 +168,9 @@ static __attribute__((noinline)) int child_walks(void) {
 }
 
 static void test_fork_during_foreign_iteration(int forks) {
+    void *first_ref = dlopen("libm.so.6", RTLD_NOW);
+    second_ref = first_ref ? dlopen("libm.so.6", RTLD_NOW) : NULL;
+    CHECK(second_ref != NULL);
     atomic_store(&stop, 0);
     pthread_t t;
     pthread_create(&t, NULL, iterate_for_ever, NULL);
@@ -183,8 +193,8 @@ static void test_fork_during_foreign_iteration(int forks) {
     }
     atomic_store(&stop, 1);
     pthread_join(t, NULL);
-    printf("%d forks while another thread was in dl_iterate_phdr: %d children hung, %d with a "
-           "cut stack\n",
+    printf("%d forks while another thread was in dl_iterate_phdr: %d children hung (in a walk "
+           "or a dlclose), %d with a cut stack\n",
            forks, hung, short_stack);
     CHECK_EQ(hung, 0);
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
