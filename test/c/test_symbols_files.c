@@ -52,34 +52,26 @@ static void *load_v1(const char *name, const char *v1, const char *v2, char *pat
     return h;
 }
 
-static void test_replaced_while_loaded(const char *v1, const char *v2) {
+/* Replaced while loaded, the symbolizer's list of objects read after (the
+ * file is deleted in it) or, with listed_first, before (any earlier query
+ * reads it): the list then says the file is not deleted, so the symbolizer
+ * must see for itself when it reads the file. */
+static void test_replaced_while_loaded(const char *v1, const char *v2, int listed_first) {
     char path[256], next[256];
-    void *h = load_v1("replaced", v1, v2, path, next, sizeof path);
+    void *h = load_v1(listed_first ? "listed" : "replaced", v1, v2, path, next, sizeof path);
     if (!h)
         return;
     void *f = dlsym(h, "names_version_1");
+    if (listed_first) {
+        mt_symbols_flush();
+        CHECK(resolved((void *)copy, 0)[0] != '\0'); /* lists the objects, reads the program */
+    }
     CHECK(rename(next, path) == 0); /* the loaded file is now deleted */
-    mt_symbols_flush();
+    if (!listed_first)
+        mt_symbols_flush();
     const char *name = resolved(f, 0);
-    printf("replaced while loaded, named after: '%s'\n", name);
-    CHECK(strcmp(name, "names_version_1") == 0 || name[0] == '\0');
-    dlclose(h);
-}
-
-/* The same, with the loaded objects already listed before the file is
- * replaced (any earlier query lists them): the list says the file is not
- * deleted, so the symbolizer must see for itself when it reads it. */
-static void test_replaced_after_listing(const char *v1, const char *v2) {
-    char path[256], next[256];
-    void *h = load_v1("listed", v1, v2, path, next, sizeof path);
-    if (!h)
-        return;
-    void *f = dlsym(h, "names_version_1");
-    mt_symbols_flush();
-    CHECK(resolved((void *)copy, 0)[0] != '\0'); /* lists the objects, reads only the program */
-    CHECK(rename(next, path) == 0);
-    const char *name = resolved(f, 0);
-    printf("replaced after the objects were listed, named after: '%s'\n", name);
+    printf("replaced while loaded (objects listed %s), named after: '%s'\n",
+           listed_first ? "before" : "after", name);
     CHECK(strcmp(name, "names_version_1") == 0 || name[0] == '\0');
     dlclose(h);
 }
@@ -144,8 +136,8 @@ int main(int argc, char **argv) {
     CHECK(access(v1, R_OK) == 0 && access(v2, R_OK) == 0);
     CHECK(mkdtemp(dir) != NULL);
     mt_symbols_use(&objects_only);
-    test_replaced_while_loaded(v1, v2);
-    test_replaced_after_listing(v1, v2);
+    test_replaced_while_loaded(v1, v2, 0);
+    test_replaced_while_loaded(v1, v2, 1);
     test_reloaded(v1, v2);
     test_long_name(v1);
     char cmd[256];
