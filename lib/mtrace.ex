@@ -581,9 +581,12 @@ defmodule Mtrace do
   # and other hidden nodes have no table of their own to read), or, from a
   # hidden node, whose connections are all hidden, every one.
   defp cluster_nodes do
-    if match?({:ok, _}, :init.get_argument(:hidden)),
-      do: Node.list(:connected),
-      else: Node.list()
+    # started -hidden, or with net_kernel:start/2's hidden => true
+    hidden =
+      :persistent_term.get({:net_kernel, :publish_type}, nil) == :hidden or
+        match?({:ok, _}, :init.get_argument(:hidden))
+
+    if hidden, do: Node.list(:connected), else: Node.list()
   end
 
   # Each node answers for itself: options that would send its query to

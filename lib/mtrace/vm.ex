@@ -68,8 +68,9 @@ defmodule Mtrace.VM do
       fragmentation;
     * `:jit_code`: the RSS of the JIT's code, which it maps twice (writable
       and executable) from one shared memory file, so that RSS counts it
-      twice; read as the process's shared memory (RssShmem), so shared
-      memory a NIF maps counts here too; `nil` where there is no `/proc`;
+      twice: the pages of those mappings present (`Mtrace.VM.JitCode`), so
+      that shared memory a NIF maps stays outside the VM; `nil` where there
+      is no `/proc`;
     * `:outside_vm`: RSS not explained by the ERTS allocators nor the JIT's
       code (`rss - allocated - jit_code`, floored at 0): the emulator's own
       static data, and memory taken directly from malloc/mmap by NIFs,

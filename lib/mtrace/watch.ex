@@ -83,8 +83,11 @@ defmodule Mtrace.Watch do
 
   @impl true
   def init(o) do
-    # stats/1 raises the reason itself: not preloaded, another release's
-    # library, the NIF not loaded
+    # mark/1 and stats/1 raise the reason themselves: not preloaded, another
+    # release's library, the NIF not loaded; the mark first, as each sample
+    # takes it (handle_info/2)
+    mark = Mtrace.mark()
+
     case Mtrace.stats(heap: false) do
       %{active: false} ->
         not_started(Mtrace.Error.not_traced())
@@ -96,7 +99,7 @@ defmodule Mtrace.Watch do
          %{
            o: o,
            last_bytes: live_bytes(stats),
-           last_mark: Mtrace.mark(),
+           last_mark: mark,
            enabled: enabled?(stats, true),
            streak: 0,
            since: nil,
@@ -127,13 +130,14 @@ defmodule Mtrace.Watch do
   @impl true
   def handle_info(:tick, s) do
     schedule(s.o)
+    # this table's mark, whatever the node is named now (a local query
+    # always is this node's); taken before the figures, so that a reset
+    # after it is after it on the table's clock too (after_reset/2)
+    mark = %Mtrace.Mark{node: node(), t_ms: Mtrace.Query.next_tick()}
     # the table's figures only: glibc's heap walk would make the node's
     # threads wait on its arenas at every tick
     stats = Mtrace.stats(heap: false)
     bytes = live_bytes(stats)
-    # this table's mark, whatever the node is named now (a local query
-    # always is this node's)
-    mark = %Mtrace.Mark{node: node(), t_ms: Mtrace.Query.next_tick()}
     enabled = enabled?(stats, s.enabled)
 
     {:noreply,

@@ -207,6 +207,19 @@ defmodule Mtrace.RemoteTest do
     hidden = start_peer(code: true, args: [~c"-hidden"])
     {:ok, _} = :erpc.call(hidden, Application, :ensure_all_started, [:mtrace])
     assert node() in :erpc.call(hidden, Mtrace.Test.Remote, :cluster_nodes, [])
+
+    # made hidden by net_kernel:start/2, without the flag: driven over its
+    # standard I/O, as it is not distributed when it starts
+    {:ok, peer, _} = :peer.start_link(%{connection: :standard_io})
+    on_exit(fn -> Mtrace.Test.Remote.stop_peer(peer) end)
+    :ok = :peer.call(peer, :code, :add_paths, [:code.get_path()])
+    {:ok, _} = :peer.call(peer, Application, :ensure_all_started, [:mtrace])
+    name = :"hidden_#{System.unique_integer([:positive])}"
+    opts = %{name_domain: :shortnames, hidden: true}
+    {:ok, _} = :peer.call(peer, :net_kernel, :start, [name, opts])
+    true = :peer.call(peer, :erlang, :set_cookie, [Node.get_cookie()])
+    true = :peer.call(peer, Node, :connect, [node()])
+    assert node() in :peer.call(peer, Mtrace.Test.Remote, :cluster_nodes, [])
   end
 
   test "cluster/3 answers per node, errors included" do

@@ -15,6 +15,7 @@ defmodule Mtrace.VMTest do
   doctest Mtrace.VM.MemoryChecks
   doctest Mtrace.VM.BinaryChecks
   doctest Mtrace.VM.Format
+  doctest Mtrace.VM.JitCode
   doctest Mtrace.VM.Findings
 
   setup_all do
@@ -97,6 +98,22 @@ defmodule Mtrace.VMTest do
       assert VM.ETS.binary_estimate(small, 64) == 1000
     end
 
+    test "a process started by proc_lib:spawn is named after its fun, as one started by proc_lib:start" do
+      pid = :proc_lib.spawn(fn -> Process.sleep(:infinity) end)
+      on_exit(fn -> Process.exit(pid, :kill) end)
+      {:initial_call, initial} = Process.info(pid, :initial_call)
+      assert initial == {:proc_lib, :init_p, 3}
+      assert {m, _, 0} = VM.Procs.started_as(pid, initial)
+      assert m == __MODULE__
+    end
+
+    test "a compressed table's objects are not copied out to estimate its binaries" do
+      t = :ets.new(:compressed_objects, [:compressed])
+      # a few bytes compressed, 16 MiB each copied out
+      for i <- 1..4, do: :ets.insert(t, {i, List.duplicate([], 1_000_000)})
+      assert VM.ETS.binary_estimate(t, 64) == nil
+    end
+
     test "a process with a large dictionary is not copied to be named" do
       big = Enum.to_list(1..5_000_000)
 
@@ -143,6 +160,17 @@ defmodule Mtrace.VMTest do
       assert_receive {:asked, asked}
       assert asked != []
       refute :dictionary in asked
+    end
+
+    test "shared memory a NIF maps is outside the VM, not the JIT's code" do
+      Mtrace.Test.LeakyNif.load()
+      on_exit(fn -> Mtrace.Test.LeakyNif.free_kept() end)
+      mib = 1_048_576
+      before = VM.memory()
+      :ok = Mtrace.Test.LeakyNif.leak_enif(:shared, 4, 16 * mib)
+      after_leak = VM.memory()
+      assert after_leak.outside_vm - before.outside_vm >= 48 * mib
+      assert after_leak.jit_code - before.jit_code < 8 * mib
     end
 
     test "carriers a dead process freed and the segment cache still maps are carrier_cache" do
@@ -346,7 +374,7 @@ defmodule Mtrace.VMTest do
       :ets.delete(t)
     end
 
-    test "a table rebuilt and swapped for the old one is not growth; a new table grows by what ETS did" do
+    test "a table rebuilt and swapped for the old one is not growth; a table new beside the rest is" do
       mib = 1_048_576
       old = :ets.new(:cache, [])
       new = :ets.new(:cache, [])
@@ -359,10 +387,21 @@ defmodule Mtrace.VMTest do
       assert ets.score < 50, ets.summary
       refute ets.summary =~ "growing by"
 
-      # the same table new while ETS grew by 10 MiB: that much, not 50
-      grown = put_in(swapped.memory.ets, prev.memory.ets + 10 * mib)
+      # another table grew meanwhile (and ETS with it, by a little more): it
+      # is the one named, at its own rate
+      leaky = :ets.new(:leaky, [])
+      prev = put_in(prev.ets[leaky], 10 * mib)
+      grown = put_in(swapped.ets[leaky], 35 * mib)
+      grown = put_in(grown.memory.ets, prev.memory.ets + 26 * mib)
       [ets | _] = VM.MemoryChecks.run(prev, grown, 5.0, extra)
-      assert ets.evidence.growth_per_s == 2 * mib
+      assert ets.evidence.table == leaky
+      assert ets.evidence.growth_per_s == 5 * mib
+
+      # a new table beside the old one (nothing deleted) grows by its size
+      both = %{grown | ets: Map.put(grown.ets, old, 50 * mib)}
+      [ets | _] = VM.MemoryChecks.run(prev, both, 5.0, extra)
+      assert ets.evidence.table == new
+      assert ets.evidence.growth_per_s == 10 * mib
     end
 
     test "a mailbox finding on the largest queue carries that queue's rate, not another's" do

@@ -172,6 +172,38 @@ defmodule Mtrace.WatchTest do
     refute log =~ "keeps growing"
   end
 
+  test "a reset while a sample waits for its mark is seen" do
+    mib = 1024 * 1024
+    me = self()
+
+    # resets the table as soon as the watcher asks for its mark
+    resetter =
+      spawn_link(fn ->
+        receive do
+          {:trace, _, :call, {Mtrace.Query, :next_tick, []}} -> send(me, {:reset, Mtrace.reset()})
+        end
+      end)
+
+    log =
+      capture_log(fn ->
+        {pid, tick} = manual_watcher(intervals: 3)
+        LeakyNif.leak(:malloc, 1, mib)
+        assert %{streak: 1} = tick.()
+        LeakyNif.leak(:malloc, 1, mib)
+        :erlang.trace_pattern({Mtrace.Query, :next_tick, 0}, true, [:local])
+        :erlang.trace(pid, true, [:call, {:tracer, resetter}])
+        tick.()
+        :erlang.trace(pid, false, [:call])
+        assert_receive {:reset, _}
+        LeakyNif.leak(:malloc, 4, mib)
+        assert %{warnings: 0} = tick.()
+      end)
+
+    :erlang.trace_pattern({Mtrace.Query, :next_tick, 0}, false, [:local])
+    assert log =~ "the table was reset"
+    refute log =~ "keeps growing"
+  end
+
   test "the node renamed during a streak (distribution started): the warning still comes" do
     log =
       capture_log(fn ->

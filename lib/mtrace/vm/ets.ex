@@ -82,8 +82,9 @@ defmodule Mtrace.VM.ETS do
   @doc """
   Estimated bytes of refc binaries (over 64 bytes) that `table` references,
   which `:ets.info(table, :memory)` leaves out; `nil` if the table cannot be
-  read (private to another process, or deleted), or if its objects average
-  over 4 MiB (objects read are copied: at most 4 MiB of them are).
+  read (private to another process, or deleted), if its objects average
+  over 4 MiB (objects read are copied: at most 4 MiB of them are), or if it
+  is compressed (its objects' size is known only once copied).
 
   Measured on the first `samples` objects and scaled to the table's size, so
   binaries shared by many objects are counted once per object (a slice
@@ -124,11 +125,14 @@ defmodule Mtrace.VM.ETS do
   @sample_bytes 4 * 1024 * 1024
 
   defp affordable(table, samples) do
-    with words when is_integer(words) <- :ets.info(table, :memory),
+    # compressed, an object's size is known only once it is copied out
+    with false <- :ets.info(table, :compressed),
+         words when is_integer(words) <- :ets.info(table, :memory),
          size when is_integer(size) and size > 0 <- :ets.info(table, :size) do
       each = div(words * :erlang.system_info(:wordsize), size) + 1
       min(samples, div(@sample_bytes, each))
     else
+      true -> 0
       _ -> samples
     end
   end

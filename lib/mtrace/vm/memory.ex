@@ -23,7 +23,7 @@ defmodule Mtrace.VM.Memory do
   """
 
   import Bitwise
-  alias Mtrace.VM.Native
+  alias Mtrace.VM.{JitCode, Native}
 
   @erlang_keys [
     :total,
@@ -101,13 +101,13 @@ defmodule Mtrace.VM.Memory do
     {rss, peak}
   end
 
-  # VmRSS, VmHWM and RssShmem. The JIT maps its code twice, writable and
-  # executable, from one shared memory file: RSS counts those pages twice,
-  # as shared memory (RssShmem), and no ERTS allocator holds them.
+  # VmRSS, VmHWM and the JIT's code (Mtrace.VM.JitCode): no ERTS allocator
+  # holds it, and RSS counts it twice.
   defp status do
     case File.read("/proc/self/status") do
       {:ok, text} ->
-        {status_kb(text, "VmRSS:"), status_kb(text, "VmHWM:"), status_kb(text, "RssShmem:")}
+        shared = status_kb(text, "RssShmem:")
+        {status_kb(text, "VmRSS:"), status_kb(text, "VmHWM:"), shared && JitCode.resident(shared)}
 
       {:error, _} ->
         {nil, nil, nil}

@@ -153,22 +153,19 @@ defmodule Mtrace.VM.MemoryChecks do
     )
   end
 
-  # Each table's growth since prev. A table new since grew by at most what
-  # ETS as a whole did: a cache rebuilt in a new table and swapped for the
-  # old one is not growth.
+  # Each table's growth since prev. Tables new since grew by at most what
+  # the tables deleted since do not make up for: a cache rebuilt in a new
+  # table and swapped for the old one is not growth.
   defp ets_deltas(prev, snap) do
-    rise =
-      with now when is_integer(now) <- snap.memory[:ets],
-           was when is_integer(was) <- prev.memory[:ets],
-           do: max(now - was, 0),
-           else: (_ -> nil)
+    {new, kept} = Enum.split_with(snap.ets, fn {t, _} -> not Map.has_key?(prev.ets, t) end)
 
-    Map.new(snap.ets, fn {t, b} ->
-      case prev.ets do
-        %{^t => was} -> {t, b - was}
-        _ -> {t, if(rise, do: min(b, rise), else: b)}
-      end
-    end)
+    deleted =
+      for {t, b} <- prev.ets, not Map.has_key?(snap.ets, t), reduce: 0, do: (acc -> acc + b)
+
+    room = max(Enum.reduce(new, 0, &(elem(&1, 1) + &2)) - deleted, 0)
+
+    Map.new(kept, fn {t, b} -> {t, b - Map.fetch!(prev.ets, t)} end)
+    |> Map.merge(Map.new(new, fn {t, b} -> {t, min(b, room)} end))
   end
 
   # Terms kept in persistent_term: never collected, and not in processes,

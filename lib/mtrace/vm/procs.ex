@@ -162,7 +162,8 @@ defmodule Mtrace.VM.Procs do
   @spec started_as(pid, mfa | nil) :: mfa | nil
   def started_as(pid, initial), do: started_as(pid, initial, @dictionary_max)
 
-  defp started_as(pid, {:proc_lib, :init_p, 5} = initial, max) do
+  # proc_lib:start* record it (init_p/5), and proc_lib:spawn* (init_p/3)
+  defp started_as(pid, {:proc_lib, :init_p, arity} = initial, max) when arity in [3, 5] do
     case initial_call_entry(pid, max) do
       {m, f, a} when is_atom(m) and is_atom(f) and is_integer(a) -> {m, f, a}
       _ -> initial
