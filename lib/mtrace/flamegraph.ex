@@ -168,8 +168,12 @@ defmodule Mtrace.Flamegraph do
   # weight would only add invisible boxes.
   defp build_tree(sites, weight) do
     paths = for site <- sites, Map.fetch!(site, weight) > 0, do: {Enum.reverse(site.frames), site}
-    build_node({"all", nil, false}, [], paths, weight)
+    root = build_node({"all", nil, false}, [], paths, weight)
+    # the total is every site's, those of zero weight (blocks of 0 bytes) too
+    %{root | bytes: sum(sites, :bytes), count: sum(sites, :count)}
   end
+
+  defp sum(sites, key), do: sites |> Enum.map(&Map.fetch!(&1, key)) |> Enum.sum()
 
   defp build_node({name, lib, inlined}, frames, paths, weight) do
     sites = Enum.map(paths, fn {_below, site} -> site end)
@@ -193,8 +197,8 @@ defmodule Mtrace.Flamegraph do
       lib: lib,
       inlined: inlined,
       locations: locations(frames),
-      bytes: sites |> Enum.map(& &1.bytes) |> Enum.sum(),
-      count: sites |> Enum.map(& &1.count) |> Enum.sum(),
+      bytes: sum(sites, :bytes),
+      count: sum(sites, :count),
       oldest: sites |> Enum.map(& &1.oldest) |> Enum.max(fn -> 0 end),
       depth: 1 + (children |> Enum.map(& &1.depth) |> Enum.max(fn -> 0 end)),
       children: children

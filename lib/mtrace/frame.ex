@@ -72,6 +72,8 @@ defmodule Mtrace.Frame do
       "leak (leaky.so)"
       iex> Mtrace.Frame.label(%{symbol: nil, lib: "/opt/leaky.so", file: nil, line: nil, offset: 16})
       "leaky.so+0x10"
+      iex> Mtrace.Frame.label(%{symbol: nil, lib: nil, file: nil, line: nil, addr: 0x7F11AA001000})
+      "?? 0x7f11aa001000"
   """
   @spec label(map()) :: String.t()
   def label(frame) do
@@ -84,6 +86,10 @@ defmodule Mtrace.Frame do
       frame[:symbol] not in [nil, ""] and frame[:lib] not in [nil, ""] and
           not erlang?(frame) ->
         "#{name} (#{printable(Path.basename(frame.lib))})"
+
+      # in no object: its address is what tells two such sites apart
+      frame[:lib] in [nil, ""] and is_integer(frame[:addr]) and not erlang?(frame) ->
+        "?? 0x#{Integer.to_string(frame.addr, 16) |> String.downcase()}"
 
       true ->
         name

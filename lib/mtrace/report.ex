@@ -227,18 +227,25 @@ defmodule Mtrace.Report do
     |> Enum.zip(texts)
     |> Enum.with_index(1)
     |> Enum.map_reduce(%{}, fn {{site, text}, rank}, seen ->
+      shown = Enum.take(site.frames, max_frames)
+      # the frames shown are the same ones: the stacks part below them
       same =
-        if first = seen[text], do: reads_as(first, length(site.frames) > max_frames), else: []
+        case seen[text] do
+          {first, ^shown} -> reads_as(first, :below)
+          {first, _other} -> reads_as(first, :unshown)
+          nil -> []
+        end
 
-      {[site_line(site, rank), vm_note(site.frames), text, same], Map.put_new(seen, text, rank)}
+      {[site_line(site, rank), vm_note(site.frames), text, same],
+       Map.put_new(seen, text, {rank, shown})}
     end)
     |> elem(0)
   end
 
-  defp reads_as(first, true = _cut),
+  defp reads_as(first, :below),
     do: fit("    (reads as ##{first}: the two stacks differ below the frames shown)")
 
-  defp reads_as(first, false),
+  defp reads_as(first, :unshown),
     do: fit("    (reads as ##{first}: the two stacks differ at an address not shown)")
 
   defp site_line(site, rank) do

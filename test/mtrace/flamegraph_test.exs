@@ -103,6 +103,13 @@ defmodule Mtrace.FlamegraphTest do
   ## The graph
 
   describe "svg/2" do
+    test "blocks of 0 bytes count in the total, and nothing is said left out" do
+      sites = [site(["main", "leak"], 18_000, 2), site(["main", "zero"], 0, 3)]
+      svg = render(sites, matched: %{bytes: 18_000, count: 5})
+      assert svg =~ "Total: 17.6 KiB in 5 live blocks (width by bytes)"
+      refute svg =~ "largest site"
+    end
+
     test "widths are proportional to bytes by default" do
       svg = render([site(["main", "big"], 3000, 1), site(["main", "small"], 1000, 3)])
       boxes = boxes(svg)

@@ -226,6 +226,27 @@ defmodule Mtrace.ReportTest do
              lines([site(2, 2, 1, 1, [erl.(1)]), site(1, 1, 1, 1, [erl.(2)])], @exact)
 
     assert note == "    (reads as #1: the two stacks differ at an address not shown)"
+
+    # the same two, cut (more frames below): they still differ at a frame
+    # shown, not below
+    below = [frame("main"), frame("start")]
+
+    assert [_, _, "    m:f/1", "    ... 2 more", _, "    m:f/1", "    ... 2 more", note] =
+             lines(
+               [site(2, 2, 1, 1, [erl.(1) | below]), site(1, 1, 1, 1, [erl.(2) | below])],
+               @exact,
+               frames: 1
+             )
+
+    assert note == "    (reads as #1: the two stacks differ at an address not shown)"
+  end
+
+  test "one-line stacks (Watch, diagnose) tell frames in no object apart by address" do
+    nameless = fn addr -> %{symbol: nil, lib: nil, file: nil, line: nil, addr: addr} end
+    a = Mtrace.VMSites.one_line([frame("leak"), nameless.(0x7F11AA001000)])
+    b = Mtrace.VMSites.one_line([frame("leak"), nameless.(0x7F11AA002000)])
+    assert a =~ "?? 0x7f11aa001000"
+    assert a != b
   end
 
   test "frames are cut at :frames (default 8) with the number left out" do
