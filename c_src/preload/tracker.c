@@ -303,11 +303,8 @@ __attribute__((noinline)) void mt_record_now(void *p, size_t size) {
     struct mt_walk_start at = MT_WALK_START_CALLER();
     int *err = &errno, saved = *err; /* unwinding and mmap must not disturb what libc set */
     mt_me.f.b.busy = MT_BUSY_UNWINDING;
-    uint64_t now = mt_now_ms();
-    if (mt_state.cfg.sample_bytes) /* walks are few: see mt_unwind_check_loads */
-        mt_unwind_check_loads(now);
     uint32_t stack = mt_stack_capture(&at, mt_state.cfg.depth);
-    insert((uintptr_t)p, size, now, stack);
+    insert((uintptr_t)p, size, mt_now_ms(), stack);
     mt_me.f.b.busy = MT_BUSY_NO;
     *err = saved;
 }
@@ -379,6 +376,12 @@ void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n) {
 }
 
 void mt_tracker_code_unloaded(void) { mt_unwind_forget(); }
+
+/* Sampled walks are few: see mt_unwind_check_loads. */
+int mt_tracker_sampled(void) {
+    mt_unwind_check_loads(mt_now_ms());
+    return 1;
+}
 
 /* ---- load ---------------------------------------------------------------- */
 

@@ -99,6 +99,9 @@ static inline enum mt_verdict mt_verdict(enum mtrace_fn fn, size_t n) {
     return mt_likely(mt_sample_skip(&mt_me.sampler, n)) ? MT_PASS : MT_CROSSED;
 }
 
+/* A sampled block is to be recorded: its walk is one of few (returns 1). */
+int mt_tracker_sampled(void);
+
 /* The rest of the decision: 1 when the block is to be recorded. */
 static inline int mt_decide(enum mt_verdict v, enum mtrace_fn fn, size_t n) {
     switch (v) {
@@ -107,7 +110,7 @@ static inline int mt_decide(enum mt_verdict v, enum mtrace_fn fn, size_t n) {
     case MT_RECORD:
         return 1;
     case MT_CROSSED:
-        return mt_sample_crossed(&mt_me.sampler, n);
+        return mt_sample_crossed(&mt_me.sampler, n) && mt_tracker_sampled();
     default:
         return mt_will_record_slow(fn, n);
     }
