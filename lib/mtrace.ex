@@ -238,14 +238,16 @@ defmodule Mtrace do
       queries since it;
     * `limit:` — how many sites (default 10), or `:all`.
 
-  Each site is `%{count, bytes, oldest, newest, frames}` (`t:site/0`); ages
-  in seconds; frames innermost first.
+  Each site is `%{count, bytes, est_count, est_bytes, oldest, newest,
+  frames}` (`t:site/0`; the `est_` figures are estimates when sampling, the
+  same as the others when not); ages in seconds; frames innermost first.
 
       iex> Mtrace.sites(limit: 2, sort: :count) |> length() <= 2
       true
 
       Mtrace.sites(limit: 1, lib: "leaky")
-      #=> [%{count: 3072, bytes: 12582912, oldest: 7380, newest: 5,
+      #=> [%{count: 3072, bytes: 12582912, est_count: 3072, est_bytes: 12582912,
+      #=>    oldest: 7380, newest: 5,
       #=>    frames: [%{symbol: "leak_buffer", file: "c_src/leaky.c",
       #=>               line: 42, inlined: false,
       #=>               lib: "/srv/app/lib/leaky-0.1.0/priv/leaky.so",
@@ -380,7 +382,8 @@ defmodule Mtrace do
       2000, at least 100); when a refresh takes longer (a node with very
       many processes), the title gives the real period;
     * `node:` — the node to watch (mtrace loaded there), default this one;
-      one that cannot be reached raises `Mtrace.Error` (reason `:nodedown`);
+      one that cannot be reached raises `Mtrace.Error` (reason `:nodedown`,
+      or `:not_distributed` when this node has no name);
     * `rows:` — sites and processes listed (default 5, fewer if the
       terminal is short);
     * `ansi:` — `true`/`false` to force redrawing in place or not;

@@ -71,7 +71,15 @@ defmodule Mtrace.Watch do
       #=> %{streak: 2, last_bytes: 48_213_004, warnings: 0}
   """
   @spec info(GenServer.server()) :: %{atom() => non_neg_integer()}
-  def info(server \\ __MODULE__) do
+  def info(server \\ __MODULE__)
+
+  def info(server) do
+    unless server?(server) do
+      raise ArgumentError,
+            "Mtrace.Watch.info/1: server must be a pid, a registered name, {name, node}, " <>
+              "{:global, _} or {:via, module, _}, got: #{inspect(server)}"
+    end
+
     GenServer.call(server, :info)
   catch
     :exit, {:noproc, _} ->
@@ -80,6 +88,13 @@ defmodule Mtrace.Watch do
               "(start one with Mtrace.Watch.start_link/1; it returns :ignore where " <>
               "the tracer is not preloaded or does not trace the program)"
   end
+
+  # What GenServer.call/2 takes as a server.
+  defp server?(s) when is_pid(s) or is_atom(s), do: true
+  defp server?({name, node}) when is_atom(name) and is_atom(node), do: true
+  defp server?({:global, _}), do: true
+  defp server?({:via, module, _}) when is_atom(module), do: true
+  defp server?(_), do: false
 
   @impl true
   def init(o) do

@@ -244,6 +244,12 @@ defmodule Mtrace.WatchTest do
     assert_raise ArgumentError, ~r/no watcher is running as :no_such_watch/, fn ->
       Mtrace.Watch.info(:no_such_watch)
     end
+
+    for bad <- [1, "watch", {:bad}] do
+      assert_raise ArgumentError, ~r/Mtrace.Watch.info\/1: server must be a pid/, fn ->
+        Mtrace.Watch.info(bad)
+      end
+    end
   end
 
   test "bad options raise" do
