@@ -71,7 +71,7 @@ defmodule Mtrace.VM.Memory do
   def read(opts \\ []) do
     {allocated, used} = allocator_totals()
     cache = carrier_cache()
-    {rss, rss_peak, shared} = status()
+    {rss, rss_peak, jit} = status()
 
     erlang_memory()
     |> Map.merge(%{
@@ -80,8 +80,8 @@ defmodule Mtrace.VM.Memory do
       allocated: allocated,
       used: used,
       carrier_cache: cache,
-      jit_code: shared,
-      outside_vm: outside(rss, allocated, shared),
+      jit_code: jit,
+      outside_vm: outside(rss, allocated, jit),
       native: native(Keyword.get(opts, :heap, true))
     })
   end
@@ -97,7 +97,7 @@ defmodule Mtrace.VM.Memory do
   """
   @spec proc_status() :: {non_neg_integer | nil, non_neg_integer | nil}
   def proc_status do
-    {rss, peak, _shared} = status()
+    {rss, peak, _jit} = status()
     {rss, peak}
   end
 
@@ -130,8 +130,8 @@ defmodule Mtrace.VM.Memory do
     ErlangError -> Map.new(@erlang_keys, &{&1, nil})
   end
 
-  defp outside(rss, allocated, shared) when is_integer(rss) and is_integer(allocated),
-    do: max(rss - allocated - (shared || 0), 0)
+  defp outside(rss, allocated, jit) when is_integer(rss) and is_integer(allocated),
+    do: max(rss - allocated - (jit || 0), 0)
 
   defp outside(_, _, _), do: nil
 
@@ -245,8 +245,8 @@ defmodule Mtrace.VM.Memory do
   # rise step after step, which reads as a native leak. Over a window,
   # less_cache_rise/1 takes off only what the cache grows by.
   def native_sample(false) do
-    {rss, _peak, shared} = status()
-    outside(rss, allocated(), shared)
+    {rss, _peak, jit} = status()
+    outside(rss, allocated(), jit)
   end
 
   @doc """
