@@ -412,9 +412,7 @@ defmodule Mtrace.VM.Procs do
 
     {helper, mref} =
       spawn_monitor(fn ->
-        ref = make_ref()
-        Enum.each(pids, &:erlang.garbage_collect(&1, async: ref))
-        await_gc(ref, length(pids), System.monotonic_time(:millisecond) + @gc_timeout)
+        collect(pids)
         send(caller, {tag, :done})
       end)
 
@@ -428,11 +426,16 @@ defmodule Mtrace.VM.Procs do
   rescue
     # The process table is full (a process leak, often what is being looked
     # for): asked from here instead, and replies that came late cleared.
-    SystemLimitError ->
-      ref = make_ref()
-      Enum.each(pids, &:erlang.garbage_collect(&1, async: ref))
-      await_gc(ref, length(pids), System.monotonic_time(:millisecond) + @gc_timeout)
-      flush_gc(ref)
+    SystemLimitError -> pids |> collect() |> flush_gc()
+  end
+
+  # Asks each process to collect and waits for the replies, at most
+  # @gc_timeout; returns the replies' tag.
+  defp collect(pids) do
+    ref = make_ref()
+    Enum.each(pids, &:erlang.garbage_collect(&1, async: ref))
+    await_gc(ref, length(pids), System.monotonic_time(:millisecond) + @gc_timeout)
+    ref
   end
 
   defp flush_gc(ref) do
