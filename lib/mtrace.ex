@@ -478,7 +478,7 @@ defmodule Mtrace do
     if o.window, do: writable!(path)
     {o, opts} = after_window(o, opts, "flamegraph/2", recording(o, "then #{path} is written"))
     snap = snapshot(o, opts, [:weight, :title, :width])
-    render = [weight: o.weight, width: o.width, stats: snap.stats, filter: filter]
+    render = [weight: o.weight, width: o.width, stats: snap.stats, filter: filter, sort: o.sort]
     render = render ++ [title: o.title || default_title(snap), matched: matched(snap)]
     write!(path, Flamegraph.svg(estimated(snap), render))
     empty_warning(snap, o.weight, filter, "flamegraph/2: #{path} draws no allocation")
@@ -831,19 +831,24 @@ defmodule Mtrace do
   defp path!(path),
     do: raise(ArgumentError, "path must be a non-empty string, got: #{inspect(path)}")
 
-  # The only place mtrace writes a file: where the caller said.
+  # mtrace writes files only where the caller said.
   defp write!(path, data), do: File.write!(path, data)
 
-  # Before a window, the mistakes File.write! would only report after it:
-  # no such directory, or a directory where the file should be.
+  # Before a window, the mistakes File.write! would only report after it
+  # (no such directory, a directory where the file should be, no right to
+  # write there, a read-only file system): the file is opened for appending,
+  # which changes nothing in it, and taken away again if it was not there.
   defp writable!(path) do
-    reason =
-      cond do
-        File.dir?(path) -> :eisdir
-        not File.dir?(Path.dirname(path)) -> :enoent
-        true -> nil
-      end
+    existed? = File.exists?(path)
 
-    if reason, do: raise(File.Error, reason: reason, action: "write to file", path: path)
+    case File.open(path, [:append]) do
+      {:ok, io} ->
+        File.close(io)
+        unless existed?, do: File.rm(path)
+        :ok
+
+      {:error, reason} ->
+        raise File.Error, reason: reason, action: "write to file", path: path
+    end
   end
 end

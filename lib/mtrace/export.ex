@@ -66,7 +66,13 @@ defmodule Mtrace.Export do
     frames
     |> Enum.reverse()
     |> Enum.map_join(";", &folded_name/1)
+    |> weight_apart()
   end
+
+  # flamegraph.pl and inferno take a number after a space at a line's end as
+  # a second weight (a differential graph's), so an innermost name that ends
+  # in one keeps it joined to the name.
+  defp weight_apart(line), do: Regex.replace(~r/\s+(\d+(?:\.\d*)?)\z/, line, "_\\1")
 
   defp folded_name(frame) do
     frame

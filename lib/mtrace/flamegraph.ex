@@ -37,13 +37,15 @@ defmodule Mtrace.Flamegraph do
           | {:width, pos_integer()}
           | {:stats, map() | nil}
           | {:filter, String.t() | nil}
+          | {:sort, :bytes | :count | :oldest | :growth}
 
   @defaults [
     weight: :bytes,
     title: "mtrace: live native memory by call stack",
     width: 1200,
     stats: nil,
-    filter: nil
+    filter: nil,
+    sort: :bytes
   ]
 
   # Layout, in pixels. Labels use a monospace font so that how many characters
@@ -84,6 +86,9 @@ defmodule Mtrace.Flamegraph do
     * `:matched` - `%{bytes, count}` of every site that matched, when
       `sites` are only the largest of them (a `limit:`); nil (default)
       when they are all. The total then says how much it leaves out.
+    * `:sort` - the order `sites` were picked by under a `limit:` (`:bytes`,
+      the default, `:count`, `:oldest` or `:growth`, as `Mtrace.sites/1`
+      takes it), named where the total says what it leaves out.
 
   Raises `ArgumentError` on an unknown option or a bad value.
 
@@ -118,7 +123,7 @@ defmodule Mtrace.Flamegraph do
 
   ## Options
 
-  @options [:weight, :title, :width, :stats, :filter, :matched]
+  @options [:weight, :title, :width, :stats, :filter, :matched, :sort]
 
   defp validate_options!(opts) do
     unless Keyword.keyword?(opts) do
@@ -135,6 +140,7 @@ defmodule Mtrace.Flamegraph do
   defp validate_option!({:stats, s}) when is_map(s) or is_nil(s), do: :ok
   defp validate_option!({:filter, f}) when is_binary(f) or is_nil(f), do: :ok
   defp validate_option!({:matched, nil}), do: :ok
+  defp validate_option!({:sort, s}) when s in [:bytes, :count, :oldest, :growth], do: :ok
 
   defp validate_option!({:matched, %{bytes: b, count: c}})
        when is_integer(b) and b >= 0 and is_integer(c) and c >= 0,
@@ -147,7 +153,8 @@ defmodule Mtrace.Flamegraph do
       width: "a positive integer",
       stats: "a map (Mtrace.stats/0) or nil",
       filter: "a string or nil",
-      matched: "%{bytes: non-negative integer, count: non-negative integer} or nil"
+      matched: "%{bytes: non-negative integer, count: non-negative integer} or nil",
+      sort: "one of :bytes, :count, :oldest, :growth"
     }
 
     raise ArgumentError,
@@ -236,7 +243,8 @@ defmodule Mtrace.Flamegraph do
       about: about,
       filter: opts[:filter],
       matched: opts[:matched],
-      sites: opts[:sites]
+      sites: opts[:sites],
+      sort: opts[:sort]
     }
 
     [
@@ -350,11 +358,17 @@ defmodule Mtrace.Flamegraph do
        when count > tree.count or bytes > tree.bytes do
     blocks = if ctx.filter, do: "block", else: "live block"
 
-    "the #{Format.count(n, "largest site")} of #{about}#{Format.bytes(bytes)} in " <>
+    "the #{picked(n, ctx.sort)} of #{about}#{Format.bytes(bytes)} in " <>
       "#{about}#{Format.count(count, blocks)}#{if ctx.filter, do: " that match"}; "
   end
 
   defp left_out(_tree, _ctx), do: ""
+
+  # The sites drawn are the first of the order they were picked by.
+  defp picked(n, :count), do: Format.count(n, "site") <> " with the most blocks"
+  defp picked(n, :oldest), do: Format.count(n, "oldest site")
+  defp picked(n, :growth), do: Format.count(n, "fastest-growing site")
+  defp picked(n, _bytes), do: Format.count(n, "largest site")
 
   # A node and, left to right below it, its children. A node too narrow to see
   # is not drawn, nor are its descendants (they are narrower still), but it

@@ -14,7 +14,8 @@ defmodule Mtrace.Frame do
   @doc """
   The name a frame is shown under: for an Erlang frame its
   `Module.function/arity`; for a native frame its symbol (a C++ name without
-  its argument list) if known, else the basename of its object file and the
+  its argument list, a compiler's `[clone ...]` copy named as the function)
+  if known, else the basename of its object file and the
   frame's offset in it, in lowercase hex. An address in no loaded object is,
   in beam.smp, code the VM's JIT generated or code unloaded since (a purged
   NIF library): `"?? (JIT or unloaded code)"`. An empty symbol or lib counts
@@ -26,6 +27,8 @@ defmodule Mtrace.Frame do
       "malloc_wrapper"
       iex> Mtrace.Frame.name(%{symbol: "cache::put(std::string const&, int)", lib: "/lib/libc.so", offset: 0})
       "cache::put"
+      iex> Mtrace.Frame.name(%{symbol: "ns::f(int) [clone .isra.0] [clone .cold]", lib: "/lib/libx.so", offset: 0})
+      "ns::f"
       iex> Mtrace.Frame.name(%{symbol: nil, lib: "/usr/lib/libx.so.1", offset: 0x1A2B})
       "libx.so.1+0x1a2b"
       iex> Mtrace.Frame.name(%{module: Ledger, function: :append, arity: 2, symbol: nil, lib: nil, offset: 0})
@@ -51,8 +54,12 @@ defmodule Mtrace.Frame do
 
   def name(%{module: nil}), do: "?? (Erlang code)"
 
-  def name(%{symbol: symbol}) when is_binary(symbol) and symbol != "",
-    do: symbol |> printable() |> short()
+  def name(%{symbol: symbol} = frame) when is_binary(symbol) and symbol != "" do
+    name = symbol |> printable() |> without_clone() |> short()
+
+    # a symbol that is all argument list or blanks names nothing: where it is does
+    if String.trim(name) == "", do: frame |> Map.delete(:symbol) |> name(), else: name
+  end
 
   def name(%{lib: lib, offset: offset}) when is_binary(lib) and lib != "",
     do: printable(Path.basename(lib)) <> "+0x" <> String.downcase(Integer.to_string(offset, 16))
@@ -249,6 +256,10 @@ defmodule Mtrace.Frame do
           "<...>" <> binary_part(name, at + len, byte_size(name) - at - len)
     end
   end
+
+  # GCC's copies of a function ("f(int) [clone .isra.0]", "[clone .cold]")
+  # are the function: named as it is.
+  defp without_clone(symbol), do: String.replace(symbol, ~r/(?: \[clone [^\]]*\])+\z/, "")
 
   # "ns::f(int, char const*) const" -> "ns::f": the argument list of a
   # demangled C++ name, found from its end so that templates and operator()

@@ -69,6 +69,16 @@ defmodule Mtrace.ExportTest do
       assert Mtrace.Frame.name(frame(nil, lib: nil)) == "?? (JIT or unloaded code)"
       assert Mtrace.Frame.name(frame("", lib: "", offset: 1)) == "?? (JIT or unloaded code)"
     end
+
+    test "a compiler's clone is named as its function; a symbol naming nothing, by where it is" do
+      for suffix <- [" [clone .isra.0]", " [clone .cold]", " [clone .constprop.0] [clone .cold]"] do
+        assert Mtrace.Frame.name(frame("ns::f(std::string const&)" <> suffix)) == "ns::f"
+      end
+
+      for blank <- [" (x)", "   "] do
+        assert Mtrace.Frame.name(frame(blank, lib: "/a/libq.so", offset: 0x10)) == "libq.so+0x10"
+      end
+    end
   end
 
   describe "folded/2" do
@@ -109,6 +119,16 @@ defmodule Mtrace.ExportTest do
 
       assert text == "main;operator:(std::string)?second line 10\nmain: x 5\n"
       assert [{_, 10}, {_, 5}] = parse_folded(text)
+    end
+
+    test "an innermost name ending in a number is not read as a second weight" do
+      sites = [site(1, 12, [frame("digits 99"), frame("main 7")]), site(1, 3, [frame("v 1.5")])]
+      text = IO.iodata_to_binary(Export.folded(sites))
+
+      # flamegraph.pl's and inferno's reading: a line ending in two numbers
+      # is a differential one
+      refute text =~ ~r/\s\d+(\.\d*)? \d+$/m
+      assert parse_folded(text) == [{"main 7;digits_99", 12}, {"v_1.5", 3}]
     end
 
     test "a site without a stack, and weight 0 lines left out" do

@@ -110,6 +110,24 @@ defmodule Mtrace.FlamegraphTest do
       refute svg =~ "largest site"
     end
 
+    test "what a limit leaves out is named by the order the sites were picked in" do
+      sites = [site(["main", "old"], 1000, 1)]
+      matched = %{bytes: 9000, count: 5}
+
+      for {sort, words} <- [
+            bytes: "the 1 largest site of",
+            count: "the 1 site with the most blocks of",
+            oldest: "the 1 oldest site of",
+            growth: "the 1 fastest-growing site of"
+          ] do
+        assert render(sites, matched: matched, sort: sort) =~ words
+      end
+
+      assert_raise ArgumentError, ~r/option :sort must be one of/, fn ->
+        render(sites, sort: :size)
+      end
+    end
+
     test "widths are proportional to bytes by default" do
       svg = render([site(["main", "big"], 3000, 1), site(["main", "small"], 1000, 3)])
       boxes = boxes(svg)

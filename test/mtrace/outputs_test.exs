@@ -155,7 +155,11 @@ defmodule Mtrace.OutputsTest do
     for {fun, where} <- [
           {&Mtrace.export/2, "/nonexistent-dir/x.folded"},
           {&Mtrace.flamegraph/2, "/nonexistent-dir/x.svg"},
-          {&Mtrace.export/2, System.tmp_dir!()}
+          {&Mtrace.export/2, System.tmp_dir!()},
+          # a directory that refuses new files (even to root), and a parent
+          # that is a file
+          {&Mtrace.export/2, "/sys/x.folded"},
+          {&Mtrace.flamegraph/2, Path.join(path, "x.svg")}
         ] do
       said =
         capture_io(fn ->
