@@ -646,7 +646,10 @@ defmodule Mtrace do
   (libunwind busy in another thread for milliseconds, a fork under way, or
   a coroutine's stack whose frames point past its readable end);
   `config_errors` names the `MTRACE_` variables whose value was not
-  understood and fell back to the default.
+  understood and fell back to the default, and the variables whose name
+  reads like a misspelled setting (`"MTRACE_SAMPLE_BYTE (did you mean
+  MTRACE_SAMPLE_BYTES?)"`, `Mtrace.Stats.misspelled/1`), which leave that
+  setting at its default.
 
   `reset_ms` is the table's time of the last `reset/0` (0 if none), and
   `now_ms` its time when these figures were read, on the clock of
@@ -683,6 +686,8 @@ defmodule Mtrace do
           do: call(&Native.stats/0),
           else: call(fn -> Native.stats(false) end)
 
+      typos = Mtrace.Stats.misspelled(System.get_env())
+      stats = Map.update(stats, :config_errors, typos, &(&1 ++ typos))
       Mtrace.Stats.new(Map.merge(stats, %{now_ms: call(&Native.now_ms/0), heap: heap}))
     end)
     |> Mtrace.Stats.from_node(heap)

@@ -95,6 +95,67 @@ defmodule Mtrace.Stats do
     if is_nil(stats.heap), do: %{stats | heap: heap}, else: stats
   end
 
+  @settings ~w(MTRACE_PROGRAMS MTRACE_ENABLED MTRACE_DEPTH MTRACE_SAMPLE_BYTES
+                MTRACE_UNWIND MTRACE_ERLANG)
+
+  @doc """
+  The variables of `env` (`System.get_env/0`'s map) that read like a
+  misspelled setting of mtrace's, each named with the setting it is close to:
+  a typo leaves that setting at its default, which nothing else would say.
+  `Mtrace.stats/0` adds them to `config_errors`. A name counts as close when
+  it differs from a setting only in case, in at most two characters (three
+  for the longer names), or by a missing or extra end, so that other
+  `MTRACE_` variables (of scripts, of mtrace's own tests) are not taken for
+  one.
+
+      iex> Mtrace.Stats.misspelled(%{"MTRACE_SAMPLE_BYTE" => "4096",
+      ...>   "mtrace_depth" => "8", "MTRACE_DEPTH" => "8", "MTRACE_STRESS" => "1"})
+      ["MTRACE_SAMPLE_BYTE (did you mean MTRACE_SAMPLE_BYTES?)",
+       "mtrace_depth (did you mean MTRACE_DEPTH?)"]
+  """
+  @spec misspelled(%{optional(String.t()) => String.t()}) :: [String.t()]
+  def misspelled(env) do
+    for {name, _value} <- Enum.sort(env, :desc),
+        name not in @settings,
+        setting = Enum.find(@settings, &close?(name, &1)),
+        reduce: [] do
+      acc -> ["#{name} (did you mean #{setting}?)" | acc]
+    end
+  end
+
+  defp close?(name, "MTRACE_" <> setting) do
+    case String.upcase(name) do
+      "MTRACE_" <> ^setting ->
+        true
+
+      "MTRACE_" <> rest when byte_size(rest) >= 4 ->
+        String.starts_with?(setting, rest) or String.starts_with?(rest, setting) or
+          edits(rest, setting) <= if(byte_size(setting) >= 10, do: 3, else: 2)
+
+      _ ->
+        false
+    end
+  end
+
+  # Levenshtein's distance, one row at a time (names are short).
+  defp edits(a, b) do
+    b = String.to_charlist(b)
+
+    a
+    |> String.to_charlist()
+    |> Enum.reduce(Enum.to_list(0..length(b)), fn ca, [left | _] = row ->
+      {new, _} =
+        Enum.zip(b, Enum.zip(row, tl(row)))
+        |> Enum.reduce({[left + 1], left}, fn {cb, {diag, up}}, {[prev | _] = acc, _} ->
+          cost = if ca == cb, do: 0, else: 1
+          {[Enum.min([prev + 1, up + 1, diag + cost]) | acc], up}
+        end)
+
+      Enum.reverse(new)
+    end)
+    |> List.last()
+  end
+
   @impl Access
   def fetch(stats, key), do: Map.fetch(stats, key)
 

@@ -90,6 +90,9 @@ defmodule Mtrace.ReadableTest do
     assert Format.bytes(1_048_524) == "1023.9 KiB"
     assert Format.bytes(1_048_575) == "1.0 MiB"
     assert Format.bytes(1024 ** 3 - 1) == "1.0 GiB"
+    # sampling's largest setting, 1 TiB
+    assert Format.bytes(1024 ** 4 - 1) == "1.0 TiB"
+    assert Format.bytes(1024 ** 4) == "1.0 TiB"
     assert Format.bytes(-5) == "-5 B"
     assert Format.rate(1023.97) == "+1.0 KiB/s (+3.5 MiB/h)"
   end

@@ -151,6 +151,16 @@ defmodule Mtrace.RemoteTest do
     assert inspect(stats) =~ "sampling every 4.0 GiB"
   end
 
+  test "a misspelled setting is named in config_errors; other MTRACE_ variables are not" do
+    env = [{~c"MTRACE_SAMPLE_BYTE", ~c"4096"}, {~c"MTRACE_STRESS", ~c"1"}]
+    peer = start_peer(code: true, env: env)
+    stats = Mtrace.stats(node: peer)
+
+    assert %{sampled: false, config_errors: ["MTRACE_SAMPLE_BYTE " <> _ = typo]} = stats
+    assert typo =~ "did you mean MTRACE_SAMPLE_BYTES?"
+    assert inspect(stats) =~ "not understood, default used: MTRACE_SAMPLE_BYTE (did you mean"
+  end
+
   test "a process killed or exited there, another version, another exception: Mtrace.Error or the node named" do
     peer = start_peer(code: true)
 

@@ -11,6 +11,8 @@ defmodule Mtrace.VM.Format do
 
       iex> Mtrace.VM.Format.bytes(1536)
       "1.5 KiB"
+      iex> Mtrace.VM.Format.bytes(1024 ** 4)
+      "1.0 TiB"
       iex> Mtrace.VM.Format.bytes(nil)
       "n/a"
   """
@@ -21,7 +23,8 @@ defmodule Mtrace.VM.Format do
   def bytes(n) when n < 1023.5, do: "#{round(n)} B"
   def bytes(n) when n < 1023.95 * 1024, do: unit(n / 1024, "KiB")
   def bytes(n) when n < 1023.95 * 1024 * 1024, do: unit(n / (1024 * 1024), "MiB")
-  def bytes(n), do: unit(n / (1024 * 1024 * 1024), "GiB")
+  def bytes(n) when n < 1023.95 * 1024 * 1024 * 1024, do: unit(n / (1024 * 1024 * 1024), "GiB")
+  def bytes(n), do: unit(n / (1024 * 1024 * 1024 * 1024), "TiB")
 
   defp unit(value, name), do: "#{:erlang.float_to_binary(value * 1.0, decimals: 1)} #{name}"
 
