@@ -13,12 +13,12 @@ CFLAGS_ALL = $(BASE_CFLAGS) $(WARN_CFLAGS) $(EXTRA_CFLAGS)
 # The preload: the exported hooks, then the tracker and what it records
 # into, then the read side and the contract.
 PRELOAD_SRC = c_src/preload/hooks.c $(TRACKER_SRC)
-TRACKER_SRC = c_src/preload/tracker.c c_src/preload/fork.c c_src/preload/libc.c c_src/preload/counters.c \
+TRACKER_SRC = c_src/preload/tracker.c c_src/preload/threads.c c_src/preload/fork.c c_src/preload/libc.c c_src/preload/counters.c \
 	c_src/preload/sampling.c $(READ_SRC)
 READ_SRC = c_src/preload/api.c c_src/preload/query.c c_src/preload/sites.c $(TABLE_PART_SRC) \
 	c_src/preload/stacks.c c_src/preload/unloads.c c_src/preload/recent_stacks.c c_src/preload/state.c c_src/preload/clock.c c_src/preload/config.c c_src/preload/estimate.c \
 	c_src/preload/unwind.c c_src/preload/unwind_rules.c c_src/preload/unwind_fallback.c c_src/preload/eh_frame.c c_src/preload/objects.c c_src/preload/erlang_frames.c
-PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/state.h c_src/preload/clock.h c_src/preload/tracker.h c_src/preload/libc.h \
+PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/state.h c_src/preload/clock.h c_src/preload/tracker.h c_src/preload/threads.h c_src/preload/libc.h \
 	c_src/preload/table.h c_src/preload/table_grow.h c_src/preload/table_mem.h c_src/preload/table_spill.h c_src/preload/table_slot.h c_src/preload/table_bucket.h c_src/preload/stacks.h c_src/preload/config.h c_src/preload/spinlock.h \
 	c_src/preload/sampling.h c_src/preload/estimate.h c_src/preload/math_lite.h c_src/preload/hash.h c_src/preload/unwind.h c_src/preload/unwind_frames.h c_src/preload/unwind_rules.h c_src/preload/unwind_fallback.h \
 	c_src/preload/eh_frame.h c_src/preload/objects.h c_src/preload/counters.h c_src/preload/query.h \
@@ -45,7 +45,7 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_small_stacks $(BUILD)/test_interpose_loader_lock \
 	$(BUILD)/test_interpose_coroutine $(BUILD)/test_interpose_thread_exit \
 	$(BUILD)/test_interpose_signals $(BUILD)/test_interpose_signal_stack \
-	$(BUILD)/test_interpose_malloc_debug
+	$(BUILD)/test_interpose_malloc_debug $(BUILD)/test_interpose_early_threads
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
 	$(BUILD)/test_symbols_files $(BUILD)/test_name_fit $(BUILD)/test_demangle \
 	$(BUILD)/test_elf_symtab \
@@ -321,6 +321,17 @@ $(BUILD)/test_interpose_thread_exit: test/c/test_interpose_thread_exit.c test/c/
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_thread_exit.c \
 		$(DL_LIBS) -lpthread
+
+# Linked with a library whose constructor starts threads, found next to it.
+$(BUILD)/test_interpose_early_threads: test/c/test_interpose_early_threads.c test/c/check.h \
+		$(BUILD)/early_threads.so $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -o $@ test/c/test_interpose_early_threads.c \
+		$(BUILD)/early_threads.so -Wl,-rpath,'$$ORIGIN' $(DL_LIBS) -lpthread
+
+$(BUILD)/early_threads.so: test/c/early_threads.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -Wl,-soname,early_threads.so -o $@ test/c/early_threads.c -lpthread
 
 $(BUILD)/test_interpose_malloc_debug: test/c/test_interpose_malloc_debug.c test/c/check.h $(MAKEVARS)
 	@mkdir -p $(BUILD)

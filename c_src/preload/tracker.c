@@ -1,32 +1,25 @@
 /*
  * The tracker (see tracker.h): the gate and the process's set-up, thread
- * state, counting, record/forget and thread exit (fork: fork.c).
+ * state, counting and record/forget (a thread's registration and exit:
+ * threads.c; fork: fork.c).
  */
 #define _GNU_SOURCE
 #include "tracker.h"
 
 #include <errno.h>
-#include <limits.h>
-#include <pthread.h>
 #include <sched.h>
 
 #include "erlang_frames.h"
 #include "libc.h"
 #include "objects.h"
 #include "stacks.h"
+#include "threads.h"
 #include "unwind.h"
 #include "unwind_fallback.h"
 
 extern char **__environ;
 
 MT_TLS struct mt_thread mt_me;
-
-static pthread_key_t exit_key;
-static int exit_key_made;
-
-#ifndef PTHREAD_DESTRUCTOR_ITERATIONS
-#define PTHREAD_DESTRUCTOR_ITERATIONS 4 /* glibc's and musl's */
-#endif
 
 /* ---- the gate ------------------------------------------------------------ */
 
@@ -137,81 +130,16 @@ static inline int tracking(void) {
 
 /* ---- threads and counting ------------------------------------------------ */
 
-/* Calls of this thread counted in the shared counters (the registry was
- * full, or it exited): thread_exit tells a quiet round by them too. */
-static MT_TLS uint64_t shared_calls;
-
-/* This thread's calls counted so far. */
-static uint64_t own_calls(void) {
-    uint64_t n = shared_calls;
-    if (mt_me.f.b.registered)
-        for (int f = 0; f < MT_FN_COUNT; f++)
-            n += atomic_load_explicit(&mt_me.counts->calls[f], memory_order_relaxed);
-    return n;
-}
-
-/* own_calls() when thread_exit last looked. */
-static MT_TLS uint64_t exit_calls;
-
-/* Thread exit (a pthread key destructor): fold this thread's counts, give
- * back its stacks' memory.  The C library calls the keys' destructors in up
- * to PTHREAD_DESTRUCTOR_ITERATIONS rounds, another round while one of them
- * sets a key again.  This key, made in the constructor, comes before the
- * keys of libraries loaded later, whose destructors may allocate: it sets
- * itself again (its value counting the rounds) and lets go when a whole
- * round made no call of this thread's, or in the last round, so that those
- * allocations keep their stacks.  Not only in the last: a thread whose
- * first counted call is a destructor's sets this key in the middle of the
- * rounds, and would never see its last (each such thread kept its walker
- * and recent stacks, two mappings, until the process ran out of them). */
-static void thread_exit(void *round) {
-    uintptr_t r = (uintptr_t)round;
-    uint64_t calls = own_calls();
-    int quiet = r > 1 && calls == exit_calls;
-    exit_calls = calls;
-    if (r < PTHREAD_DESTRUCTOR_ITERATIONS && !quiet) {
-        unsigned char was = mt_tracker_call_out(); /* a high key's setspecific allocates */
-        int again = pthread_setspecific(exit_key, (void *)(r + 1)) == 0;
-        mt_tracker_call_back(was);
-        if (again)
-            return;
-    }
-    struct mt_counts *mine = mt_me.f.b.registered ? mt_me.counts : NULL;
-    mt_me.counts_state = MT_COUNTS_SHARED; /* later calls count atomically */
-    mt_me.f.b.registered = 0;
-    atomic_signal_fence(memory_order_seq_cst); /* before the struct may go to another thread */
-    if (mine) {
-        unsigned char was = mt_tracker_enter(); /* a handler's fork must not wait for its lock */
-        mt_counts_retire(mine);
-        mt_tracker_leave(was);
-    }
-    mt_stacks_thread_exit();
-}
-
-static __attribute__((noinline)) void register_thread(void) {
-    unsigned char was =
-        mt_tracker_call_out(); /* a high key number makes pthread_setspecific allocate */
-    int later;
-    mt_me.counts = mt_counts_register(&later);
-    mt_me.counts_state = mt_me.counts ? MT_COUNTS_REGISTERED
-                         : later      ? MT_COUNTS_NEW
-                                      : MT_COUNTS_SHARED;
-    mt_me.f.b.registered = mt_me.counts != NULL;
-    if (exit_key_made) /* registered or not: its stacks' memory goes back too */
-        pthread_setspecific(exit_key, (void *)1);
-    mt_tracker_call_back(was);
-}
-
 /* A thread registers on its first counted call, but not for a free(NULL):
  * glibc's last clean-up of an exiting thread makes those after the TLS
  * destructors, too late for thread_exit to give its struct back. */
 static inline void count_as(enum mtrace_fn fn, int may_register) {
     if (mt_unlikely(!mt_me.f.b.registered)) {
         if (mt_me.counts_state == MT_COUNTS_NEW && may_register)
-            register_thread();
+            mt_thread_register();
         if (!mt_me.f.b.registered) {
             mt_counts_shared_add(fn);
-            shared_calls++;
+            mt_shared_calls++;
             return;
         }
     }
@@ -386,7 +314,10 @@ int mt_tracker_sampled(void) {
 /* ---- load ---------------------------------------------------------------- */
 
 /* In a fork child (fork.c): perhaps held by a thread that did not come along. */
-void mt_tracker_forked(void) { mt_unlock(&gate_turn); }
+void mt_tracker_forked(void) {
+    mt_threads_forked();
+    mt_unlock(&gate_turn);
+}
 
 /* The environment is readable now.  Blocks recorded under a provisional
  * configuration (lossless: it cannot see MTRACE_SAMPLE_BYTES) weigh what
@@ -412,9 +343,7 @@ __attribute__((constructor)) static void on_load(void) {
     mt_tracker_call_back(was);
     if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE) {
         mt_fork_install();
-        exit_key_made = pthread_key_create(&exit_key, thread_exit) == 0;
-        if (exit_key_made && mt_me.f.b.registered) /* registered before this constructor ran */
-            pthread_setspecific(exit_key, (void *)1);
+        mt_threads_loaded();
     }
     errno = saved_errno;
 }
