@@ -61,11 +61,14 @@ defmodule Mtrace.Top do
     wait(renderer, reader)
   end
 
+  # This node is watched as itself, whatever its name later (distribution
+  # started or stopped while the view runs).
   defp check!(o) do
+    local = o.node in [nil, node()]
     node = o.node || node()
     Mtrace.Remote.reachable!(node, Sample, o.timeout)
     ansi = if o.ansi == nil, do: IO.ANSI.enabled?(), else: o.ansi
-    %{o | node: node, ansi: ansi}
+    Map.merge(o, %{node: node, ansi: ansi, local: local})
   end
 
   defp wait(renderer, reader) do
@@ -112,16 +115,20 @@ defmodule Mtrace.Top do
     start = System.monotonic_time(:millisecond)
     o = Map.put(o, :period, last && start - last)
 
+    {cols, _rows} = size = size()
+
     {screen, state} =
       case sample(o, state) do
-        {:ok, s} -> {render(s, o, size()), s.state}
+        {:ok, s} -> {render(s, o, size), s.state}
         # The state is kept: a scan slower than the timeout goes on in the
         # helper, which the next refresh asks again; a node that comes back
         # restarted is told by the sample (Sample's incarnation).
-        {:error, message} -> {render_error(o, message, size(), last?(o, done)), state}
+        {:error, message} -> {render_error(o, message, size, last?(o, done)), state}
       end
 
-    IO.write(if o.ansi, do: [IO.ANSI.home(), IO.ANSI.clear(), screen], else: ["\n", screen])
+    # printed one below the other, the refreshes are told apart by a rule
+    rule = if done > 0, do: [String.duplicate("-", cols), "\n"], else: []
+    IO.write(if o.ansi, do: [IO.ANSI.home(), IO.ANSI.clear(), screen], else: [rule, screen])
 
     if last?(o, done) do
       send(caller, :top_done)
@@ -142,7 +149,7 @@ defmodule Mtrace.Top do
   # On the watched node, a helper keeps each process's memory between
   # refreshes (Mtrace.Top.Sample); it ends with this renderer, or when no
   # refresh has come for a while.
-  defp sample(%{node: node} = o, state) when node == node(),
+  defp sample(%{local: true} = o, state),
     do: {:ok, Sample.take(state, o.rows, owner: self(), viewers: o.viewers, keep: keep(o))}
 
   defp sample(o, state) do
@@ -260,21 +267,30 @@ defmodule Mtrace.Top do
           native_held(native)
 
         _ ->
-          not_traced(Map.get(s, :so), cols)
+          not_traced(Map.get(s, :not_traced), Map.get(s, :so), cols)
       end
 
     ["RSS #{Format.bytes(m.rss)}" <> vm | List.wrap(native)] ++ nif_line(s.nif, cols)
   end
 
+  # Preloaded, but the tracer cannot answer (another release's library, the
+  # NIF not loaded): what Mtrace.Error says of it, commands kept whole.
+  defp not_traced({reason, message}, _so, cols) when reason != :not_preloaded do
+    ("native: not traced: " <> String.replace_prefix(message, "mtrace: ", ""))
+    |> Mtrace.Error.wrap(cols, cols)
+    |> String.split("\n")
+    |> Enum.map(&whole/1)
+  end
+
   # The watched node's own path first, then the release's line, which
   # holds anywhere (a sample from an older mtrace has no path).
-  defp not_traced(so, cols) when is_binary(so) do
+  defp not_traced(_why, so, cols) when is_binary(so) do
     prose("native: not traced (the tracer is not preloaded); start the node with", cols) ++
       [{:whole, "  LD_PRELOAD=" <> so}, "  or, in a release, add to rel/env.sh.eex:"] ++
       [{:whole, "  " <> Native.enable_hint()}]
   end
 
-  defp not_traced(_so, cols) do
+  defp not_traced(_why, _so, cols) do
     prose("native: not traced (the tracer is not preloaded); in rel/env.sh.eex:", cols) ++
       [{:whole, "  " <> Native.enable_hint()}]
   end

@@ -121,6 +121,18 @@ defmodule Mtrace.RemoteTest do
     text = String.replace(log, ~r/\s*\n\s*/, " ")
     assert text =~ "Mtrace.Watch not started: the preloaded tracer library comes from another"
     refute text =~ "not preloaded"
+    # and top, whose sample says why the tracer cannot answer there
+    out =
+      ExUnit.CaptureIO.capture_io(fn ->
+        Mtrace.top(node: peer, interval: 200, refreshes: 1, ansi: false)
+      end)
+
+    out = String.replace(out, ~r/\s*\n\s*/, " ")
+
+    assert out =~
+             "native: not traced: the preloaded tracer library comes from another mtrace release"
+
+    refute out =~ "not preloaded"
   end
 
   test "with sampling, sites estimate every live allocation of the site" do

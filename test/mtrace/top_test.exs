@@ -25,6 +25,8 @@ defmodule Mtrace.TopTest do
     out = capture_io(fn -> assert :ok = Mtrace.top(interval: 300, refreshes: 3, ansi: false) end)
     screens = out |> String.split(~r/^mtrace top /m) |> Enum.reject(&(String.trim(&1) == ""))
     assert length(screens) == 3
+    # told apart by a rule
+    assert length(Regex.scan(~r/^-{80}$/m, out)) == 2
     refute out =~ "\e["
     assert Enum.all?(String.split(out, "\n"), &(String.length(&1) <= 80)), out
     last = List.last(screens)
@@ -161,6 +163,49 @@ defmodule Mtrace.TopTest do
     assert screen =~ "table reset since the last refresh"
     refute screen =~ ~r/ -[\d.]+ [KMG]?i?B\/s/
     assert not Mtrace.Top.Sample.take(s.state, 5).reset
+  end
+
+  test "a reset after a refresh read the table, before its mark, is told at the next" do
+    LeakyNif.leak(:malloc, 8, 1_048_576)
+    first = Mtrace.Top.Sample.take(nil, 5)
+    Mtrace.reset()
+    # the figures read before the reset, the mark taken after it
+    racing = %{first.state | mark: Mtrace.mark()}
+    s = Mtrace.Top.Sample.take(racing, 5)
+    assert s.reset and s.native_per_s == nil
+    refute Mtrace.Top.Sample.take(s.state, 5).reset
+  end
+
+  test "a process started since the last refresh grew by all it holds" do
+    first = Mtrace.Top.Sample.take(nil, 5)
+    me = self()
+
+    pid =
+      spawn(fn ->
+        held = Enum.to_list(1..1_000_000)
+        send(me, :holding)
+        receive do: (:stop -> held)
+      end)
+
+    on_exit(fn -> Process.exit(pid, :kill) end)
+    assert_receive :holding
+    s = Mtrace.Top.Sample.take(first.state, 5)
+    assert [{^pid, bytes, rate, _info}] = for({^pid, _, _, _} = p <- s.procs, do: p)
+    assert bytes > 16_000_000 and rate > 0
+  end
+
+  @tag :peer
+  test "this node is watched as itself when distribution starts under the view" do
+    Remote.distribute!()
+    {:ok, peer, _} = :peer.start_link(%{connection: :standard_io})
+    on_exit(fn -> Remote.stop_peer(peer) end)
+    :ok = :peer.call(peer, :code, :add_paths, [:code.get_path()])
+    {:ok, _} = :peer.call(peer, Application, :ensure_all_started, [:mtrace])
+    {name, out} = :peer.call(peer, Remote, :top_across_node_start, [], 30_000)
+    assert is_binary(out), inspect(out)
+    assert length(String.split(out, ~r/^mtrace top /m, trim: true)) == 4
+    assert out =~ "mtrace top #{name} "
+    refute out =~ "not answering"
   end
 
   test "the state carried between refreshes is small; a helper on the node keeps the processes" do
@@ -569,6 +614,16 @@ defmodule Mtrace.TopTest do
     assert with_path =~ "start the node with\n  LD_PRELOAD=#{so}\n  or, in a release"
     assert with_path =~ "\n  export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)\n"
     assert with_path |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80))
+
+    # preloaded, but another release's library, or the NIF not loaded: why
+    for e <- [Mtrace.Error.preload_mismatch(), Mtrace.Error.nif_not_loaded(:enoent)] do
+      why = Map.put(untraced_sample, :not_traced, {e.reason, Exception.message(e)})
+      screen = untraced.(why)
+      words = e.message |> String.replace_prefix("mtrace: ", "") |> String.slice(0, 40)
+      assert String.replace(screen, ~r/\s*\n\s*/, " ") =~ "native: not traced: " <> words
+      refute screen =~ "not preloaded"
+      assert screen |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), screen
+    end
 
     not_named = untraced.(%{s | memory: %{s.memory | native: nil}, traced: false, left_out: true})
     assert not_named =~ ~r/^native: not traced \(MTRACE_PROGRAMS does not name beam.smp/m

@@ -63,6 +63,33 @@ defmodule Mtrace.Test.Remote do
     end
   end
 
+  # The plain output of Mtrace.top/1 on the node that runs it (not
+  # distributed), distribution started there between its refreshes.
+  def top_across_node_start do
+    {:ok, _} = Application.ensure_all_started(:ex_unit)
+    me = self()
+
+    viewer =
+      spawn(fn ->
+        out =
+          ExUnit.CaptureIO.capture_io(fn ->
+            Mtrace.top(interval: 300, refreshes: 4, ansi: false)
+          end)
+
+        send(me, {:top, out})
+      end)
+
+    Process.sleep(450)
+    name = :"top_started_#{System.unique_integer([:positive])}"
+    {:ok, _} = :net_kernel.start(name, %{name_domain: :shortnames})
+
+    receive do
+      {:top, out} -> {node(), out}
+    after
+      20_000 -> {node(), Process.info(viewer, :current_stacktrace)}
+    end
+  end
+
   # Ends the process that runs it, as a max_heap_size limit would.
   def killed, do: Process.exit(self(), :kill)
 

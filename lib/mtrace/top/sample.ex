@@ -6,8 +6,10 @@ defmodule Mtrace.Top.Sample do
   most. `traced` says whether the native tracer records this program's
   allocations (preloaded, and the program one `MTRACE_PROGRAMS` names);
   `left_out` that it is preloaded but `MTRACE_PROGRAMS` leaves the program
-  out; `so`, when it is not traced, the path of the tracer library on that
-  node (for the `LD_PRELOAD=` line the view gives). `take/3` is given the previous sample's `:state` to measure growth
+  out; `not_traced`, when the tracer cannot answer, `{reason, message}` as
+  `Mtrace.Error` gives them (`:not_preloaded`, `:preload_mismatch`,
+  `:nif_not_loaded`); `so`, when it is not traced, the path of the tracer
+  library on that node (for the `LD_PRELOAD=` line the view gives). `take/3` is given the previous sample's `:state` to measure growth
   against; the first refresh has nothing to compare with, nor has one
   given a state from another run of the node (it restarted since: the
   state says which OS process and start time it came from).
@@ -43,6 +45,7 @@ defmodule Mtrace.Top.Sample do
           secs: float | nil,
           memory: map,
           traced: boolean,
+          not_traced: {Mtrace.Error.reason(), String.t()} | nil,
           left_out: boolean,
           so: String.t() | nil,
           native_per_s: float | nil,
@@ -92,6 +95,7 @@ defmodule Mtrace.Top.Sample do
     sites = if state && state.mark && mark, do: sites_between(n, state.mark, mark), else: []
     secs = secs(state, mark, at)
     reset = reset_since(state, memory)
+    reset_ms = reset_ms(memory)
 
     {helper, {procs, procs_secs}} =
       scan(state && state.helper, n, %{
@@ -106,6 +110,7 @@ defmodule Mtrace.Top.Sample do
       secs: secs,
       memory: memory,
       traced: memory.native != nil,
+      not_traced: why_not_traced(memory),
       left_out: match?(%{active: false}, Native.stats(false)),
       so: unless(memory.native, do: Native.so_path()),
       # a reset since the last refresh forgot what it held: no rate over it
@@ -114,7 +119,7 @@ defmodule Mtrace.Top.Sample do
       nif: nif_rows(n),
       sites:
         if(secs && state.mark && mark,
-          do: with_growth(sites, since_reset(reset, mark) || secs),
+          do: with_growth(sites, since_reset(reset, state.mark, mark) || secs),
           else: []
         ),
       procs: procs,
@@ -123,6 +128,7 @@ defmodule Mtrace.Top.Sample do
         incarnation: incarnation,
         at_ms: at,
         mark: mark,
+        reset_ms: reset_ms,
         native: native_bytes(memory),
         helper: helper
       }
@@ -158,16 +164,43 @@ defmodule Mtrace.Top.Sample do
     Mtrace.Error -> []
   end
 
-  # The table's time of a reset made since the last refresh's mark, or nil.
+  # The table's time of a reset made since the last refresh read it, or nil:
+  # told by the time having moved, not by its place against the last mark,
+  # which a reset made between that refresh's reading and its mark follows.
+  defp reset_since(%{reset_ms: was}, memory) when is_integer(was) do
+    case reset_ms(memory) do
+      ^was -> nil
+      now -> now
+    end
+  end
+
+  # a state from an older mtrace: the reset against the mark
   defp reset_since(%{mark: %{t_ms: before}}, %{native: %{reset_ms: reset}})
        when is_integer(reset) and reset >= before,
        do: reset
 
   defp reset_since(_state, _memory), do: nil
 
-  # What the sites hold was allocated since the reset.
-  defp since_reset(nil, _mark), do: nil
-  defp since_reset(reset, %{t_ms: now}), do: max(now - reset, 1) / 1000
+  defp reset_ms(%{native: %{reset_ms: reset}}) when is_integer(reset), do: reset
+  defp reset_ms(_memory), do: nil
+
+  # What the sites hold was allocated since the reset, or since the last
+  # mark when the reset came before it.
+  defp since_reset(nil, _from, _to), do: nil
+
+  defp since_reset(reset, %{t_ms: before}, %{t_ms: now}),
+    do: max(now - max(reset, before), 1) / 1000
+
+  # Why the tracer cannot answer here, as {reason, message}: not preloaded,
+  # another release's library, the NIF not loaded; nil when it can.
+  defp why_not_traced(%{native: nil}) do
+    Mtrace.Query.native!(fn -> Mtrace.Native.stats(false) end)
+    nil
+  rescue
+    e in Mtrace.Error -> {e.reason, Exception.message(e)}
+  end
+
+  defp why_not_traced(_memory), do: nil
 
   defp with_growth(sites, secs) do
     Enum.map(sites, &Map.put(&1, :growth_per_s, Map.get(&1, :est_bytes, &1.bytes) / secs))
@@ -259,7 +292,7 @@ defmodule Mtrace.Top.Sample do
 
   defp growing(before, now, secs, n) do
     now
-    |> Enum.map(fn {pid, bytes} -> {pid, bytes, bytes - Map.get(before, pid, bytes)} end)
+    |> Enum.map(fn {pid, bytes} -> {pid, bytes, bytes - Map.get(before, pid, 0)} end)
     |> Enum.filter(fn {_pid, _bytes, delta} -> delta > 0 end)
     |> Enum.sort_by(fn {_pid, _bytes, delta} -> -delta end)
     |> Enum.take(n)
