@@ -841,19 +841,33 @@ defmodule Mtrace do
 
   # Before a window, the mistakes File.write! would only report after it
   # (no such directory, a directory where the file should be, no right to
-  # write there, a read-only file system): the file is opened for appending,
-  # which changes nothing in it, and taken away again if it was not there.
+  # write there, a read-only file system). A regular file is opened for
+  # appending, which changes nothing in it; a new one is made (never through
+  # a symbolic link) and taken away again. A link, a pipe or a device is
+  # opened once only, when written: a reader at a pipe's other end would
+  # take a first open and close for the end of the file.
   defp writable!(path) do
-    existed? = File.exists?(path)
+    case File.lstat(path) do
+      {:ok, %{type: :directory}} -> cannot_write!(path, :eisdir)
+      {:ok, %{type: :regular}} -> try_open!(path, [:append], false)
+      {:ok, _link_pipe_or_device} -> if File.dir?(path), do: cannot_write!(path, :eisdir)
+      {:error, :enoent} -> try_open!(path, [:write, :exclusive], true)
+      {:error, reason} -> cannot_write!(path, reason)
+    end
+  end
 
-    case File.open(path, [:append]) do
+  defp try_open!(path, modes, made?) do
+    case File.open(path, modes) do
       {:ok, io} ->
         File.close(io)
-        unless existed?, do: File.rm(path)
+        if made?, do: File.rm(path)
         :ok
 
       {:error, reason} ->
-        raise File.Error, reason: reason, action: "write to file", path: path
+        cannot_write!(path, reason)
     end
   end
+
+  defp cannot_write!(path, reason),
+    do: raise(File.Error, reason: reason, action: "write to file", path: path)
 end

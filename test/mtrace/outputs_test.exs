@@ -171,6 +171,39 @@ defmodule Mtrace.OutputsTest do
       assert said == ""
     end
 
+    # a named pipe is opened once, when written: a reader at its other end
+    # gets the whole file, not an end of file before the window
+    fifo = path <> ".fifo"
+    {_, 0} = System.cmd("mkfifo", [fifo])
+    reader = Task.async(fn -> System.cmd("cat", [fifo]) end)
+
+    {writer, watch} =
+      spawn_monitor(fn ->
+        capture_io(fn -> Mtrace.export(fifo, format: :json, window: 200, lib: @lib) end)
+      end)
+
+    read = Task.yield(reader, 10_000) || Task.shutdown(reader, :brutal_kill)
+
+    # a writer left waiting for a reader holds the VM's file server: one more
+    # reader, started without asking it (os:cmd/1), lets it go
+    receive do
+      {:DOWN, ^watch, _, _, _} -> :ok
+    after
+      2_000 -> :os.cmd(~c"timeout 5 cat '#{fifo}' > /dev/null")
+    end
+
+    Process.exit(writer, :kill)
+    assert {:ok, {text, 0}} = read
+    assert %{"window_ms" => 200} = JSONParser.decode!(text)
+
+    # a link to no file yet stays a link, and the file is made where it points
+    target = path <> ".target"
+    link = path <> ".link"
+    File.ln_s!(target, link)
+    capture_io(fn -> assert :ok = Mtrace.export(link, format: :json, window: 100) end)
+    assert {:ok, %{type: :symlink}} = File.lstat(link)
+    assert %{"window_ms" => 100} = target |> File.read!() |> JSONParser.decode!()
+
     # a snapshot of everything live: no mark, no growth
     assert :ok = Mtrace.export(path, format: :json, lib: @lib)
     doc = path |> File.read!() |> JSONParser.decode!()
