@@ -100,24 +100,27 @@ defmodule Mtrace.Stats do
 
   @doc """
   The variables of `env` (`System.get_env/0`'s map) that read like a
-  misspelled setting of mtrace's, each named with the setting it is close to:
-  a typo leaves that setting at its default, which nothing else would say.
-  `Mtrace.stats/0` adds them to `config_errors`. A name counts as close when
-  it differs from a setting only in case, in at most two characters (three
-  for the longer names), or by a missing or extra end, so that other
-  `MTRACE_` variables (of scripts, of mtrace's own tests) are not taken for
-  one.
+  misspelled setting of mtrace's, each named with the setting it is close to,
+  when that setting itself is not set: a typo leaves the setting at its
+  default, which nothing else would say. `Mtrace.stats/0` adds them to
+  `config_errors`. A name counts as close when it differs from a setting only
+  in case, in one character (two for `MTRACE_SAMPLE_BYTES`), or by a missing
+  end, so that other `MTRACE_` variables (of scripts, of mtrace's own tests)
+  are not taken for one.
 
       iex> Mtrace.Stats.misspelled(%{"MTRACE_SAMPLE_BYTE" => "4096",
-      ...>   "mtrace_depth" => "8", "MTRACE_DEPTH" => "8", "MTRACE_STRESS" => "1"})
+      ...>   "mtrace_depth" => "8", "MTRACE_STRESS" => "1", "MTRACE_PROGRESS" => "1"})
       ["MTRACE_SAMPLE_BYTE (did you mean MTRACE_SAMPLE_BYTES?)",
        "mtrace_depth (did you mean MTRACE_DEPTH?)"]
+      iex> Mtrace.Stats.misspelled(%{"MTRACE_DEPT" => "4", "MTRACE_DEPTH" => "8"})
+      []
   """
   @spec misspelled(%{optional(String.t()) => String.t()}) :: [String.t()]
   def misspelled(env) do
     for {name, _value} <- Enum.sort(env, :desc),
         name not in @settings,
         setting = Enum.find(@settings, &close?(name, &1)),
+        not Map.has_key?(env, setting),
         reduce: [] do
       acc -> ["#{name} (did you mean #{setting}?)" | acc]
     end
@@ -129,8 +132,8 @@ defmodule Mtrace.Stats do
         true
 
       "MTRACE_" <> rest when byte_size(rest) >= 4 ->
-        String.starts_with?(setting, rest) or String.starts_with?(rest, setting) or
-          edits(rest, setting) <= if(byte_size(setting) >= 10, do: 3, else: 2)
+        String.starts_with?(setting, rest) or
+          edits(rest, setting) <= if(byte_size(setting) >= 10, do: 2, else: 1)
 
       _ ->
         false
