@@ -17,13 +17,13 @@ TRACKER_SRC = c_src/preload/tracker.c c_src/preload/threads.c c_src/preload/fork
 	c_src/preload/sampling.c $(READ_SRC)
 READ_SRC = c_src/preload/api.c c_src/preload/query.c c_src/preload/sites.c $(TABLE_PART_SRC) \
 	c_src/preload/stacks.c c_src/preload/unloads.c c_src/preload/recent_stacks.c c_src/preload/state.c c_src/preload/clock.c c_src/preload/config.c c_src/preload/estimate.c \
-	c_src/preload/unwind.c c_src/preload/unwind_rules.c c_src/preload/unwind_fallback.c c_src/preload/eh_frame.c c_src/preload/objects.c c_src/preload/erlang_frames.c
+	c_src/preload/unwind.c c_src/preload/unwind_rules.c c_src/preload/unwind_fallback.c c_src/preload/eh_frame.c c_src/preload/objects.c c_src/preload/erlang_frames.c c_src/preload/erlang_files.c
 PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/state.h c_src/preload/clock.h c_src/preload/tracker.h c_src/preload/threads.h c_src/preload/libc.h \
 	c_src/preload/table.h c_src/preload/table_grow.h c_src/preload/table_mem.h c_src/preload/table_spill.h c_src/preload/table_slot.h c_src/preload/table_bucket.h c_src/preload/stacks.h c_src/preload/config.h c_src/preload/spinlock.h \
 	c_src/preload/sampling.h c_src/preload/estimate.h c_src/preload/math_lite.h c_src/preload/hash.h c_src/preload/unwind.h c_src/preload/unwind_frames.h c_src/preload/unwind_rules.h c_src/preload/unwind_fallback.h \
 	c_src/preload/eh_frame.h c_src/preload/objects.h c_src/preload/counters.h c_src/preload/query.h \
 	c_src/preload/stack_bounds.h c_src/preload/recent_stacks.h c_src/preload/fork_gate.h \
-	c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/dwarf_cfi.h c_src/preload/unloads.h
+	c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/erlang_files.h c_src/preload/dwarf_cfi.h c_src/preload/unloads.h
 NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_stacks.c c_src/nif/nif_erlang.c c_src/nif/term_memo.c $(SYM_SRC)
 SYM_SRC = c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/name_fit.c \
 	c_src/nif/dwarf_lines.c c_src/nif/proc_maps.c
@@ -45,9 +45,10 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_small_stacks $(BUILD)/test_interpose_loader_lock \
 	$(BUILD)/test_interpose_coroutine $(BUILD)/test_interpose_thread_exit \
 	$(BUILD)/test_interpose_signals $(BUILD)/test_interpose_signal_stack \
-	$(BUILD)/test_interpose_malloc_debug $(BUILD)/test_interpose_early_threads
+	$(BUILD)/test_interpose_malloc_debug $(BUILD)/test_interpose_early_threads \
+	$(BUILD)/test_interpose_key_signal
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
-	$(BUILD)/test_symbols_files $(BUILD)/test_name_fit $(BUILD)/test_demangle \
+	$(BUILD)/test_symbols_files $(BUILD)/test_dwarf_files $(BUILD)/test_name_fit $(BUILD)/test_demangle \
 	$(BUILD)/test_elf_symtab \
 	$(BUILD)/test_unwind $(BUILD)/test_unwind_rules $(BUILD)/test_recent_stacks \
 	$(BUILD)/test_erlang_frames $(BUILD)/test_tracker_fork $(INTERPOSE_TESTS)
@@ -74,7 +75,7 @@ QUERY_SRC = $(TRACKER_SRC)
 STATE_SRC = c_src/preload/state.c c_src/preload/clock.c c_src/preload/config.c
 TABLE_PART_SRC = c_src/preload/table.c c_src/preload/table_grow.c c_src/preload/table_filter.c c_src/preload/table_mem.c c_src/preload/table_spill.c
 TABLE_SRC = $(TABLE_PART_SRC) c_src/preload/estimate.c $(STATE_SRC)
-ERLANG_FRAMES_SRC = c_src/preload/erlang_frames.c $(STATE_SRC)
+ERLANG_FRAMES_SRC = c_src/preload/erlang_frames.c c_src/preload/erlang_files.c $(STATE_SRC)
 UNWIND_SRC = c_src/preload/unwind.c c_src/preload/recent_stacks.c c_src/preload/unwind_rules.c c_src/preload/eh_frame.c c_src/preload/objects.c \
 	c_src/preload/clock.c
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -329,6 +330,10 @@ $(BUILD)/test_interpose_early_threads: test/c/test_interpose_early_threads.c tes
 	$(CC) $(CFLAGS_ALL) -fno-builtin -o $@ test/c/test_interpose_early_threads.c \
 		$(BUILD)/early_threads.so -Wl,-rpath,'$$ORIGIN' $(DL_LIBS) -lpthread
 
+$(BUILD)/test_interpose_key_signal: test/c/test_interpose_key_signal.c test/c/check.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-builtin -o $@ test/c/test_interpose_key_signal.c $(DL_LIBS) -lpthread
+
 $(BUILD)/early_threads.so: test/c/early_threads.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -Wl,-soname,early_threads.so -o $@ test/c/early_threads.c -lpthread
@@ -360,6 +365,18 @@ $(BUILD)/test_symbols_files: test/c/test_symbols_files.c test/c/objects_api.h te
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ \
 		test/c/test_symbols_files.c $(SYM_SRC) c_src/preload/objects.c $(DW_LIBS)
+
+$(BUILD)/test_dwarf_files: test/c/test_dwarf_files.c test/c/check.h c_src/nif/dwarf_lines.c \
+		c_src/nif/dwarf_lines.h $(BUILD)/names_v1.so $(BUILD)/names_v2.so $(BUILD)/split_fixture.so \
+		$(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src/nif -o $@ test/c/test_dwarf_files.c \
+		c_src/nif/dwarf_lines.c $(DW_LIBS)
+
+# Split DWARF: its .dwo is written next to it.
+$(BUILD)/split_fixture.so: test/c/split_fixture.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -gsplit-dwarf $(SO_LDFLAGS) -o $@ test/c/split_fixture.c
 
 # One source, two frame sizes, the same code layout (see dl_fixture.c).
 $(BUILD)/dl_fixture_a.so: test/c/dl_fixture.c $(MAKEVARS)

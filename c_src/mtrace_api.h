@@ -186,6 +186,11 @@ struct mtrace_erlang_layout {
      * code at its addresses once it has moved (a load is committed after
      * thread progress). */
     const volatile uint64_t *thread_progress;
+    /* The VM's tracing stubs (beam_return_trace, beam_exception_trace,
+     * beam_return_to_trace, beam_return_time_trace; 0 if not exported):
+     * call tracing puts them on a process's stack, with the words of the
+     * trace after them, where they are no caller. */
+    uintptr_t return_trace, exception_trace, return_to_trace, return_time_trace;
 };
 
 /* One Erlang frame of a stack, named when its stack was first seen (atoms

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 struct mt_dwarf {
@@ -49,6 +50,33 @@ static struct mt_dwarf *dwarf_of(Elf *elf) {
     return d;
 }
 
+static const char *debug_root = "/usr/lib/debug";
+
+void mt_dwarf_set_debug_root(const char *dir) { debug_root = dir ? dir : "/usr/lib/debug"; }
+
+/* The separate debug file named by the build id of elf, if it has that build id. */
+static struct mt_dwarf *by_build_id(Elf *elf) {
+    const void *id, *its;
+    ssize_t n = dwelf_elf_gnu_build_id(elf, &id);
+    if (n < 2 || n > 64)
+        return NULL;
+    char dbg[PATH_MAX];
+    const unsigned char *b = id;
+    int p = snprintf(dbg, sizeof dbg, "%s/.build-id/%02x/", debug_root, b[0]);
+    for (ssize_t i = 1; i < n && p > 0 && (size_t)p < sizeof dbg; i++)
+        p += snprintf(dbg + p, sizeof dbg - (size_t)p, "%02x", b[i]);
+    if (p <= 0 || (size_t)p >= sizeof dbg - sizeof ".debug")
+        return NULL;
+    snprintf(dbg + p, sizeof dbg - (size_t)p, ".debug");
+    Elf *sep = elf_open(dbg);
+    struct mt_dwarf *d = NULL;
+    if (sep && dwelf_elf_gnu_build_id(sep, &its) == n && memcmp(its, id, (size_t)n) == 0)
+        d = dwarf_of(sep);
+    if (!d)
+        elf_end(sep);
+    return d;
+}
+
 struct mt_dwarf *mt_dwarf_open(const char *path) {
     pthread_once(&elf_once, elf_init);
     Elf *elf = elf_open(path);
@@ -56,19 +84,7 @@ struct mt_dwarf *mt_dwarf_open(const char *path) {
     if (d || !elf)
         return d;
     /* Distributions ship the DWARF of stripped files separately, named by build id. */
-    const void *id;
-    ssize_t n = dwelf_elf_gnu_build_id(elf, &id);
-    if (n >= 2 && n <= 64) {
-        char dbg[sizeof "/usr/lib/debug/.build-id/" + 2 * 64 + sizeof "/.debug"];
-        const unsigned char *b = id;
-        int p = snprintf(dbg, sizeof dbg, "/usr/lib/debug/.build-id/%02x/", b[0]);
-        for (ssize_t i = 1; i < n; i++)
-            p += snprintf(dbg + p, sizeof dbg - (size_t)p, "%02x", b[i]);
-        snprintf(dbg + p, sizeof dbg - (size_t)p, ".debug");
-        Elf *sep = elf_open(dbg);
-        if (!(d = dwarf_of(sep)))
-            elf_end(sep);
-    }
+    d = by_build_id(elf);
     elf_end(elf);
     return d;
 }
@@ -108,7 +124,14 @@ int mt_dwarf_frames(struct mt_dwarf *d, uintptr_t pc, struct mt_dw_frame *out, i
     /* dwarf_getscopes continues from an inlined instance into its abstract origin, not into
      * the function it was inlined into: keep only the innermost scope from it and walk the
      * concrete parents with dwarf_getscopes_die. */
-    if (dwarf_getscopes(&cu, pc, &scopes) > 0)
+    /* Split DWARF (-gsplit-dwarf): the functions and their inlined calls are in the split
+     * unit (the .dwo), the skeleton in the file holds the lines only. */
+    Dwarf_Die scope_cu = cu, split;
+    uint8_t unit_type;
+    if (dwarf_cu_info(cu.cu, NULL, &unit_type, NULL, &split, NULL, NULL, NULL) == 0 &&
+        unit_type == DW_UT_skeleton && dwarf_tag(&split) == DW_TAG_compile_unit)
+        scope_cu = split;
+    if (dwarf_getscopes(&scope_cu, pc, &scopes) > 0)
         nchain = dwarf_getscopes_die(&scopes[0], &chain);
     free(scopes);
     Dwarf_Files *files = NULL;
@@ -147,6 +170,8 @@ struct mt_dwarf *mt_dwarf_open(const char *path) {
 }
 
 void mt_dwarf_close(struct mt_dwarf *d) { (void)d; }
+
+void mt_dwarf_set_debug_root(const char *dir) { (void)dir; }
 
 int mt_dwarf_frames(struct mt_dwarf *d, uintptr_t pc, struct mt_dw_frame *out, int max) {
     (void)d, (void)pc, (void)out, (void)max;

@@ -19,8 +19,12 @@ struct mt_dw_frame {
 };
 
 /* The DWARF of the ELF file at path, else of /usr/lib/debug/.build-id/xx/yyyy.debug named by
- * the file's build id; NULL if neither has any.  Nothing else is searched, nothing is fetched. */
+ * the file's build id, if that file has the same build id (one of other code would give wrong
+ * lines); NULL if neither has any.  Nothing else is searched, nothing is fetched. */
 struct mt_dwarf *mt_dwarf_open(const char *path);
+
+/* For tests: the directory searched instead of /usr/lib/debug (not copied; NULL restores it). */
+void mt_dwarf_set_debug_root(const char *dir);
 
 void mt_dwarf_close(struct mt_dwarf *d);
 

@@ -234,6 +234,13 @@ static int layout_reads(const struct expect *x, const char *esdp) {
            is_mfa((void *)current, x->module, x->nif_name, 1);
 }
 
+/* The value of one of the VM's code pointer variables (ErtsCodePtr
+ * beam_return_trace, ...), 0 if it is not exported. */
+static uintptr_t code_pointer(const char *name) {
+    const uintptr_t *p = dlsym(RTLD_DEFAULT, name);
+    return p ? *p : 0;
+}
+
 /* erlang_layout(Line) on a normal scheduler, then erlang_layout_dirty(Line)
  * on a dirty one, each called (not tail-called) from
  * Mtrace.Native.check_erlang_frames/0 at line Line.  The second hands the
@@ -282,6 +289,10 @@ static ERL_NIF_TERM check(ErlNifEnv *env, const ERL_NIF_TERM argv[], const char 
         layout.info_fname = lines == 2 ? INFO_FNAME : 0;
         /* ErtsThrPrgr is {erts_atomic64_t current}: its first word. */
         layout.thread_progress = dlsym(RTLD_DEFAULT, "erts_thr_prgr__");
+        layout.return_trace = code_pointer("beam_return_trace");
+        layout.exception_trace = code_pointer("beam_exception_trace");
+        layout.return_to_trace = code_pointer("beam_return_to_trace");
+        layout.return_time_trace = code_pointer("beam_return_time_trace");
         return mt_atoms.ok;
     }
     if (!layout.size)

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "erlang_files.h"
 #include "spinlock.h"
 #include "state.h"
 
@@ -24,11 +25,9 @@
 #define SCAN_WORDS 8192
 #define MAX_STACK_WORDS (1ull << 28)
 
-/* Source file names, kept here for good: the VM's own copies go with the
- * code when it is purged. */
-#define FILE_SLOTS 4096
+/* The longest source file name kept whole (erlang_files.c keeps the end
+ * of a longer one). */
 #define FILE_TEXT 256
-#define ARENA_BYTES (64u << 10)
 
 enum { ERL_NONE, ERL_SETTING, ERL_ON, ERL_OFF };
 
@@ -60,10 +59,6 @@ static TLS struct capture_cache *cache;
  * turned off is not the previous capture (those while off took none). */
 static _Atomic uint32_t turns_on;
 
-static mt_spinlock files_lock;
-static const char *files[FILE_SLOTS];
-static char *arena, *arena_end;
-
 /* The NIFs seen, by {M, F, A}: a key's NIF frame is the address of the
  * copy kept here, not of the VM's, since a dirty or rescheduled NIF's
  * {M, F, A} is in its process's own native function record: one code path
@@ -78,7 +73,7 @@ static struct nif_mfa *nif_mfas;
 static mt_spinlock nifs_lock;
 
 /* A fork() child is no longer the VM: it takes no Erlang frames (and so
- * never needs files_lock, which another thread may have held). */
+ * never needs the file store's lock, which another thread may have held). */
 void mt_erl_forked(void) { atomic_store(&state, ERL_OFF); }
 
 int mt_erl_active(int *allowed_out) {
@@ -160,6 +155,18 @@ static struct capture_cache *thread_cache(void) {
     return cache;
 }
 
+/* -1 for a return address; for one of the VM's tracing stubs, the words
+ * of the trace after it, which are no caller either: return_trace and
+ * exception_trace keep the traced function's {M, F, A} pointer and the
+ * tracer, return_time_trace its code info, return_to_trace nothing. */
+static int trace_words(uintptr_t v) {
+    if (v == layout.return_trace || v == layout.exception_trace)
+        return 2;
+    if (v == layout.return_time_trace)
+        return 1;
+    return v == layout.return_to_trace ? 0 : -1;
+}
+
 /* This thread's scheduler data, or NULL on a thread that is no scheduler. */
 static inline const char *scheduler(void) {
     if (!sched)
@@ -220,8 +227,13 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
     const uintptr_t *end = hend - stop > SCAN_WORDS ? stop + SCAN_WORDS : hend - 1, *w = stop;
     for (; w < end && n < max; w++) {
         uintptr_t v = *w;
-        if (v && !(v & 3) && (v < (uintptr_t)stop || v >= (uintptr_t)hend))
+        if (!v || (v & 3) || (v >= (uintptr_t)stop && v < (uintptr_t)hend))
+            continue;
+        int skip = trace_words(v);
+        if (skip < 0)
             pcs[n++] = v;
+        else
+            w += skip;
     }
     uint32_t scanned = (uint32_t)(w - stop); /* the words the result depends on */
     if (c && scanned <= CACHE_WORDS) {
@@ -231,68 +243,6 @@ uint32_t mt_erl_capture(uintptr_t *pcs, uint32_t max, int *unchanged) {
         memcpy(c->words, stop, scanned * sizeof *stop);
     }
     return n;
-}
-
-/* The text of a file name as the VM keeps it, a list of character codes
- * (tags: list 01, small integer 1111, [] 111011); 0 if it is anything else. */
-static size_t list_text(uint64_t t, char *out, size_t len) {
-    size_t n = 0;
-    for (; (t & 3) == 1; t = ((const uint64_t *)(t - 1))[1]) {
-        uint64_t c = ((const uint64_t *)(t - 1))[0];
-        if ((c & 0xF) != 0xF || c >> 4 == 0 || n + 4 >= len)
-            return 0;
-        c >>= 4;
-        if (c < 0x80) { /* UTF-8 */
-            out[n++] = (char)c;
-        } else if (c < 0x800) {
-            out[n++] = (char)(0xC0 | c >> 6);
-            out[n++] = (char)(0x80 | (c & 0x3F));
-        } else if (c < 0x10000) {
-            out[n++] = (char)(0xE0 | c >> 12);
-            out[n++] = (char)(0x80 | ((c >> 6) & 0x3F));
-            out[n++] = (char)(0x80 | (c & 0x3F));
-        } else if (c < 0x110000) {
-            out[n++] = (char)(0xF0 | c >> 18);
-            out[n++] = (char)(0x80 | ((c >> 12) & 0x3F));
-            out[n++] = (char)(0x80 | ((c >> 6) & 0x3F));
-            out[n++] = (char)(0x80 | (c & 0x3F));
-        } else {
-            return 0;
-        }
-    }
-    if ((t & 0x3F) != 0x3B) /* an improper list */
-        return 0;
-    out[n] = 0;
-    return n;
-}
-
-/* The kept copy of a file name; NULL when the store is full. */
-static const char *keep_file(const char *text, size_t len) {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)text[i]) * 16777619u;
-    const char *kept = NULL;
-    mt_lock(&files_lock);
-    for (uint32_t probe = 0; probe < FILE_SLOTS && !kept; probe++) {
-        const char **slot = &files[(h + probe) % FILE_SLOTS];
-        if (*slot && !strcmp(*slot, text)) {
-            kept = *slot;
-        } else if (!*slot) {
-            if ((size_t)(arena_end - arena) <= len) {
-                void *m = mmap(NULL, ARENA_BYTES, PROT_READ | PROT_WRITE,
-                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-                if (m == MAP_FAILED)
-                    break;
-                arena = m;
-                arena_end = arena + ARENA_BYTES;
-            }
-            memcpy(arena, text, len + 1);
-            kept = *slot = arena;
-            arena += len + 1;
-        }
-    }
-    mt_unlock(&files_lock);
-    return kept;
 }
 
 /* What the VM says of pc now: its function's {module, function, arity}
@@ -325,8 +275,8 @@ void mt_erl_name(uintptr_t pc, struct mtrace_erl_frame *out) {
     if (loc) {
         out->line = loc & 0xFFFFFF;
         char text[FILE_TEXT];
-        size_t len = fnames ? list_text(fnames[loc >> 24], text, sizeof text) : 0;
-        out->file = len ? keep_file(text, len) : NULL;
+        size_t len = fnames ? mt_erl_list_text(fnames[loc >> 24], text, sizeof text) : 0;
+        out->file = len ? mt_erl_keep_file(text, len) : NULL;
     }
     if (mfa) {
         out->module = mfa[0];
@@ -356,7 +306,7 @@ static int named_as(uintptr_t pc, const struct mtrace_erl_frame *named, struct s
         named->line != (loc & 0xFFFFFF))
         return 0;
     /* The next version may come from another file.  A name that could not
-     * be kept (the store full) is not compared, else it would never hold. */
+     * be kept (no memory for it) is not compared, else it would never hold. */
     if (!named->file)
         return 1;
     if (!loc || !fnames)
@@ -364,7 +314,7 @@ static int named_as(uintptr_t pc, const struct mtrace_erl_frame *named, struct s
     if (seen->table == fnames && seen->index == loc >> 24 && seen->named == named->file)
         return 1;
     char text[FILE_TEXT];
-    size_t len = list_text(fnames[loc >> 24], text, sizeof text);
+    size_t len = mt_erl_list_text(fnames[loc >> 24], text, sizeof text);
     if (!len || strcmp(text, named->file))
         return 0;
     *seen = (struct seen_file){fnames, loc >> 24, named->file};

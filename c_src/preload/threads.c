@@ -83,17 +83,23 @@ static void thread_exit(void *round) {
     mt_stacks_thread_exit();
 }
 
+static MT_TLS unsigned char making_here; /* this thread is in pthread_key_create */
+
 /* 1 once the key exists.  A thread that finds it being made waits for it
  * (pthread_key_create neither allocates nor blocks); a fork child whose
  * parent was making it makes it again (mt_tracker_forked). */
+
 static int exit_key_ready(void) {
     int none = KEY_NONE;
-    if (atomic_compare_exchange_strong(&exit_key_state, &none, KEY_MAKING))
-        atomic_store(&exit_key_state,
-                     pthread_key_create(&exit_key, thread_exit) == 0 ? KEY_MADE : KEY_FAILED);
+    if (atomic_compare_exchange_strong(&exit_key_state, &none, KEY_MAKING)) {
+        making_here = 1;
+        int made = pthread_key_create(&exit_key, thread_exit) == 0;
+        making_here = 0;
+        atomic_store(&exit_key_state, made ? KEY_MADE : KEY_FAILED);
+    }
     int state;
-    while ((state = atomic_load(&exit_key_state)) == KEY_MAKING)
-        sched_yield();
+    while ((state = atomic_load(&exit_key_state)) == KEY_MAKING && !making_here)
+        sched_yield(); /* never for itself: a signal handler's call on this thread */
     return state == KEY_MADE;
 }
 
@@ -113,9 +119,13 @@ void mt_thread_register(void) {
 
 void mt_threads_loaded(void) {
     /* made here at the latest, before the keys of libraries loaded later;
-     * a thread registered before this constructor ran sets it now */
+     * a thread registered before this constructor ran sets it now.  As a
+     * call-out: a signal handler's malloc meanwhile neither registers nor
+     * waits for the key this thread is making. */
+    unsigned char was = mt_tracker_call_out();
     if (exit_key_ready() && mt_me.f.b.registered)
         set_exit_key(1);
+    mt_tracker_call_back(was);
 }
 
 void mt_threads_forked(void) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "erlang_files.h"
 #include "erlang_frames.h"
 #include "state.h"
 
@@ -74,8 +75,59 @@ static struct mtrace_erlang_layout layout = {
     .function_info = function_info,
 };
 
+/* text as a list of character codes (bytes < 0x80, and 0xE9 for 'é'). */
+static uint64_t long_cells[2 * 1024];
+static uint64_t list_of(const unsigned *codes, int n) {
+    uint64_t t = NIL;
+    for (int i = n - 1; i >= 0; i--) {
+        long_cells[2 * i] = SMALL(codes[i]);
+        long_cells[2 * i + 1] = t;
+        t = (uint64_t)(uintptr_t)&long_cells[2 * i] | 1;
+    }
+    return t;
+}
+
+/* A name longer than the text kept keeps its end, from a directory on (it
+ * was none at all); a store of names that grows (it was full at 4,096,
+ * then every other file named none). */
+static void test_file_names(void) {
+    unsigned codes[1024];
+    int n = 0;
+    codes[n++] = '/';
+    for (int d = 0; d < 30; d++) {
+        for (int i = 0; i < 8; i++)
+            codes[n++] = d == 29 && i == 7 ? 0xE9 : (unsigned)('a' + i);
+        codes[n++] = '/';
+    }
+    const char *file = "file.ex";
+    for (const char *c = file; *c; c++)
+        codes[n++] = (unsigned char)*c;
+    char text[256];
+    size_t len = mt_erl_list_text(list_of(codes, n), text, sizeof text);
+    CHECK(len > 100 && len < sizeof text && strlen(text) == len);
+    CHECK(!strncmp(text, ".../", 4));
+    CHECK(len >= 17 && !strcmp(text + len - 17, "abcdefg\xC3\xA9/file.ex"));
+    /* short enough: whole */
+    CHECK_EQ(mt_erl_list_text(list_of(codes + n - 7, 7), text, sizeof text), 7);
+    CHECK(!strcmp(text, file));
+
+    const char *first = NULL;
+    int kept = 0;
+    for (int i = 0; i < 10000; i++) {
+        char name[32];
+        int k = snprintf(name, sizeof name, "lib/m%d.ex", i);
+        const char *p = mt_erl_keep_file(name, (size_t)k);
+        kept += p && !strcmp(p, name);
+        if (i == 0)
+            first = p;
+    }
+    CHECK_EQ(kept, 10000);
+    CHECK(first && mt_erl_keep_file("lib/m0.ex", 9) == first); /* one copy per file */
+}
+
 int main(void) {
     uintptr_t pcs[MTRACE_MAX_DEPTH];
+    test_file_names();
     int same, allowed;
     fnames[0] = NIL; /* a file the VM does not name */
     fnames[1] = char_list();

@@ -102,6 +102,39 @@ defmodule Mtrace.ErlangFramesTest do
     end
   end
 
+  test "call tracing (return_trace, exception_trace, return_to, call_time) adds no frame" do
+    expected = [
+      {LeakyNif, :leak, 3, nil},
+      {ErlangCallers, :inner, 2, call_line("inner")},
+      {ErlangCallers, :middle, 2, call_line("middle")},
+      {ErlangCallers, :outer, 2, call_line("outer")}
+    ]
+
+    tracer = spawn(fn -> Process.sleep(:infinity) end)
+    on_exit(fn -> Process.exit(tracer, :kill) end)
+
+    for {pattern, flags} <- [
+          {[{:_, [], [{:return_trace}]}], [:local]},
+          {[{:_, [], [{:exception_trace}]}], [:local]},
+          {[], [:local]},
+          {true, [:call_time]}
+        ],
+        trace <- [[:call, {:tracer, tracer}], [:call, :return_to, {:tracer, tracer}]] do
+      Mtrace.reset()
+      :erlang.trace(self(), true, trace)
+
+      for f <- [:outer, :middle, :inner],
+          do: :erlang.trace_pattern({ErlangCallers, f, 2}, pattern, flags)
+
+      ErlangCallers.outer(:leak, 2)
+      :erlang.trace(self(), false, [:all])
+      :erlang.trace_pattern({ErlangCallers, :_, :_}, false, flags)
+      assert [site] = only_sites(), inspect({pattern, flags, trace})
+      assert chain(site, 4) == expected, inspect({pattern, flags, trace})
+      assert Enum.all?(erlang(site), &(&1.module != nil)), inspect(erlang(site))
+    end
+  end
+
   test "a tail-called NIF: its immediate caller is absent, the chain starts one above" do
     ErlangCallers.tail_outer(2)
     assert [site] = only_sites()
