@@ -317,7 +317,7 @@ $(BUILD)/test_interpose_coroutine: test/c/test_interpose_coroutine.c test/c/chec
 	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_coroutine.c \
 		$(DL_LIBS) -lpthread
 
-$(BUILD)/test_interpose_thread_exit: test/c/test_interpose_thread_exit.c test/c/check.h test/c/queries.h \
+$(BUILD)/test_interpose_thread_exit: test/c/test_interpose_thread_exit.c test/c/check.h test/c/queries.h test/c/mappings.h \
 		c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-builtin -Ic_src -o $@ test/c/test_interpose_thread_exit.c \
@@ -334,7 +334,7 @@ $(BUILD)/test_interpose_key_signal: test/c/test_interpose_key_signal.c test/c/ch
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-builtin -o $@ test/c/test_interpose_key_signal.c $(DL_LIBS) -lpthread
 
-$(BUILD)/early_threads.so: test/c/early_threads.c $(MAKEVARS)
+$(BUILD)/early_threads.so: test/c/early_threads.c test/c/mappings.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -Wl,-soname,early_threads.so -o $@ test/c/early_threads.c -lpthread
 

@@ -7,22 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "mappings.h"
+
 #define KEYS 40
 #define WARM_UP 4
 #define THREADS 100
 
 int early_mappings_before = -1, early_mappings_after = -1, early_threads_run;
-
-static int mappings(void) {
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f)
-        return -1;
-    int n = 0;
-    for (int c; (c = getc(f)) != EOF;)
-        n += c == '\n';
-    fclose(f);
-    return n;
-}
 
 static void *volatile kept; /* so that the compiler keeps each malloc */
 
@@ -50,7 +41,7 @@ __attribute__((constructor)) static void start_early_threads(void) {
     if (getenv("EARLY_THREADS_NONE")) /* their arenas would spare a later thread its own */
         return;
     run_threads(WARM_UP); /* the process's first threads map what they all share */
-    early_mappings_before = mappings();
+    early_mappings_before = count_mappings();
     run_threads(THREADS);
-    early_mappings_after = mappings();
+    early_mappings_after = count_mappings();
 }

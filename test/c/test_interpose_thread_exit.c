@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "mappings.h"
 #include "mtrace_api.h"
 #include "queries.h"
 
@@ -62,26 +63,15 @@ static void *late_thread_main(void *unused) {
     return NULL;
 }
 
-static int mappings(void) {
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f)
-        return -1;
-    int n = 0;
-    for (int c; (c = getc(f)) != EOF;)
-        n += c == '\n';
-    fclose(f);
-    return n;
-}
-
 /* Threads one after another, each counted first by its destructor. */
 static void check_late_threads_give_back(void) {
-    int threads = 200, before = mappings();
+    int threads = 200, before = count_mappings();
     for (int i = 0; i < threads; i++) {
         pthread_t t;
         if (pthread_create(&t, NULL, late_thread_main, NULL) == 0)
             pthread_join(t, NULL);
     }
-    int after = mappings();
+    int after = count_mappings();
     CHECK(before > 0);
     if (after - before >= threads / 10)
         fprintf(stderr, "mappings %d -> %d over %d threads\n", before, after, threads);
