@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -300,7 +301,16 @@ static ERL_NIF_TERM check(ErlNifEnv *env, const ERL_NIF_TERM argv[], const char 
     if (!layout_reads(&x, esdp))
         return fail(env,
                     "off: the layout found on a normal scheduler does not hold on a dirty one");
-    if (mt_api->erlang_frames(&layout) != MTRACE_OK)
+    enum mtrace_result r = mt_api->erlang_frames(&layout);
+    if (r == MTRACE_ERR_ARGUMENT) { /* a preload of this version built before the stubs */
+        struct mtrace_erlang_layout older = layout;
+        older.size = offsetof(struct mtrace_erlang_layout, return_trace);
+        r = mt_api->erlang_frames(&older);
+    }
+    if (r == MTRACE_ERR_ARGUMENT)
+        return fail(env, "off: the preloaded mtrace.so and the NIF are different builds of "
+                         "mtrace (preload the mtrace.so built with this NIF)");
+    if (r != MTRACE_OK)
         return fail(env, "off: the preload refused the layout (a different VM layout was given "
                          "before, or MTRACE_ERLANG=0)");
     reason[0] = 0;

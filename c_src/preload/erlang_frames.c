@@ -12,6 +12,7 @@
 #include "erlang_frames.h"
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -87,14 +88,21 @@ enum mtrace_result mt_erl_setup(const struct mtrace_erlang_layout *l) {
         atomic_compare_exchange_strong(&state, &on, ERL_OFF);
         return MTRACE_OK;
     }
-    if (l->size != sizeof layout || !l->scheduler_data || !l->function_info)
+    /* A reader of this version built before the tracing stubs were added
+     * gives a shorter layout: without them, as 0. */
+    if (l->size < offsetof(struct mtrace_erlang_layout, return_trace) || l->size > sizeof layout ||
+        !l->scheduler_data || !l->function_info)
         return MTRACE_ERR_ARGUMENT;
     if (!mt_state.cfg.erlang)
         return MTRACE_ERR_REFUSED;
+    struct mtrace_erlang_layout given;
+    memset(&given, 0, sizeof given);
+    memcpy(&given, l, l->size);
+    given.size = sizeof given;
     int s = ERL_NONE;
     if (atomic_compare_exchange_strong(&state, &s, ERL_SETTING)) {
-        layout = *l; /* written once, before any reader can see ERL_ON */
-    } else if (s == ERL_SETTING || memcmp(l, &layout, sizeof layout)) {
+        layout = given; /* written once, before any reader can see ERL_ON */
+    } else if (s == ERL_SETTING || memcmp(&given, &layout, sizeof layout)) {
         return MTRACE_ERR_REFUSED; /* readers may be using the kept layout: it never changes */
     }
     if (!nif_mfas) { /* without it, NIF frames are keyed by the VM's address */

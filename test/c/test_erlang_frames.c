@@ -3,6 +3,7 @@
  * the capture takes from a stack and what it leaves, the cache that spares
  * a rescan, the naming of frames (file names as the VM's character lists),
  * and every way the feature stays off. */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -153,6 +154,13 @@ int main(void) {
     bad = layout;
     bad.proc_stop = 32;
     CHECK_EQ(mt_erl_setup(&bad), MTRACE_ERR_REFUSED); /* the first layout is kept */
+    /* a reader of this version built before the tracing stubs: shorter, as
+     * if they were 0 (once, refused: Erlang frames went off) */
+    struct mtrace_erlang_layout older = layout;
+    older.size = offsetof(struct mtrace_erlang_layout, return_trace);
+    CHECK_EQ(mt_erl_setup(&older), MTRACE_OK);
+    older.size = sizeof older + 8; /* a later, longer one: not this version's */
+    CHECK_EQ(mt_erl_setup(&older), MTRACE_ERR_ARGUMENT);
 
     /* a process stack: stop at stack[4], hend = &stack[12] */
     uint64_t *stop = &stack[4], *hend = &stack[12];
