@@ -447,6 +447,7 @@ defmodule Mtrace do
 
         :json ->
           meta = %{node: snap.node, generated_at: snap.generated_at, since: o[:since]}
+          meta = Map.put(meta, :total, snap[:total])
           {Export.json(snap.sites, snap.stats, Map.put(meta, :window_ms, window_ms)), :count}
       end
 

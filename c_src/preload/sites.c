@@ -107,6 +107,7 @@ enum mtrace_result mt_sites(const struct mtrace_query *q, struct mtrace_site *ou
 
     struct mt_topn top = {(char *)out, 0, (size_t)q->limit, sizeof *out, worse[q->order]};
     struct mtrace_site sum = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint64_t sum_weights = 0; /* rounded once, not per site */
     for (size_t id = 0; id < ids; id++) {
         const struct group *g = &groups[id];
         if (!g->count)
@@ -118,9 +119,12 @@ enum mtrace_result mt_sites(const struct mtrace_query *q, struct mtrace_site *ou
             s.est_bytes = g->est_bytes;
         }
         add_to_total(&sum, &s);
+        sum_weights += g->est_count;
         mt_topn_offer(&top, &s);
     }
     munmap(groups, len);
+    if (mt_state.sample_mean)
+        sum.est_count = mt_estimate_count(sum_weights);
     if (total)
         *total = sum;
     *written = mt_topn_sort(&top);

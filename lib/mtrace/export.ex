@@ -136,7 +136,8 @@ defmodule Mtrace.Export do
           required(:node) => node(),
           required(:generated_at) => DateTime.t(),
           optional(:since) => Mtrace.Mark.t() | nil,
-          optional(:window_ms) => non_neg_integer() | nil
+          optional(:window_ms) => non_neg_integer() | nil,
+          optional(:total) => map() | nil
         }) :: iodata()
   def json(sites, stats, %{node: node, generated_at: %DateTime{} = generated_at} = meta) do
     JSON.encode(%{
@@ -144,7 +145,7 @@ defmodule Mtrace.Export do
       node: node,
       since: since_ms(meta),
       window_ms: window_ms(meta),
-      total: total(sites, stats),
+      total: total(sites, stats, meta[:total]),
       stats: stats,
       sites: encoded_sites(sites)
     })
@@ -180,15 +181,27 @@ defmodule Mtrace.Export do
   end
 
   # Sampling, the recorded figures are a sample: the estimates are summed
-  # too, and the flag says which to read.
-  defp total(sites, stats) do
-    %{
+  # too, and the flag says which to read. The tracer's own total of a query,
+  # when it is of the same sites, gives the estimated count: a site's is
+  # rounded, and summing rounded counts drifts with the number of sites.
+  defp total(sites, stats, tracers) do
+    total = %{
       count: sum(sites, :count),
       bytes: sum(sites, :bytes),
       est_count: sum(sites, :est_count, :count),
       est_bytes: sum(sites, :est_bytes, :bytes),
       sampled: stats[:sampled] == true
     }
+
+    case tracers do
+      %{count: count, bytes: bytes, est_count: est} when is_integer(est) ->
+        if {count, bytes} == {total.count, total.bytes},
+          do: %{total | est_count: est},
+          else: total
+
+      _ ->
+        total
+    end
   end
 
   defp sum(sites, field), do: sites |> Enum.map(& &1[field]) |> Enum.sum()

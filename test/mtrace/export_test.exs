@@ -153,6 +153,24 @@ defmodule Mtrace.ExportTest do
       config_errors: ["MTRACE_X"]
     }
 
+    test "sampling: the estimated count of the same sites is the tracer's, rounded once" do
+      sampled =
+        for i <- 1..3, do: Map.merge(site(1, 100 * i, []), %{est_count: 2, est_bytes: 150})
+
+      stats = %{@stats | sampled: true}
+      total = %{count: 3, bytes: 600, est_count: 5, est_bytes: 450}
+
+      doc = fn meta ->
+        Export.json(sampled, stats, meta) |> IO.iodata_to_binary() |> JSONParser.decode!()
+      end
+
+      # three sites of weight 1.58 each, rounded to 2 each: 6; the tracer's 5
+      assert doc.(Map.put(@meta, :total, total))["total"]["est_count"] == 5
+      # a total of other sites (a limit) is not theirs: their own sum
+      assert doc.(Map.put(@meta, :total, %{total | count: 9}))["total"]["est_count"] == 6
+      assert doc.(@meta)["total"]["est_count"] == 6
+    end
+
     test "frames that many stacks share are encoded once; each site is one binary" do
       outer = for i <- 1..20, do: frame("outer_#{i}", file: "src/outer.c", line: i)
       many = for i <- 1..500, do: site(i, i, [frame("own_#{i}") | outer])
