@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static int checks_passed, checks_failed;
@@ -93,6 +94,24 @@ static inline void check_restart(char *argv0, const char *mode, int keep_program
     char *args[] = {argv0, (char *)mode, NULL};
     check_exec_self(args);
     _exit(126);
+}
+
+/* Runs this program (argv0) again with argument mode in a child, with the
+ * environment as it is now; 1 when that child exited 0. */
+static inline int check_child(char *argv0, const char *mode) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char *args[] = {argv0, (char *)mode, NULL};
+        check_exec_self(args);
+        _exit(126);
+    }
+    int status = 0;
+    int ok =
+        pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok)
+        fprintf(stderr, "the run with %s failed (status %d)\n", mode, status);
+    return ok;
 }
 
 /* A line of /proc/self/status (VmRSS, VmSize, ...), in KiB; -1 if absent. */

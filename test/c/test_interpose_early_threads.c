@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -92,15 +91,6 @@ int main(int argc, char **argv) {
     /* Again without the early threads, whose arenas, free again, would
      * spare the thread of the errno check a new one. */
     setenv("EARLY_THREADS_NONE", "1", 1);
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        char *args[] = {argv[0], "errno", NULL};
-        check_exec_self(args);
-        _exit(126);
-    }
-    int status = 0;
-    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(check_child(argv[0], "errno"));
     return check_summary();
 }

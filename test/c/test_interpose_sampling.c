@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -120,17 +119,5 @@ int main(int argc, char **argv) {
     CHECK(m1.est_live_count <= m0.est_live_count + 8);
     int failed = check_summary();
     setenv("MTRACE_SAMPLE_BYTES", "1", 1);
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        char *args[] = {argv[0], "tiny", NULL};
-        check_exec_self(args);
-        _exit(126);
-    }
-    int status = 0;
-    int tiny_ok =
-        pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!tiny_ok)
-        fprintf(stderr, "the run at R = 1 failed (status %d)\n", status);
-    return failed || !tiny_ok;
+    return !check_child(argv[0], "tiny") || failed;
 }
