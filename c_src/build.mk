@@ -29,7 +29,7 @@ SYM_SRC = c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/
 	c_src/nif/dwarf_lines.c c_src/nif/proc_maps.c
 SYM_HDR = c_src/nif/symbols.h c_src/nif/elf_symtab.h c_src/nif/demangle.h c_src/nif/name_fit.h \
 	c_src/nif/dwarf_lines.h c_src/nif/proc_maps.h
-NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h c_src/nif/nif_stacks.h c_src/nif/term_memo.h $(SYM_HDR)
+NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h c_src/nif/erlang_layout.h c_src/nif/nif_stacks.h c_src/nif/term_memo.h $(SYM_HDR)
 
 # test_interpose* run with the preload (test/c/run.sh); MTRACE_STRESS=1 in the
 # environment makes some of them run longer.
@@ -170,12 +170,12 @@ $(BUILD)/test_config: test/c/test_config.c test/c/check.h c_src/preload/config.c
 	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_config.c c_src/preload/config.c
 
 $(BUILD)/test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h $(ERLANG_FRAMES_SRC) \
-		$(PRELOAD_HDR) $(MAKEVARS)
+		$(PRELOAD_HDR) c_src/nif/erlang_layout.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_erlang_frames.c $(ERLANG_FRAMES_SRC)
 
 $(BUILD)/asan_test_erlang_frames: test/c/test_erlang_frames.c test/c/check.h $(ERLANG_FRAMES_SRC) \
-		$(PRELOAD_HDR) $(MAKEVARS)
+		$(PRELOAD_HDR) c_src/nif/erlang_layout.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_erlang_frames.c $(ERLANG_FRAMES_SRC)
 

@@ -165,7 +165,9 @@ typedef int (*mtrace_object_fn)(void *ctx, const struct mtrace_object *o); /* no
  * words at these offsets, and only on a thread that is running a NIF.
  */
 struct mtrace_erlang_layout {
-    uint32_t size; /* sizeof(struct mtrace_erlang_layout) of the reader */
+    uint32_t size; /* sizeof(struct mtrace_erlang_layout) of the reader, or
+                    * MTRACE_ERLANG_LAYOUT_NO_STUBS from a reader of this
+                    * version built before the tracing stubs (read as 0) */
     /* Byte offsets in ErtsSchedulerData. */
     uint32_t sched_current_process; /* Process *: the process being run */
     uint32_t sched_current_nif;     /* non-NULL while a NIF runs */
@@ -192,6 +194,8 @@ struct mtrace_erlang_layout {
      * trace after them, where they are no caller. */
     uintptr_t return_trace, exception_trace, return_to_trace, return_time_trace;
 };
+/* The size of the layout before the tracing stubs were added. */
+#define MTRACE_ERLANG_LAYOUT_NO_STUBS offsetof(struct mtrace_erlang_layout, return_trace)
 
 /* One Erlang frame of a stack, named when its stack was first seen (atoms
  * are never freed, so names stay right after the code is purged). */
@@ -253,7 +257,8 @@ struct mtrace_api {
     /* Starts capturing Erlang frames with this layout (NULL stops).  The
      * first layout given is kept for the life of the process.
      * MTRACE_ERR_REFUSED when MTRACE_ERLANG=0 or a different layout is kept,
-     * MTRACE_ERR_ARGUMENT for a layout of another size or without functions. */
+     * MTRACE_ERR_ARGUMENT for a layout of a size other than the two above
+     * or without functions. */
     enum mtrace_result (*erlang_frames)(const struct mtrace_erlang_layout *layout);
 
     /* Calls fn for each loaded object, in the loader's order, until fn

@@ -809,14 +809,17 @@ defmodule Mtrace do
   # Under sampling, drawings weigh each site by its estimates, not by the
   # samples (which over-represent large blocks).
   defp estimated(%{stats: %{sampled: true}, sites: sites}) do
-    Enum.map(sites, &%{&1 | bytes: &1.est_bytes, count: &1.est_count})
+    Enum.map(
+      sites,
+      &Map.put(%{&1 | bytes: &1.est_bytes, count: &1.est_count}, :samples, &1.count)
+    )
   end
 
   defp estimated(snap), do: snap.sites
 
   # What every matching site holds, in the figures the sites are drawn in.
-  defp matched(%{stats: %{sampled: true}, total: %{est_bytes: b, est_count: c}}),
-    do: %{bytes: b, count: c}
+  defp matched(%{stats: %{sampled: true}, total: %{est_bytes: b, est_count: c, count: n}}),
+    do: %{bytes: b, count: c, samples: n}
 
   defp matched(%{total: %{bytes: b, count: c}}), do: %{bytes: b, count: c}
   defp matched(_snap), do: nil

@@ -25,6 +25,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "erlang_layout.h"
 #include "nif.h"
 
 #define SCHED_WINDOW 1024 /* bytes of ErtsSchedulerData searched */
@@ -301,12 +302,7 @@ static ERL_NIF_TERM check(ErlNifEnv *env, const ERL_NIF_TERM argv[], const char 
     if (!layout_reads(&x, esdp))
         return fail(env,
                     "off: the layout found on a normal scheduler does not hold on a dirty one");
-    enum mtrace_result r = mt_api->erlang_frames(&layout);
-    if (r == MTRACE_ERR_ARGUMENT) { /* a preload of this version built before the stubs */
-        struct mtrace_erlang_layout older = layout;
-        older.size = offsetof(struct mtrace_erlang_layout, return_trace);
-        r = mt_api->erlang_frames(&older);
-    }
+    enum mtrace_result r = mt_give_layout(mt_api->erlang_frames, &layout);
     if (r == MTRACE_ERR_ARGUMENT)
         return fail(env, "off: the preloaded mtrace.so and the NIF are different builds of "
                          "mtrace (preload the mtrace.so built with this NIF)");

@@ -90,7 +90,7 @@ enum mtrace_result mt_erl_setup(const struct mtrace_erlang_layout *l) {
     }
     /* A reader of this version built before the tracing stubs were added
      * gives a shorter layout: without them, as 0. */
-    if (l->size < offsetof(struct mtrace_erlang_layout, return_trace) || l->size > sizeof layout ||
+    if ((l->size != MTRACE_ERLANG_LAYOUT_NO_STUBS && l->size != sizeof layout) ||
         !l->scheduler_data || !l->function_info)
         return MTRACE_ERR_ARGUMENT;
     if (!mt_state.cfg.erlang)

@@ -95,13 +95,17 @@ defmodule Mtrace.Export do
   `stats` is `Mtrace.stats/0`; `meta` gives `:node` and `:generated_at` (a
   `DateTime`, written in ISO 8601), and for a query since a mark `:since`
   (the `Mtrace.Mark`) and, when the mark was taken for a `window:`,
-  `:window_ms`. `since` is written as the mark's `t_ms` (the table's clock,
+  `:window_ms`, and may give `:total`, the query's own total
+  (`%{count, bytes, est_count, est_bytes}`, as `Mtrace.Query.sites/1`
+  returns it). `since` is written as the mark's `t_ms` (the table's clock,
   as `stats.now_ms`) and `window_ms` as the window's length; both are null
   for a snapshot of everything live, so a file of what grew since a mark
   does not read as one. `total` sums the sites given: `count` and `bytes`
   what the table recorded, `est_count` and `est_bytes` the estimates of all
   live allocations (the same figures without sampling; a site without
-  estimates counts as recorded), and `sampled` is `stats.sampled`, so that
+  estimates counts as recorded); when `meta.total` is of the same sites
+  (the same `count` and `bytes`), its `est_count` is taken instead, rounded
+  once where a site's is rounded on its own; and `sampled` is `stats.sampled`, so that
   under `MTRACE_SAMPLE_BYTES` a reader knows which figures to take. A site has
   `growth_per_s` (estimated bytes per second since the mark) when the
   query was `sort: :growth`, and not otherwise. Each frame

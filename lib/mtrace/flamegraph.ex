@@ -83,9 +83,13 @@ defmodule Mtrace.Flamegraph do
     * `:filter` - the query's filter in words (`"with a frame in
       \\"libfoo\\""`), nil (default) for none: the total says its figures
       are what matched, and an empty graph says why nothing did.
-    * `:matched` - `%{bytes, count}` of every site that matched, when
-      `sites` are only the largest of them (a `limit:`); nil (default)
-      when they are all. The total then says how much it leaves out.
+    * `:matched` - `%{bytes, count}` of every site that matched (nil by
+      default): the total gives these figures, and when `sites` are only
+      the largest of them (a `limit:`), it says how much they leave out.
+      Under sampling, a site's estimated count is rounded on its own and
+      the total's once, so the sum of the sites' may differ from it: a
+      `samples` key here and in each site (the sampled blocks, as
+      `Mtrace.flamegraph/2` gives them) then tells what is left out.
     * `:sort` - the order `sites` were picked by under a `limit:` (`:bytes`,
       the default, `:count`, `:oldest` or `:growth`, as `Mtrace.sites/1`
       takes it), named where the total says what it leaves out.
@@ -142,8 +146,10 @@ defmodule Mtrace.Flamegraph do
   defp validate_option!({:matched, nil}), do: :ok
   defp validate_option!({:sort, s}) when s in [:bytes, :count, :oldest, :growth], do: :ok
 
-  defp validate_option!({:matched, %{bytes: b, count: c}})
-       when is_integer(b) and b >= 0 and is_integer(c) and c >= 0,
+  defp validate_option!({:matched, %{bytes: b, count: c} = m})
+       when is_integer(b) and b >= 0 and is_integer(c) and c >= 0 and
+              (not is_map_key(m, :samples) or
+                 (is_integer(:erlang.map_get(:samples, m)) and :erlang.map_get(:samples, m) >= 0)),
        do: :ok
 
   defp validate_option!({key, value}) when key in @options do
@@ -153,7 +159,9 @@ defmodule Mtrace.Flamegraph do
       width: "a positive integer",
       stats: "a map (Mtrace.stats/0) or nil",
       filter: "a string or nil",
-      matched: "%{bytes: non-negative integer, count: non-negative integer} or nil",
+      matched:
+        "%{bytes: non-negative integer, count: non-negative integer} " <>
+          "(and samples: non-negative integer) or nil",
       sort: "one of :bytes, :count, :oldest, :growth"
     }
 
@@ -178,6 +186,10 @@ defmodule Mtrace.Flamegraph do
     root = build_node({"all", nil, false}, [], paths, weight)
     # the total is every site's, those of zero weight (blocks of 0 bytes) too
     %{root | bytes: sum(sites, :bytes), count: sum(sites, :count)}
+    |> Map.put(
+      :samples,
+      if(Enum.all?(sites, &is_map_key(&1, :samples)), do: sum(sites, :samples))
+    )
   end
 
   defp sum(sites, key), do: sites |> Enum.map(&Map.fetch!(&1, key)) |> Enum.sum()
@@ -345,24 +357,35 @@ defmodule Mtrace.Flamegraph do
 
   # Filtered, the total is what matched, said as report/1's header says it;
   # limited, it says what the sites drawn leave out.
+  # With every site drawn, the figures are what matched (the better
+  # estimate under sampling: rounded once).
   defp total_line(tree, %{weight: weight, about: about} = ctx) do
-    "Total: #{about}#{Format.bytes(tree.bytes)} in #{about}" <>
-      "#{Format.count(tree.count, "live block")} " <>
+    left_out? = left_out?(tree, ctx.matched)
+    shown = if ctx.matched && !left_out?, do: ctx.matched, else: tree
+
+    "Total: #{about}#{Format.bytes(shown.bytes)} in #{about}" <>
+      "#{Format.count(shown.count, "live block")} " <>
       if(is_binary(ctx[:filter]), do: ctx.filter <> " ", else: "") <>
       "(#{if about != "", do: "estimated from a sample; "}" <>
-      left_out(tree, ctx) <>
+      if(left_out?, do: left_out(ctx), else: "") <>
       "width by #{if weight == :bytes, do: "bytes", else: "block count"})"
   end
 
-  defp left_out(tree, %{matched: %{count: count, bytes: bytes}, sites: n, about: about} = ctx)
-       when count > tree.count or bytes > tree.bytes do
+  # Sampled blocks, when both sides give them, are exact where rounded
+  # estimates are not.
+  defp left_out?(_tree, nil), do: false
+
+  defp left_out?(%{samples: drawn}, %{samples: samples}) when is_integer(drawn),
+    do: samples > drawn
+
+  defp left_out?(tree, matched), do: matched.count > tree.count or matched.bytes > tree.bytes
+
+  defp left_out(%{matched: %{count: count, bytes: bytes}, sites: n, about: about} = ctx) do
     blocks = if ctx.filter, do: "block", else: "live block"
 
     "the #{picked(n, ctx.sort)} of #{about}#{Format.bytes(bytes)} in " <>
       "#{about}#{Format.count(count, blocks)}#{if ctx.filter, do: " that match"}; "
   end
-
-  defp left_out(_tree, _ctx), do: ""
 
   # The sites drawn are the first of the order they were picked by.
   defp picked(n, :count), do: Format.count(n, "site") <> " with the most blocks"

@@ -9,6 +9,7 @@
 
 #include "check.h"
 #include "erlang_files.h"
+#include "erlang_layout.h"
 #include "erlang_frames.h"
 #include "state.h"
 
@@ -126,7 +127,37 @@ static void test_file_names(void) {
     CHECK(first && mt_erl_keep_file("lib/m0.ex", 9) == first); /* one copy per file */
 }
 
-int main(void) {
+/* The layout with words where its tracing stubs are. */
+static struct mtrace_erlang_layout with_stub_words(const struct mtrace_erlang_layout *l) {
+    struct mtrace_erlang_layout w = *l;
+    w.return_trace = w.exception_trace = 0x1234;
+    w.return_to_trace = w.return_time_trace = 0x5678;
+    return w;
+}
+
+/* A preload of this version built before the tracing stubs: it takes the
+ * shorter layout only. */
+static int old_preload_calls;
+static enum mtrace_result old_preload(const struct mtrace_erlang_layout *l) {
+    old_preload_calls++;
+    return l->size == MTRACE_ERLANG_LAYOUT_NO_STUBS ? mt_erl_setup(l) : MTRACE_ERR_ARGUMENT;
+}
+
+/* In a process of its own, as the first layout: a NIF built with the
+ * stubs hands such a preload the shorter layout, whose stubs are kept as 0. */
+static int older_first(void) {
+    struct mtrace_erlang_layout full = with_stub_words(&layout);
+    CHECK_EQ(mt_give_layout(old_preload, &full), MTRACE_OK);
+    CHECK_EQ(old_preload_calls, 2);
+    CHECK_EQ(mt_erl_setup(&layout), MTRACE_OK);        /* the same as kept: stubs 0 */
+    CHECK_EQ(mt_erl_setup(&full), MTRACE_ERR_REFUSED); /* not the stubs' words */
+    CHECK_EQ(mt_give_layout(mt_erl_setup, &full), MTRACE_ERR_REFUSED); /* refused, not retried */
+    return check_summary();
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "older-first"))
+        return older_first();
     uintptr_t pcs[MTRACE_MAX_DEPTH];
     test_file_names();
     int same, allowed;
@@ -154,13 +185,16 @@ int main(void) {
     bad = layout;
     bad.proc_stop = 32;
     CHECK_EQ(mt_erl_setup(&bad), MTRACE_ERR_REFUSED); /* the first layout is kept */
-    /* a reader of this version built before the tracing stubs: shorter, as
-     * if they were 0 (once, refused: Erlang frames went off) */
-    struct mtrace_erlang_layout older = layout;
-    older.size = offsetof(struct mtrace_erlang_layout, return_trace);
+    /* a reader of this version built before the tracing stubs: shorter,
+     * the stubs read as 0 (the words past its size are not its own) */
+    struct mtrace_erlang_layout older = with_stub_words(&layout);
+    older.size = MTRACE_ERLANG_LAYOUT_NO_STUBS;
     CHECK_EQ(mt_erl_setup(&older), MTRACE_OK);
     older.size = sizeof older + 8; /* a later, longer one: not this version's */
     CHECK_EQ(mt_erl_setup(&older), MTRACE_ERR_ARGUMENT);
+    older.size = MTRACE_ERLANG_LAYOUT_NO_STUBS + 8; /* half of the stubs: no build's */
+    CHECK_EQ(mt_erl_setup(&older), MTRACE_ERR_ARGUMENT);
+    CHECK(check_child(argv[0], "older-first"));
 
     /* a process stack: stop at stack[4], hend = &stack[12] */
     uint64_t *stop = &stack[4], *hend = &stack[12];

@@ -110,6 +110,33 @@ defmodule Mtrace.FlamegraphTest do
       refute svg =~ "largest site"
     end
 
+    test "under sampling, sites rounded one by one are not taken for sites left out" do
+      # 10 sites of one sampled 24 KiB block each at R = 16 KiB: each
+      # weighs 1.29 and shows as 1, the total (rounded once) as 13.
+      sites =
+        for i <- 1..10,
+            do: Map.put(site(["main", "s#{i}"], 31_720, 1), :samples, 1)
+
+      stats = %{sampled: true}
+      all = %{bytes: 317_200, count: 13, samples: 10}
+      svg = render(sites, stats: stats, matched: all)
+
+      assert svg =~
+               "Total: about 309.8 KiB in about 13 live blocks (estimated from a sample; width"
+
+      refute svg =~ "largest site"
+
+      # one sampled block more matched than the sites drawn hold: left out
+      more = %{bytes: 349_000, count: 14, samples: 11}
+
+      assert render(sites, stats: stats, matched: more) =~
+               "the 10 largest sites of about 340.8 KiB in about 14 live blocks; "
+
+      assert_raise ArgumentError, ~r/option :matched must be/, fn ->
+        render(sites, matched: %{all | samples: -1})
+      end
+    end
+
     test "what a limit leaves out is named by the order the sites were picked in" do
       sites = [site(["main", "old"], 1000, 1)]
       matched = %{bytes: 9000, count: 5}
