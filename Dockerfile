@@ -8,7 +8,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       make bmake gcc libc6-dev ca-certificates procps \
       erlang-nox erlang-dev elixir \
-      libunwind-dev libdw-dev libelf-dev clang-format valgrind musl-tools \
+      libunwind-dev libdw-dev libelf-dev clang-format valgrind musl-tools dwz \
       tmux chromium nodejs npm \
  && rm -rf /var/lib/apt/lists/*
 

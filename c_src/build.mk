@@ -352,6 +352,14 @@ $(BUILD)/foreign_alloc.so: test/c/foreign_alloc.c $(MAKEVARS)
 	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -Wl,-soname,foreign_alloc.so -o $@ test/c/foreign_alloc.c
 
 # One source, two versions of its names (see names_fixture.c).
+$(BUILD)/dwz_fixture.so: test/c/dwz_fixture.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -o $@ test/c/dwz_fixture.c
+
+$(BUILD)/dwz_other.so: test/c/dwz_fixture.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -DDWZ_OTHER $(SO_LDFLAGS) -o $@ test/c/dwz_fixture.c
+
 $(BUILD)/names_v1.so: test/c/names_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -DNAMES_VERSION=1 $(SO_LDFLAGS) -o $@ test/c/names_fixture.c
@@ -368,7 +376,7 @@ $(BUILD)/test_symbols_files: test/c/test_symbols_files.c test/c/objects_api.h te
 
 $(BUILD)/test_dwarf_files: test/c/test_dwarf_files.c test/c/check.h c_src/nif/dwarf_lines.c \
 		c_src/nif/dwarf_lines.h $(BUILD)/names_v1.so $(BUILD)/names_v2.so $(BUILD)/split_fixture.so \
-		$(MAKEVARS)
+		$(BUILD)/dwz_fixture.so $(BUILD)/dwz_other.so $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src/nif -o $@ test/c/test_dwarf_files.c \
 		c_src/nif/dwarf_lines.c $(DW_LIBS)

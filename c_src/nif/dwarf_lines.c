@@ -22,6 +22,8 @@
 struct mt_dwarf {
     Elf *elf;
     Dwarf *dw;
+    Elf *alt_elf; /* dwz's shared DWARF, when found here (attach_alt) */
+    Dwarf *alt;
 };
 
 static pthread_once_t elf_once = PTHREAD_ONCE_INIT;
@@ -40,38 +42,84 @@ static Elf *elf_open(const char *path) {
     return elf;
 }
 
-static struct mt_dwarf *dwarf_of(Elf *elf) {
-    Dwarf *dw = elf ? dwarf_begin_elf(elf, DWARF_C_READ, NULL) : NULL;
-    struct mt_dwarf *d = dw ? malloc(sizeof *d) : NULL;
-    if (d)
-        *d = (struct mt_dwarf){elf, dw};
-    else
-        dwarf_end(dw);
-    return d;
-}
-
 static const char *debug_root = "/usr/lib/debug";
 
 void mt_dwarf_set_debug_root(const char *dir) { debug_root = dir ? dir : "/usr/lib/debug"; }
 
-/* The separate debug file named by the build id of elf, if it has that build id. */
-static struct mt_dwarf *by_build_id(Elf *elf) {
-    const void *id, *its;
-    ssize_t n = dwelf_elf_gnu_build_id(elf, &id);
+/* The ELF file named by a build id under the debug root (its path in dbg,
+ * PATH_MAX bytes), whatever build id it has. */
+static Elf *open_by_build_id(const void *id, ssize_t n, char *dbg) {
     if (n < 2 || n > 64)
         return NULL;
-    char dbg[PATH_MAX];
     const unsigned char *b = id;
-    int p = snprintf(dbg, sizeof dbg, "%s/.build-id/%02x/", debug_root, b[0]);
-    for (ssize_t i = 1; i < n && p > 0 && (size_t)p < sizeof dbg; i++)
-        p += snprintf(dbg + p, sizeof dbg - (size_t)p, "%02x", b[i]);
-    if (p <= 0 || (size_t)p >= sizeof dbg - sizeof ".debug")
+    int p = snprintf(dbg, PATH_MAX, "%s/.build-id/%02x/", debug_root, b[0]);
+    for (ssize_t i = 1; i < n && p > 0 && p < PATH_MAX; i++)
+        p += snprintf(dbg + p, PATH_MAX - (size_t)p, "%02x", b[i]);
+    if (p <= 0 || (size_t)p >= PATH_MAX - sizeof ".debug")
         return NULL;
-    snprintf(dbg + p, sizeof dbg - (size_t)p, ".debug");
-    Elf *sep = elf_open(dbg);
+    snprintf(dbg + p, PATH_MAX - (size_t)p, ".debug");
+    return elf_open(dbg);
+}
+
+static int has_build_id(Elf *elf, const void *id, ssize_t n) {
+    const void *its;
+    return elf && dwelf_elf_gnu_build_id(elf, &its) == n && memcmp(its, id, (size_t)n) == 0;
+}
+
+/* dwz moves what several files share (strings, types, inlined functions)
+ * to one file that .gnu_debugaltlink names with its build id.  libdw finds
+ * it itself under /usr/lib/debug/.build-id or at an absolute path (Debian's
+ * /usr/lib/debug/.dwz/...), but a relative path (dwz -r) is relative to the
+ * debug file's directory, which libdw reads from a descriptor that
+ * elf_open has closed: without this, names held there were missing. */
+static void attach_alt(struct mt_dwarf *d, const char *path) {
+    const char *name;
+    const void *id;
+    ssize_t n = dwelf_dwarf_gnu_debugaltlink(d->dw, &name, &id);
+    if (n <= 0 || dwarf_getalt(d->dw))
+        return;
+    char file[PATH_MAX];
+    Elf *alt = open_by_build_id(id, n, file);
+    if (!has_build_id(alt, id, n) && name[0] != '/') {
+        elf_end(alt);
+        alt = NULL;
+        char *real = realpath(path, NULL);
+        char *slash = real ? strrchr(real, '/') : NULL;
+        if (slash && snprintf(file, sizeof file, "%.*s/%s", (int)(slash - real), real, name) <
+                         (int)sizeof file)
+            alt = elf_open(file);
+        free(real);
+    }
+    Dwarf *dw = has_build_id(alt, id, n) ? dwarf_begin_elf(alt, DWARF_C_READ, NULL) : NULL;
+    if (dw) {
+        dwarf_setalt(d->dw, dw);
+        d->alt_elf = alt, d->alt = dw;
+    } else {
+        elf_end(alt);
+    }
+}
+
+static struct mt_dwarf *dwarf_of(Elf *elf, const char *path) {
+    Dwarf *dw = elf ? dwarf_begin_elf(elf, DWARF_C_READ, NULL) : NULL;
+    struct mt_dwarf *d = dw ? malloc(sizeof *d) : NULL;
+    if (!d) {
+        dwarf_end(dw);
+        return NULL;
+    }
+    *d = (struct mt_dwarf){elf, dw, NULL, NULL};
+    attach_alt(d, path);
+    return d;
+}
+
+/* The separate debug file named by the build id of elf, if it has that build id. */
+static struct mt_dwarf *by_build_id(Elf *elf) {
+    const void *id;
+    char dbg[PATH_MAX];
+    ssize_t n = dwelf_elf_gnu_build_id(elf, &id);
+    Elf *sep = open_by_build_id(id, n, dbg);
     struct mt_dwarf *d = NULL;
-    if (sep && dwelf_elf_gnu_build_id(sep, &its) == n && memcmp(its, id, (size_t)n) == 0)
-        d = dwarf_of(sep);
+    if (has_build_id(sep, id, n))
+        d = dwarf_of(sep, dbg);
     if (!d)
         elf_end(sep);
     return d;
@@ -80,7 +128,7 @@ static struct mt_dwarf *by_build_id(Elf *elf) {
 struct mt_dwarf *mt_dwarf_open(const char *path) {
     pthread_once(&elf_once, elf_init);
     Elf *elf = elf_open(path);
-    struct mt_dwarf *d = dwarf_of(elf);
+    struct mt_dwarf *d = dwarf_of(elf, path);
     if (d || !elf)
         return d;
     /* Distributions ship the DWARF of stripped files separately, named by build id. */
@@ -92,7 +140,9 @@ struct mt_dwarf *mt_dwarf_open(const char *path) {
 void mt_dwarf_close(struct mt_dwarf *d) {
     if (!d)
         return;
-    dwarf_end(d->dw);
+    dwarf_end(d->dw); /* first: it refers to the alt */
+    dwarf_end(d->alt);
+    elf_end(d->alt_elf);
     elf_end(d->elf);
     free(d);
 }

@@ -20,7 +20,9 @@ struct mt_dw_frame {
 
 /* The DWARF of the ELF file at path, else of /usr/lib/debug/.build-id/xx/yyyy.debug named by
  * the file's build id, if that file has the same build id (one of other code would give wrong
- * lines); NULL if neither has any.  Nothing else is searched, nothing is fetched. */
+ * lines); NULL if neither has any.  dwz's shared file (.gnu_debugaltlink) is found likewise by
+ * its build id, or at the path it names (relative: to the file's directory), if it has that build
+ * id.  Nothing else is searched, nothing is fetched. */
 struct mt_dwarf *mt_dwarf_open(const char *path);
 
 /* For tests: the directory searched instead of /usr/lib/debug (not copied; NULL restores it). */

@@ -1,10 +1,13 @@
 /*
  * Where the DWARF of a loaded object comes from (c_src/nif/dwarf_lines.c).
  * Run as test_dwarf_files BUILD, where BUILD holds names_v1.so,
- * names_v2.so (names_fixture.c) and split_fixture.so (split_fixture.c).
+ * names_v2.so (names_fixture.c), dwz_fixture.so and dwz_other.so
+ * (dwz_fixture.c) and split_fixture.so (split_fixture.c).
  *   - A stripped library's debug file is found by its build id, and used
  *     only if it has that build id: one of another build at that path (an
  *     older package's, left behind) gave the other build's names and lines.
+ *   - dwz's shared DWARF named by a relative .gnu_debugaltlink (dwz -r)
+ *     is found relative to the file, and only with the build id named.
  *   - Split DWARF (-gsplit-dwarf): an inlined call has a frame of its own,
  *     read from the split unit; it was lost, and the function it was
  *     inlined into was given the inlined code's line.
@@ -13,6 +16,7 @@
 #include "dwarf_lines.h"
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,6 +122,52 @@ static void test_build_id_must_match(const char *build) {
         dlclose(h);
 }
 
+/* The name of the function at pc in the DWARF of path, "" for none. */
+static const char *name_at(const char *path, uintptr_t pc, char *out, size_t len) {
+    struct mt_dwarf *d = mt_dwarf_open(path);
+    struct mt_dw_frame f[4];
+    int n = d ? mt_dwarf_frames(d, pc, f, 4) : 0;
+    snprintf(out, len, "%s", n == 1 && f[0].name ? f[0].name : "");
+    CHECK(n == 1 && f[0].line > 0); /* lines stay in the file itself */
+    mt_dwarf_close(d);
+    return out;
+}
+
+/* dwz -r: what two copies of a library share goes to a file of its own,
+ * which each copy's .gnu_debugaltlink names relative to its directory; the
+ * function's name is read from there (it was missing). */
+static void test_dwz_relative_alt(const char *build) {
+    char lib[PATH_MAX], other[PATH_MAX], cmd[3 * PATH_MAX], a[600], name[64];
+    snprintf(cmd, sizeof cmd, "%s/dwz_fixture.so", build);
+    CHECK(realpath(cmd, lib) != NULL);
+    snprintf(cmd, sizeof cmd, "%s/dwz_other.so", build);
+    CHECK(realpath(cmd, other) != NULL);
+    void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    uintptr_t pc = link_pc(h ? dlsym(h, "dwz_fixture_leaf") : NULL);
+    CHECK(pc != 0);
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && mkdir -p dwz/shared && cd dwz && cp '%s' a.so && cp '%s' b.so && "
+             "dwz -m shared/common.debug -r a.so b.so",
+             dir, lib, lib);
+    CHECK(run(cmd));
+    snprintf(a, sizeof a, "%s/dwz/a.so", dir);
+    CHECK(!strcmp(name_at(a, pc, name, sizeof name), "dwz_fixture_leaf"));
+    /* through a link from elsewhere: relative to where the file is */
+    snprintf(cmd, sizeof cmd, "ln -s '%s' '%s/a_link.so'", a, dir);
+    CHECK(run(cmd));
+    snprintf(cmd, sizeof cmd, "%s/a_link.so", dir);
+    CHECK(!strcmp(name_at(cmd, pc, name, sizeof name), "dwz_fixture_leaf"));
+    /* the shared file of other libraries at that path: not used */
+    snprintf(cmd, sizeof cmd,
+             "cd '%s/dwz' && rm shared/common.debug && cp '%s' c.so && cp '%s' d.so && "
+             "dwz -m shared/common.debug -r c.so d.so",
+             dir, other, other);
+    CHECK(run(cmd));
+    CHECK(!strcmp(name_at(a, pc, name, sizeof name), "")); /* without it: lines, no name */
+    if (h)
+        dlclose(h);
+}
+
 static void test_split_dwarf_inlined(const char *build) {
     char path[512];
     snprintf(path, sizeof path, "%s/split_fixture.so", build);
@@ -152,6 +202,12 @@ int main(int argc, char **argv) {
         printf("skipped without objcopy (binutils): debug files by build id\n");
     else
         test_build_id_must_match(build);
+    if (check_emulator())
+        printf("skipped under an emulator: dwz's shared DWARF\n");
+    else if (system("command -v dwz > /dev/null") != 0)
+        printf("skipped without dwz: dwz's shared DWARF\n");
+    else
+        test_dwz_relative_alt(build);
     test_split_dwarf_inlined(build);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
