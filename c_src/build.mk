@@ -352,14 +352,6 @@ $(BUILD)/foreign_alloc.so: test/c/foreign_alloc.c $(MAKEVARS)
 	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -Wl,-soname,foreign_alloc.so -o $@ test/c/foreign_alloc.c
 
 # One source, two versions of its names (see names_fixture.c).
-$(BUILD)/dwz_fixture.so: test/c/dwz_fixture.c $(MAKEVARS)
-	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -o $@ test/c/dwz_fixture.c
-
-$(BUILD)/dwz_other.so: test/c/dwz_fixture.c $(MAKEVARS)
-	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -DDWZ_OTHER $(SO_LDFLAGS) -o $@ test/c/dwz_fixture.c
-
 $(BUILD)/names_v1.so: test/c/names_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -DNAMES_VERSION=1 $(SO_LDFLAGS) -o $@ test/c/names_fixture.c
@@ -367,6 +359,15 @@ $(BUILD)/names_v1.so: test/c/names_fixture.c $(MAKEVARS)
 $(BUILD)/names_v2.so: test/c/names_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -DNAMES_VERSION=2 $(SO_LDFLAGS) -o $@ test/c/names_fixture.c
+
+# Two copies share their DWARF through dwz; the other differs (see dwz_fixture.c).
+$(BUILD)/dwz_fixture.so: test/c/dwz_fixture.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -o $@ test/c/dwz_fixture.c
+
+$(BUILD)/dwz_other.so: test/c/dwz_fixture.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -DDWZ_OTHER $(SO_LDFLAGS) -o $@ test/c/dwz_fixture.c
 
 $(BUILD)/test_symbols_files: test/c/test_symbols_files.c test/c/objects_api.h test/c/check.h $(SYM_SRC) \
 		$(SYM_HDR) c_src/preload/objects.c $(MAKEVARS)

@@ -24,6 +24,7 @@ struct mt_dwarf {
     Dwarf *dw;
     Elf *alt_elf; /* dwz's shared DWARF, when found here (attach_alt) */
     Dwarf *alt;
+    int lines_only; /* the shared DWARF libdw found is another build's */
 };
 
 static pthread_once_t elf_once = PTHREAD_ONCE_INIT;
@@ -66,36 +67,73 @@ static int has_build_id(Elf *elf, const void *id, ssize_t n) {
     return elf && dwelf_elf_gnu_build_id(elf, &its) == n && memcmp(its, id, (size_t)n) == 0;
 }
 
+/* The directory of the file at path, links followed (out: PATH_MAX bytes);
+ * 0 if unknown.  A deleted file, read through /proc/self/map_files, links
+ * to "/its/path (deleted)": its directory may still be there. */
+static int file_dir(const char *path, char *out) {
+    char *real = realpath(path, NULL);
+    if (real) {
+        snprintf(out, PATH_MAX, "%s", real);
+        free(real);
+    } else {
+        ssize_t n = readlink(path, out, PATH_MAX - 1);
+        if (n <= 0)
+            return 0;
+        out[n] = 0;
+    }
+    char *slash = strrchr(out, '/');
+    if (out[0] != '/' || !slash)
+        return 0;
+    *slash = 0;
+    return 1;
+}
+
+/* dwz's shared file, by the build id it is named with under the debug
+ * root, else at the path the link names (relative: to the directory of the
+ * file at path), if it has that build id (out: PATH_MAX bytes). */
+static Elf *open_alt(const char *name, const void *id, ssize_t n, const char *path, char *out) {
+    Elf *alt = open_by_build_id(id, n, out);
+    if (has_build_id(alt, id, n))
+        return alt;
+    elf_end(alt);
+    char dir[PATH_MAX];
+    int len = name[0] == '/'        ? snprintf(out, PATH_MAX, "%s", name)
+              : file_dir(path, dir) ? snprintf(out, PATH_MAX, "%s/%s", dir, name)
+                                    : -1;
+    alt = len > 0 && len < PATH_MAX ? elf_open(out) : NULL;
+    if (has_build_id(alt, id, n))
+        return alt;
+    elf_end(alt);
+    return NULL;
+}
+
 /* dwz moves what several files share (strings, types, inlined functions)
- * to one file that .gnu_debugaltlink names with its build id.  libdw finds
- * it itself under /usr/lib/debug/.build-id or at an absolute path (Debian's
- * /usr/lib/debug/.dwz/...), but a relative path (dwz -r) is relative to the
- * debug file's directory, which libdw reads from a descriptor that
- * elf_open has closed: without this, names held there were missing. */
+ * to one file that .gnu_debugaltlink names with its build id.  libdw looks
+ * for it itself under /usr/lib/debug/.build-id and at an absolute path
+ * (Debian's /usr/lib/debug/.dwz/...), without checking its build id; a
+ * relative path (dwz -r), relative to the debug file's directory, it
+ * cannot follow here (it reads the directory from a descriptor elf_open has
+ * closed).  So the file libdw found is kept only if it has the build id,
+ * else one that has is looked for here; with none, what the DWARF reaches
+ * through another build's file would be wrong, and only lines are read. */
 static void attach_alt(struct mt_dwarf *d, const char *path) {
     const char *name;
     const void *id;
     ssize_t n = dwelf_dwarf_gnu_debugaltlink(d->dw, &name, &id);
-    if (n <= 0 || dwarf_getalt(d->dw))
+    if (n <= 0)
+        return;
+    Dwarf *found = dwarf_getalt(d->dw);
+    if (found && has_build_id(dwarf_getelf(found), id, n))
         return;
     char file[PATH_MAX];
-    Elf *alt = open_by_build_id(id, n, file);
-    if (!has_build_id(alt, id, n) && name[0] != '/') {
-        elf_end(alt);
-        alt = NULL;
-        char *real = realpath(path, NULL);
-        char *slash = real ? strrchr(real, '/') : NULL;
-        if (slash && snprintf(file, sizeof file, "%.*s/%s", (int)(slash - real), real, name) <
-                         (int)sizeof file)
-            alt = elf_open(file);
-        free(real);
-    }
-    Dwarf *dw = has_build_id(alt, id, n) ? dwarf_begin_elf(alt, DWARF_C_READ, NULL) : NULL;
+    Elf *alt = open_alt(name, id, n, path, file);
+    Dwarf *dw = alt ? dwarf_begin_elf(alt, DWARF_C_READ, NULL) : NULL;
     if (dw) {
-        dwarf_setalt(d->dw, dw);
+        dwarf_setalt(d->dw, dw); /* ends libdw's own, if it found one */
         d->alt_elf = alt, d->alt = dw;
     } else {
         elf_end(alt);
+        d->lines_only = found != NULL;
     }
 }
 
@@ -106,7 +144,7 @@ static struct mt_dwarf *dwarf_of(Elf *elf, const char *path) {
         dwarf_end(dw);
         return NULL;
     }
-    *d = (struct mt_dwarf){elf, dw, NULL, NULL};
+    *d = (struct mt_dwarf){elf, dw, NULL, NULL, 0};
     attach_alt(d, path);
     return d;
 }
@@ -176,6 +214,10 @@ int mt_dwarf_frames(struct mt_dwarf *d, uintptr_t pc, struct mt_dw_frame *out, i
      * concrete parents with dwarf_getscopes_die. */
     /* Split DWARF (-gsplit-dwarf): the functions and their inlined calls are in the split
      * unit (the .dwo), the skeleton in the file holds the lines only. */
+    if (d->lines_only) {
+        out[0] = (struct mt_dw_frame){NULL, file, line, 0};
+        return 1;
+    }
     Dwarf_Die scope_cu = cu, split;
     uint8_t unit_type;
     if (dwarf_cu_info(cu.cu, NULL, &unit_type, NULL, &split, NULL, NULL, NULL) == 0 &&

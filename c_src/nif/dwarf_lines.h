@@ -22,7 +22,8 @@ struct mt_dw_frame {
  * the file's build id, if that file has the same build id (one of other code would give wrong
  * lines); NULL if neither has any.  dwz's shared file (.gnu_debugaltlink) is found likewise by
  * its build id, or at the path it names (relative: to the file's directory), if it has that build
- * id.  Nothing else is searched, nothing is fetched. */
+ * id (with only another build's there, only lines are read).  Nothing else is searched, nothing
+ * is fetched. */
 struct mt_dwarf *mt_dwarf_open(const char *path);
 
 /* For tests: the directory searched instead of /usr/lib/debug (not copied; NULL restores it). */

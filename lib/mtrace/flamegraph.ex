@@ -33,7 +33,13 @@ defmodule Mtrace.Flamegraph do
   @type option ::
           {:weight, :bytes | :count}
           | {:title, String.t()}
-          | {:matched, %{bytes: non_neg_integer, count: non_neg_integer} | nil}
+          | {:matched,
+             %{
+               required(:bytes) => non_neg_integer,
+               required(:count) => non_neg_integer,
+               optional(:samples) => non_neg_integer
+             }
+             | nil}
           | {:width, pos_integer()}
           | {:stats, map() | nil}
           | {:filter, String.t() | nil}
@@ -188,7 +194,7 @@ defmodule Mtrace.Flamegraph do
     %{root | bytes: sum(sites, :bytes), count: sum(sites, :count)}
     |> Map.put(
       :samples,
-      if(Enum.all?(sites, &is_map_key(&1, :samples)), do: sum(sites, :samples))
+      if(Enum.all?(sites, &is_integer(&1[:samples])), do: sum(sites, :samples))
     )
   end
 
@@ -356,12 +362,24 @@ defmodule Mtrace.Flamegraph do
   defp estimated?(opts), do: match?(%{sampled: true}, opts[:stats])
 
   # Filtered, the total is what matched, said as report/1's header says it;
-  # limited, it says what the sites drawn leave out.
-  # With every site drawn, the figures are what matched (the better
-  # estimate under sampling: rounded once).
+  # limited, it says what the sites drawn leave out. With every site drawn,
+  # the figures are what matched (the better estimate under sampling:
+  # rounded once); with some left out, what is drawn, never said to be more
+  # than what matched (sites rounded one by one can add up to more).
   defp total_line(tree, %{weight: weight, about: about} = ctx) do
-    left_out? = left_out?(tree, ctx.matched)
-    shown = if ctx.matched && !left_out?, do: ctx.matched, else: tree
+    left_out? = left_out?(tree, ctx.matched, about != "")
+
+    shown =
+      cond do
+        ctx.matched == nil ->
+          tree
+
+        left_out? ->
+          %{bytes: min(tree.bytes, ctx.matched.bytes), count: min(tree.count, ctx.matched.count)}
+
+        true ->
+          ctx.matched
+      end
 
     "Total: #{about}#{Format.bytes(shown.bytes)} in #{about}" <>
       "#{Format.count(shown.count, "live block")} " <>
@@ -373,12 +391,17 @@ defmodule Mtrace.Flamegraph do
 
   # Sampled blocks, when both sides give them, are exact where rounded
   # estimates are not.
-  defp left_out?(_tree, nil), do: false
+  defp left_out?(_tree, nil, _estimated), do: false
 
-  defp left_out?(%{samples: drawn}, %{samples: samples}) when is_integer(drawn),
+  defp left_out?(%{samples: drawn}, %{samples: samples}, _estimated) when is_integer(drawn),
     do: samples > drawn
 
-  defp left_out?(tree, matched), do: matched.count > tree.count or matched.bytes > tree.bytes
+  # Estimated bytes add up exactly; estimated counts, rounded site by site,
+  # do not.
+  defp left_out?(tree, matched, true), do: matched.bytes > tree.bytes
+
+  defp left_out?(tree, matched, false),
+    do: matched.count > tree.count or matched.bytes > tree.bytes
 
   defp left_out(%{matched: %{count: count, bytes: bytes}, sites: n, about: about} = ctx) do
     blocks = if ctx.filter, do: "block", else: "live block"

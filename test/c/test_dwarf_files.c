@@ -157,13 +157,36 @@ static void test_dwz_relative_alt(const char *build) {
     CHECK(run(cmd));
     snprintf(cmd, sizeof cmd, "%s/a_link.so", dir);
     CHECK(!strcmp(name_at(cmd, pc, name, sizeof name), "dwz_fixture_leaf"));
+    /* deleted while open (read through a descriptor or map_files, whose
+     * link reads "/its/path (deleted)"): relative to where it was */
+    snprintf(a, sizeof a, "%s/dwz/a.so", dir);
+    int fd = open(a, O_RDONLY);
+    CHECK(fd >= 0 && unlink(a) == 0);
+    snprintf(cmd, sizeof cmd, "/proc/self/fd/%d", fd);
+    CHECK(!strcmp(name_at(cmd, pc, name, sizeof name), "dwz_fixture_leaf"));
     /* the shared file of other libraries at that path: not used */
     snprintf(cmd, sizeof cmd,
              "cd '%s/dwz' && rm shared/common.debug && cp '%s' c.so && cp '%s' d.so && "
              "dwz -m shared/common.debug -r c.so d.so",
              dir, other, other);
     CHECK(run(cmd));
+    snprintf(a, sizeof a, "%s/dwz/b.so", dir);
     CHECK(!strcmp(name_at(a, pc, name, sizeof name), "")); /* without it: lines, no name */
+    if (fd >= 0)
+        close(fd);
+
+    /* an absolute path, which libdw follows itself: its file is used only
+     * with the build id named, the other pair's taken as no file at all */
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && mkdir -p abs && cd abs && cp '%s' a.so && cp '%s' b.so && "
+             "dwz -m '%s/abs/common.debug' a.so b.so",
+             dir, lib, lib, dir);
+    CHECK(run(cmd));
+    snprintf(a, sizeof a, "%s/abs/a.so", dir);
+    CHECK(!strcmp(name_at(a, pc, name, sizeof name), "dwz_fixture_leaf"));
+    snprintf(cmd, sizeof cmd, "cp '%s/dwz/shared/common.debug' '%s/abs/common.debug'", dir, dir);
+    CHECK(run(cmd));
+    CHECK(!strcmp(name_at(a, pc, name, sizeof name), ""));
     if (h)
         dlclose(h);
 }

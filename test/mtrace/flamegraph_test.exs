@@ -135,6 +135,24 @@ defmodule Mtrace.FlamegraphTest do
       assert_raise ArgumentError, ~r/option :matched must be/, fn ->
         render(sites, matched: %{all | samples: -1})
       end
+
+      # sites without their samples (or with nil): the bytes tell, which
+      # estimates add up exactly
+      for plain <- [
+            Enum.map(sites, &Map.delete(&1, :samples)),
+            Enum.map(sites, &%{&1 | samples: nil})
+          ] do
+        refute render(plain, stats: stats, matched: all) =~ "largest site"
+        assert render(plain, stats: stats, matched: more) =~ "the 10 largest sites of"
+      end
+
+      # ten sites of 1.6 blocks, each shown as 2, and one sampled block left
+      # out: what is drawn is not said to be more than what matched (18)
+      twos = Enum.map(sites, &%{&1 | count: 2})
+      svg = render(twos, stats: stats, matched: %{bytes: 349_000, count: 18, samples: 11})
+
+      assert svg =~
+               "Total: about 309.8 KiB in about 18 live blocks (estimated from a sample; the 10"
     end
 
     test "what a limit leaves out is named by the order the sites were picked in" do
