@@ -423,7 +423,7 @@ defmodule Mtrace do
   """
   @spec export(Path.t(), keyword()) :: :ok
   def export(path, opts \\ []) do
-    path!(path)
+    path = path!(path, "export/2")
 
     o =
       Options.parse!(
@@ -472,7 +472,7 @@ defmodule Mtrace do
   """
   @spec flamegraph(Path.t(), keyword()) :: :ok
   def flamegraph(path, opts \\ []) do
-    path!(path)
+    path = path!(path, "flamegraph/2")
     defaults = [sort: :bytes, limit: :all, window: nil, weight: :bytes, title: nil, width: 1200]
     o = Options.parse!(opts, defaults, "flamegraph/2")
     filter = filter_words(o)
@@ -726,12 +726,18 @@ defmodule Mtrace do
 
   @doc """
   Starts recording new allocations again (also undoes `MTRACE_ENABLED=0`).
+  In a program the tracer does not trace (`MTRACE_PROGRAMS` leaves it out),
+  nothing can be recorded: raises `Mtrace.Error` with reason `:not_traced`
+  and the setting to use, as the queries do.
 
       iex> Mtrace.enable()
       :ok
   """
   @spec enable() :: :ok
-  def enable, do: call(fn -> Native.set_enabled(true) end)
+  def enable do
+    :ok = call(fn -> Native.set_enabled(true) end)
+    Query.ensure_traced!()
+  end
 
   defp call(fun), do: Query.native!(fun)
 
@@ -830,15 +836,32 @@ defmodule Mtrace do
     raise ArgumentError, "#{where}: n must be at most 2^64 - 1, got: #{inspect(n)}"
   end
 
-  defp path!(path) when is_binary(path) and path != "" do
+  # A path as Path.t() has it: a string, or chardata (an Erlang caller's
+  # charlist, "/tmp/native.svg" in an Erlang shell).
+  defp path!(path, where) when is_list(path) do
+    string =
+      try do
+        IO.chardata_to_string(path)
+      rescue
+        _ in [ArgumentError, UnicodeConversionError] -> nil
+      end
+
+    if string, do: path!(string, where), else: path!(nil, where, path)
+  end
+
+  defp path!(path, where) when is_binary(path) and path != "" do
     if String.contains?(path, <<0>>),
-      do: raise(ArgumentError, "path must not contain NUL bytes, got: #{inspect(path)}")
+      do: raise(ArgumentError, "#{where}: path must not contain NUL bytes, got: #{inspect(path)}")
 
     path
   end
 
-  defp path!(path),
-    do: raise(ArgumentError, "path must be a non-empty string, got: #{inspect(path)}")
+  defp path!(path, where), do: path!(nil, where, path)
+
+  defp path!(nil, where, given) do
+    raise ArgumentError,
+          "#{where}: path must be a non-empty string or charlist, got: #{inspect(given)}"
+  end
 
   # mtrace writes files only where the caller said.
   defp write!(path, data), do: File.write!(path, data)

@@ -164,15 +164,23 @@ defmodule Mtrace.Query do
   # names another) would read as "nothing leaks": it raises instead. Only an
   # empty answer asks, so a query that finds something pays nothing more.
   defp traced!([]) do
+    ensure_traced!()
+    []
+  end
+
+  defp traced!(answer), do: answer
+
+  @doc false
+  # :ok, or Mtrace.Error :not_traced in a program the tracer does not trace.
+  @spec ensure_traced!() :: :ok
+  def ensure_traced! do
     # the table's figures only: glibc's heap walk (stats/0) waits on every
     # arena, and a quiet node's top or watcher asks at every refresh
     case native!(fn -> Native.stats(false) end) do
       %{active: false} -> raise Mtrace.Error.not_traced()
-      _ -> []
+      _ -> :ok
     end
   end
-
-  defp traced!(answer), do: answer
 
   # Each site's bytes per second since the mark.
   defp with_growth(sites, %Mtrace.Mark{t_ms: t_ms}) do

@@ -286,7 +286,8 @@ defmodule Mtrace.Report do
   # already is the lib and an offset. A source path is shown as the
   # compiler was given it when relative (most often from the project's
   # root), else by its last two parts: the build machine's directories say
-  # little on the node. Within 80 columns: a long source path gives way to
+  # little on the node. One directory deep (/tmp/x.exs), it is shown whole:
+  # "tmp/x.exs" would read as relative. Within 80 columns: a long source path gives way to
   # its file name, then a long C++ name is shortened (Frame.fit/2), and only
   # then is the line wrapped. A mangled name is never shortened.
   defp frame_line(frame, offsets) do
@@ -341,7 +342,13 @@ defmodule Mtrace.Report do
 
   defp known?(field), do: field not in [nil, ""]
 
-  defp source("/" <> _ = path), do: path |> Path.split() |> Enum.take(-2) |> Path.join()
+  defp source("/" <> _ = path) do
+    case Path.split(path) do
+      parts when length(parts) > 3 -> parts |> Enum.take(-2) |> Path.join()
+      _ -> path
+    end
+  end
+
   defp source(path), do: path
 
   defp location(file, _line) when file in [nil, ""], do: nil

@@ -80,7 +80,29 @@ defmodule Mtrace.DiagnoseGrowthTest do
     assert native_finding(short).summary =~ "over the 400 ms window"
   end
 
-  test "tracking switched off: said, and native growth not judged as none" do
+  test "tracking switched off: a leak is still found, by RSS outside the VM" do
+    {d, text} =
+      Remote.with_peer(fn node ->
+        :ok = :erpc.call(node, Mtrace, :disable, [])
+        # 64 blocks of 4 KiB every 20 ms, each touching a page: RSS grows
+        # by up to 12 MiB/s, far over what a booting peer's RSS moves by
+        :ok = :erpc.call(node, NativeScenarios, :slow_leak, [4_096, 20, 64])
+        Process.sleep(300)
+        d = diagnose(node, window: 3_000)
+        {d, Mtrace.VM.Diagnosis.render(d)}
+      end)
+
+    flat = String.replace(text, ~r/\s+/, " ")
+    assert d.verdict == :native_leak, text
+    assert %{summary: summary, next: next} = native_finding(d)
+    assert summary =~ "memory outside the VM's allocators, untraced", summary
+    assert summary =~ "over the 3s window it grew", summary
+    assert next =~ ~r"Mtrace, :enable, \[\]\) switches tracking back on", next
+    assert flat =~ "tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0)", text
+    assert flat =~ ~r/ outside the VM grew by /, text
+  end
+
+  test "tracking switched off: said, and native memory judged by RSS outside the VM" do
     on_exit(fn ->
       Mtrace.enable()
       LeakyNif.free_kept()
@@ -104,16 +126,17 @@ defmodule Mtrace.DiagnoseGrowthTest do
     text = Mtrace.VM.Diagnosis.render(result)
     flat = String.replace(text, ~r/\s+/, " ")
     assert flat =~ "tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0)", text
-    assert flat =~ "native not measured: tracking is switched off", text
+    assert flat =~ "so native memory is judged by RSS outside the VM", text
+    assert flat =~ ~r/ outside the VM (grew|shrank|held)/, text
+    refute flat =~ ~r/ native (grew|shrank|held)/, text
     refute flat =~ "the node looks healthy", text
     assert text |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), text
 
-    # the heap's finding says the figure stands still, not that it grew by +0 B/s
+    # the finding is of RSS outside the VM, not of the tracer's standing figure
     assert %{summary: summary, next: next} =
              Enum.find(result.findings, &(&1.kind in [:native_heap, :native_leak]))
 
-    assert summary =~ "recorded before tracking was switched off", summary
-    refute summary =~ "window", summary
+    assert summary =~ "memory outside the VM's allocators, untraced", summary
     assert next =~ "Mtrace.enable()", next
   end
 

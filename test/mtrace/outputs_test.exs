@@ -318,8 +318,27 @@ defmodule Mtrace.OutputsTest do
     assert_raise ArgumentError, ~r/:weight/, fn -> Mtrace.flamegraph(path, weight: :age) end
     assert_raise ArgumentError, ~r/:width/, fn -> Mtrace.flamegraph(path, width: 0) end
     assert_raise ArgumentError, ~r/:frames/, fn -> Mtrace.report(frames: -1) end
-    assert_raise ArgumentError, ~r/path/, fn -> Mtrace.export(:nowhere, []) end
+
+    assert_raise ArgumentError, ~r/^export\/2: path must be a non-empty string or charlist/, fn ->
+      Mtrace.export(:nowhere, [])
+    end
+
+    for bad <- [~c"", [?a | :b], [0x110000]] do
+      assert_raise ArgumentError, ~r/^flamegraph\/2: path must be/, fn ->
+        Mtrace.flamegraph(bad)
+      end
+    end
+
     refute File.exists?(path)
+  end
+
+  test "a path may be a charlist, as an Erlang caller gives it", %{dir: dir} do
+    folded = Path.join(dir, "erlang.folded")
+    svg = Path.join(dir, "erlang.svg")
+    assert :ok = Mtrace.export(String.to_charlist(folded))
+    assert :ok = Mtrace.flamegraph(String.to_charlist(svg))
+    assert File.read!(svg) =~ "<svg"
+    assert File.exists?(folded)
   end
 
   defp folded_weights(path) do

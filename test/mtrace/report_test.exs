@@ -60,12 +60,15 @@ defmodule Mtrace.ReportTest do
   test "an absolute source path shows its last two parts, a relative one as it is" do
     frames = [
       frame("leak", file: "/home/build/src/leaky_app/c_src/leaky.c", line: 33),
-      frame("helper", file: "c_src/more/helper.c", line: 7)
+      frame("helper", file: "c_src/more/helper.c", line: 7),
+      # one directory deep, whole: "tmp/ledger.exs" would read as relative
+      frame("append", file: "/tmp/ledger.exs", line: 2)
     ]
 
     assert Enum.drop(lines([site(1, 1, 1, 1, frames)], @exact), 2) == [
              "    leak (c_src/leaky.c:33) libcache.so.2",
-             "    helper (c_src/more/helper.c:7) libcache.so.2"
+             "    helper (c_src/more/helper.c:7) libcache.so.2",
+             "    append (/tmp/ledger.exs:2) libcache.so.2"
            ]
   end
 

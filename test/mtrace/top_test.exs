@@ -188,7 +188,7 @@ defmodule Mtrace.TopTest do
       end)
 
     on_exit(fn -> Process.exit(pid, :kill) end)
-    assert_receive :holding
+    assert_receive :holding, 5_000
     s = Mtrace.Top.Sample.take(first.state, 5)
     assert [{^pid, bytes, rate, _info}] = for({^pid, _, _, _} = p <- s.procs, do: p)
     assert bytes > 16_000_000 and rate > 0
@@ -669,6 +669,8 @@ defmodule Mtrace.TopTest do
             fn -> Mtrace.sites(node: node) end,
             fn -> Mtrace.olds(3, node: node) end,
             fn -> :erpc.call(node, Mtrace, :olds, [3]) end,
+            # switching tracking on cannot make it record
+            fn -> :erpc.call(node, Mtrace, :enable, []) end,
             fn -> capture_io(fn -> Mtrace.report(node: node) end) end
           ] do
         error =

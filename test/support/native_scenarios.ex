@@ -3,16 +3,16 @@ defmodule Mtrace.Test.NativeScenarios do
   # What the nodes judged by the diagnose tests do, started in fresh peers.
   alias Mtrace.Test.LeakyNif
 
-  # A slow steady leak: `bytes` kept by the NIF every `tick` ms.
-  def slow_leak(bytes, tick) do
-    spawn(fn -> leak_loop(bytes, tick) end)
+  # A slow steady leak: `count` blocks of `bytes` kept by the NIF every `tick` ms.
+  def slow_leak(bytes, tick, count \\ 1) do
+    spawn(fn -> leak_loop(bytes, tick, count) end)
     :ok
   end
 
-  defp leak_loop(bytes, tick) do
-    LeakyNif.leak(:malloc, 1, bytes)
+  defp leak_loop(bytes, tick, count) do
+    LeakyNif.leak(:malloc, count, bytes)
     Process.sleep(tick)
-    leak_loop(bytes, tick)
+    leak_loop(bytes, tick, count)
   end
 
   # A busy node that leaks nothing: one process churns malloc/free at a high

@@ -107,9 +107,11 @@ defmodule Mtrace.VM.Diagnose do
     # program out); figures that cannot be read are another matter
     program_traced = preloaded and not match?(%{active: false}, Native.stats(false))
     first = snapshot()
-    # Native figures come from the tracer only when they can be read;
-    # otherwise RSS outside the allocators stands in for them.
-    traced = first.memory.native != nil
+    # Native figures come from the tracer only when they can be read and
+    # move; otherwise RSS outside the allocators stands in for them (with
+    # tracking switched off the tracer's stand still while a leak grows).
+    tracking_off = match?(%{enabled: false}, first.memory.native)
+    traced = first.memory.native != nil and not tracking_off
 
     {prev, snap, series, mark, nif} =
       if o.window do
@@ -145,6 +147,7 @@ defmodule Mtrace.VM.Diagnose do
       Findings.judge(prev, snap, %{
         bin_leak: bin_leak,
         preloaded: traced,
+        tracking_off: tracking_off,
         program_left_out: preloaded and not program_traced,
         sites: sites,
         thresholds: th,

@@ -159,8 +159,8 @@ defmodule Mtrace.VM.Diagnosis do
       if stats[:enabled] == false,
         do: [
           "        tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0): new " <>
-            "blocks are not recorded, so native growth cannot show; Mtrace.enable/0 " <>
-            "switches it on"
+            "blocks are not recorded, so native memory is judged by RSS outside the VM; " <>
+            "Mtrace.enable/0 switches it on"
         ],
         else: []
 
@@ -237,8 +237,9 @@ defmodule Mtrace.VM.Diagnosis do
 
   defp growth_lines(nil, _off, _traced), do: []
 
-  # Untraced, the native series is RSS outside the ERTS allocators: named
-  # as on the memory line, not as the tracer's native heap.
+  # Untraced (or tracking switched off), the native series is RSS outside
+  # the ERTS allocators: named as on the memory line, not as the tracer's
+  # native heap.
   defp growth_lines(g, off, traced) do
     vm =
       [:total, :processes, :binary, :ets, :code, :atom]
@@ -248,8 +249,7 @@ defmodule Mtrace.VM.Diagnosis do
 
     native =
       case g[:native] do
-        _ when off -> ["        native not measured: tracking is switched off"]
-        %{} = n when traced -> ["        native " <> Findings.describe_growth(n)]
+        %{} = n when traced and not off -> ["        native " <> Findings.describe_growth(n)]
         %{} = n -> ["        outside the VM " <> Findings.describe_growth(n)]
         _ -> []
       end
@@ -267,7 +267,7 @@ defmodule Mtrace.VM.Diagnosis do
   # kind; those below it follow under their own heading, as what they
   # measured, since the kind would claim what they do not show.
   defp finding_lines([], true),
-    do: ["findings: none in what could be seen; native growth could not be (tracking is off)"]
+    do: ["findings: none, the node looks healthy (native memory judged by RSS: tracking is off)"]
 
   defp finding_lines([], _off), do: ["findings: none, the node looks healthy"]
 
@@ -281,8 +281,8 @@ defmodule Mtrace.VM.Diagnosis do
 
         off ->
           [
-            "findings: none scores #{@problem} or more (a problem); native growth could not " <>
-              "be seen (tracking is off)"
+            "findings: none scores #{@problem} or more (a problem); the node looks healthy " <>
+              "(native memory judged by RSS: tracking is off)"
           ]
 
         true ->

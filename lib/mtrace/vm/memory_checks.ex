@@ -211,7 +211,8 @@ defmodule Mtrace.VM.MemoryChecks do
   end
 
   # Native memory: the tracer's live bytes (estimated when sampling), else
-  # RSS outside the ERTS allocators. Its size counts when it passes
+  # (no tracer, or tracking switched off) RSS outside the ERTS allocators.
+  # Its size counts when it passes
   # native_bytes (or the VM's own memory), or dwarfs what the VM accounts
   # for. With a window, growth counts only when steady: the samples went up
   # in most steps and ended higher, as a leak does, not up and down as churn
@@ -220,8 +221,7 @@ defmodule Mtrace.VM.MemoryChecks do
   defp native(snap, secs, extra, th) do
     {bytes, what} = native_bytes(snap, extra)
     vm = vm_bytes(snap, extra)
-    # Switched off, the tracer's figures stand still: no growth to tell.
-    growth = unless tracking_off?(snap, extra), do: growth(extra[:native_series], secs)
+    growth = growth(extra[:native_series], secs)
 
     steady =
       if growth && growth.steadiness >= th.native_steady && growth.per_s > 0,
@@ -261,10 +261,7 @@ defmodule Mtrace.VM.MemoryChecks do
         native: snap.memory.native,
         outside_vm: snap.memory.outside_vm
       }),
-      if(tracking_off?(snap, extra),
-        do: "Mtrace.enable() switches tracking back on, to see what grows",
-        else: native_next(extra, growth)
-      )
+      native_next(extra, growth)
     )
   end
 
@@ -291,13 +288,8 @@ defmodule Mtrace.VM.MemoryChecks do
   # (Estimated from the samples when sampling: see Mtrace.VM.Memory.)
   # Without the tracer the figure is not native heap but all memory the ERTS
   # allocators do not explain, the emulator's own included: said as such.
-  defp native_bytes(snap, %{preloaded: true} = extra) do
-    if tracking_off?(snap, extra),
-      do:
-        {snap.memory.native[:live_bytes],
-         "the native heap recorded before tracking was switched off holds"},
-      else: {snap.memory.native[:live_bytes], "the native heap (live malloc allocations) holds"}
-  end
+  defp native_bytes(snap, %{preloaded: true}),
+    do: {snap.memory.native[:live_bytes], "the native heap (live malloc allocations) holds"}
 
   # Carriers the VM freed and still maps for reuse (Memory.carrier_cache/0)
   # are the VM's: right after a large process dies they can be most of it.
@@ -322,9 +314,6 @@ defmodule Mtrace.VM.MemoryChecks do
          else: ","
        ) <> " is"}
   end
-
-  defp tracking_off?(snap, %{preloaded: true}), do: match?(%{enabled: false}, snap.memory.native)
-  defp tracking_off?(_snap, _extra), do: false
 
   # What the VM accounts for: erlang:memory(total) with the tracer (native
   # memory is outside it), else what the ERTS allocators hold.
@@ -361,6 +350,12 @@ defmodule Mtrace.VM.MemoryChecks do
 
   defp native_next(%{preloaded: true}, _growth),
     do: "Mtrace.olds(20, true) lists the oldest live allocations with their stacks"
+
+  # Switched off, native memory was judged by RSS; the tracer can name it.
+  defp native_next(%{tracking_off: true}, _growth),
+    do:
+      "Mtrace.enable() switches tracking back on; then " <>
+        "Mtrace.report(sort: :growth, window: 10_000) ranks the sites that grow"
 
   defp native_next(%{program_left_out: true}, _growth),
     do:
