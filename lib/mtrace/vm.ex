@@ -455,8 +455,8 @@ defmodule Mtrace.VM do
       of the VM's memory whoever holds them;
     * `:native_leak` — native memory of 256 MiB (or more than the VM's
       own), or 64 MiB+ that is twice what the VM accounts for: the tracer's
-      live malloc bytes when preloaded, otherwise RSS outside the ERTS
-      allocators; or, over a window, growing steadily by 50 KiB/s (up in
+      live malloc bytes when preloaded and tracking is on, otherwise RSS
+      outside the ERTS allocators; or, over a window, growing steadily by 50 KiB/s (up in
       most of the window's steps, with the rate and a projection to the
       memory limit);
     * `:native_heap` — over a window, native memory of those sizes that

@@ -102,6 +102,42 @@ defmodule Mtrace.DiagnoseGrowthTest do
     assert flat =~ ~r/ outside the VM grew by /, text
   end
 
+  test "tracking switched off or on during the window: judged by RSS, and said so" do
+    # one diagnosis of a leaking node, while the window runs, with fun.()
+    during = fn node, fun ->
+      task = Task.async(fn -> diagnose(node, window: 3_000) end)
+      Process.sleep(800)
+      :ok = fun.()
+      d = Task.await(task, 30_000)
+      {d, Mtrace.VM.Diagnosis.render(d)}
+    end
+
+    {{off, off_text}, {on, on_text}} =
+      Remote.with_peer(fn node ->
+        :ok = :erpc.call(node, NativeScenarios, :slow_leak, [4_096, 20, 64])
+        Process.sleep(300)
+        off = during.(node, fn -> :erpc.call(node, Mtrace, :disable, []) end)
+        on = during.(node, fn -> :erpc.call(node, Mtrace, :enable, []) end)
+        {off, on}
+      end)
+
+    # switched off: the tracer's figures stop while RSS goes on growing
+    assert %{judged_by: :rss, tracking_off: true} = off.native
+    assert off.verdict == :native_leak, off_text
+    assert off_text =~ "tracking is switched off (Mtrace.disable/0", off_text
+    assert native_finding(off).summary =~ "memory outside the VM's allocators", off_text
+
+    # switched on: the tracer's figures jump by all it starts recording
+    assert %{judged_by: :rss, tracking_off: true} = on.native
+    flat = String.replace(on_text, ~r/\s+/, " ")
+
+    assert flat =~ "tracking was switched off during the window, so native memory is judged",
+           on_text
+
+    assert flat =~ ~r/ outside the VM grew by /, on_text
+    refute flat =~ ~r/ native grew by /, on_text
+  end
+
   test "tracking switched off: said, and native memory judged by RSS outside the VM" do
     on_exit(fn ->
       Mtrace.enable()

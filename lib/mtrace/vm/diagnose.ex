@@ -110,26 +110,35 @@ defmodule Mtrace.VM.Diagnose do
     # Native figures come from the tracer only when they can be read and
     # move; otherwise RSS outside the allocators stands in for them (with
     # tracking switched off the tracer's stand still while a leak grows).
-    tracking_off = match?(%{enabled: false}, first.memory.native)
-    traced = first.memory.native != nil and not tracking_off
+    tracer? = first.memory.native != nil
 
-    {prev, snap, series, mark, nif} =
+    {prev, snap, series, mark, nif, {tracer_ok, steps_off}} =
       if o.window do
-        mark = if traced, do: Native.mark()
-        {samples, series_secs} = sample(traced, o.window, th.window_steps)
-        series = native_series(traced, Enum.map(samples, &elem(&1, 0)))
+        mark = if tracer?, do: Native.mark()
+        {samples, series_secs} = sample(tracer?, o.window, th.window_steps)
+        readings = Enum.map(samples, &elem(&1, 0))
+        tracer_ok = tracer? and Enum.all?(readings, &is_integer(elem(&1, 0)))
+
+        series =
+          if tracer_ok,
+            do: Enum.map(readings, &elem(&1, 0)),
+            else: Memory.less_cache_rise(Enum.map(readings, &elem(&1, 1)))
 
         nif = %{
           series: Enum.map(samples, &ok_rows(elem(&1, 1))),
           now: elem(List.last(samples), 1)
         }
 
-        {first, snapshot(first), {series, series_secs}, mark, nif}
+        steps_off = Enum.any?(readings, &(elem(&1, 0) == :off))
+        {first, snapshot(first), {series, series_secs}, mark, nif, {tracer_ok, steps_off}}
       else
-        {nil, first, {nil, nil}, nil, %{series: nil, now: Native.nif_memory()}}
+        {nil, first, {nil, nil}, nil, %{series: nil, now: Native.nif_memory()}, {tracer?, false}}
       end
 
     {series, series_secs} = series
+    # Switched off at the start, at any step or at the end: judged by RSS.
+    tracking_off = tracer? and (tracking_off?(first) or steps_off or tracking_off?(snap))
+    traced = tracer_ok and not tracking_off
 
     # The sites are read with the snapshot, before a forced collection can
     # run NIF resources' destructors: both tell of the same moment.
@@ -171,7 +180,9 @@ defmodule Mtrace.VM.Diagnose do
         program_traced: program_traced,
         so: Native.so_path(),
         stats: snap.memory.native,
-        sites: sites
+        sites: sites,
+        judged_by: if(traced, do: :tracer, else: :rss),
+        tracking_off: tracking_off
       },
       nif: nif.now
     }
@@ -203,13 +214,22 @@ defmodule Mtrace.VM.Diagnose do
     {[first | rest], max(System.monotonic_time(:millisecond) - start, 1) / 1000}
   end
 
-  # Untraced, the carrier cache is read with RSS: what it grows by over the
-  # window is taken off the series (Memory.less_cache_rise/1).
-  defp native_reading(true), do: Memory.native_sample(true)
-  defp native_reading(false), do: {Memory.native_sample(false), Memory.carrier_cache()}
+  # Each step reads RSS outside the allocators, with the carrier cache (what
+  # it grows by over the window is taken off: Memory.less_cache_rise/1),
+  # and the tracer's figure where it answers, :off while tracking is
+  # switched off: which series is judged is decided after the window, the
+  # tracer's only if it was read, tracking on, at every step.
+  defp native_reading(tracer?) do
+    rss = {Memory.native_sample(false), Memory.carrier_cache()}
 
-  defp native_series(true, readings), do: readings
-  defp native_series(false, readings), do: Memory.less_cache_rise(readings)
+    cond do
+      not tracer? -> {nil, rss}
+      match?(%{enabled: false}, Native.stats(false)) -> {:off, rss}
+      true -> {Memory.native_sample(true), rss}
+    end
+  end
+
+  defp tracking_off?(snap), do: match?(%{enabled: false}, snap.memory.native)
 
   # Per category of erlang:memory, and native memory, how fast it moved.
   defp growth(prev, snap, secs, series, series_secs) do

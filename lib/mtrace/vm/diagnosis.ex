@@ -12,11 +12,16 @@ defmodule Mtrace.VM.Diagnosis do
       `Mtrace.VM.Findings`), with those scoring under 50 (leads, not
       problems), which the report lists apart, below the problems;
     * `node`, `window` (ms or nil), `memory`, `counts`, `native`
-      (`%{preloaded, stats, sites}`) — what was measured;
+      (`%{preloaded, program_traced, so, stats, sites, judged_by,
+      tracking_off}`) — what was measured; `judged_by` is `:tracer` when
+      native memory was judged by the tracer's live bytes, `:rss` when by
+      RSS outside the ERTS allocators (no tracer, or tracking switched off
+      at the start, the end or a step of the window: `tracking_off`);
     * `growth` — with a window, bytes per second for each category of
       `:erlang.memory/0` (`:total`, `:processes`, `:binary`, `:ets`,
       `:code`, `:atom`) and `:native`, a `t:Mtrace.VM.Findings.growth/0`
-      of native memory sampled across the window; `nil` without one;
+      of native memory (as `judged_by` says) sampled across the window;
+      `nil` without one;
     * `nif` — `{:ok, rows}` of `Mtrace.VM.Native.nif_memory/0` (memory NIFs
       hold in the VM's allocators), or `{:error, reason}`.
 
@@ -74,11 +79,7 @@ defmodule Mtrace.VM.Diagnosis do
       native_lines(result.native, result.window),
       nif_lines(Map.get(result, :nif)),
       window_line(result.window),
-      growth_lines(
-        Map.get(result, :growth),
-        tracking_off?(result.native),
-        traced?(result.native)
-      ),
+      growth_lines(Map.get(result, :growth), traced?(result.native)),
       "",
       finding_lines(result.findings, tracking_off?(result.native))
     ]
@@ -146,7 +147,7 @@ defmodule Mtrace.VM.Diagnosis do
     "native  the tracer is preloaded but its figures could not be read (Mtrace.stats/0 failed)"
   end
 
-  defp native_lines(%{preloaded: true, stats: stats, sites: sites}, window) do
+  defp native_lines(%{preloaded: true, stats: stats, sites: sites} = native, window) do
     # When sampling, live figures are estimates, as Mtrace.report/1 says.
     about = if stats[:sampled], do: "about ", else: ""
 
@@ -156,13 +157,23 @@ defmodule Mtrace.VM.Diagnosis do
         if(stats[:sampled], do: " (estimated from samples)", else: "")
 
     off =
-      if stats[:enabled] == false,
-        do: [
-          "        tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0): new " <>
-            "blocks are not recorded, so native memory is judged by RSS outside the VM; " <>
-            "Mtrace.enable/0 switches it on"
-        ],
-        else: []
+      cond do
+        stats[:enabled] == false ->
+          [
+            "        tracking is switched off (Mtrace.disable/0 or MTRACE_ENABLED=0): new " <>
+              "blocks are not recorded, so native memory is judged by RSS outside the VM; " <>
+              "Mtrace.enable/0 switches it on"
+          ]
+
+        tracking_off?(native) ->
+          [
+            "        tracking was switched off during the window, so native memory is " <>
+              "judged by RSS outside the VM"
+          ]
+
+        true ->
+          []
+      end
 
     [
       "native  #{live}; heap " <>
@@ -185,12 +196,17 @@ defmodule Mtrace.VM.Diagnosis do
     ]
   end
 
-  # Whether the native figures are the tracer's.
+  # Whether the native figures judged are the tracer's (a result without
+  # judged_by is of a node before it was given: as it was judged there).
+  defp traced?(%{judged_by: by}), do: by == :tracer
   defp traced?(%{preloaded: true, program_traced: false}), do: false
+  defp traced?(%{preloaded: true, stats: %{enabled: false}}), do: false
   defp traced?(%{preloaded: true, stats: %{}}), do: true
   defp traced?(_native), do: false
 
-  # Tracking switched off: native memory is still read, but cannot grow.
+  # Tracking switched off, at the start, the end or a step of the window:
+  # native memory was judged by RSS.
+  defp tracking_off?(%{tracking_off: off}), do: off
   defp tracking_off?(%{stats: %{enabled: false}}), do: true
   defp tracking_off?(_native), do: false
 
@@ -235,12 +251,12 @@ defmodule Mtrace.VM.Diagnosis do
   defp nif_lines({:error, reason}), do: ["nif     " <> Native.nif_explain(reason)]
   defp nif_lines(_), do: []
 
-  defp growth_lines(nil, _off, _traced), do: []
+  defp growth_lines(nil, _traced), do: []
 
   # Untraced (or tracking switched off), the native series is RSS outside
   # the ERTS allocators: named as on the memory line, not as the tracer's
   # native heap.
-  defp growth_lines(g, off, traced) do
+  defp growth_lines(g, traced) do
     vm =
       [:total, :processes, :binary, :ets, :code, :atom]
       # a figure that stood still says nothing ("code +0 B/s")
@@ -249,7 +265,7 @@ defmodule Mtrace.VM.Diagnosis do
 
     native =
       case g[:native] do
-        %{} = n when traced and not off -> ["        native " <> Findings.describe_growth(n)]
+        %{} = n when traced -> ["        native " <> Findings.describe_growth(n)]
         %{} = n -> ["        outside the VM " <> Findings.describe_growth(n)]
         _ -> []
       end

@@ -74,7 +74,7 @@ defmodule Mtrace.VM.Findings do
     larger) of native memory, or `native_vm_min`+ that is
     `native_vm_ratio` times what the VM accounts for: the tracer's live
     malloc bytes, or RSS outside the ERTS allocators when it is not
-    preloaded; growth over a window: native memory growing *steadily* by
+    preloaded or tracking is switched off; growth over a window: native memory growing *steadily* by
     `native_growth`/s: sampled `window_steps` times across the window,
     it went up in at least `native_steady` of the steps;
   * `:native_heap` — size: with a window, the same sizes when native

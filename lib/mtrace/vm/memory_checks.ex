@@ -251,7 +251,7 @@ defmodule Mtrace.VM.MemoryChecks do
     finding(
       kind,
       if(kind == :native_leak, do: max(size, steady), else: size),
-      "#{shown(what, bytes, snap)}#{times_vm}#{over_window}",
+      "#{shown(what, bytes, snap, extra)}#{times_vm}#{over_window}",
       native_evidence(extra, %{
         bytes: bytes,
         live_bytes: bytes,
@@ -267,17 +267,17 @@ defmodule Mtrace.VM.MemoryChecks do
 
   # The figure after its words; when the carriers the VM keeps mapped may
   # be all of it, the figure before them is said instead of "is 0 B".
-  defp shown({:all_cached, outside}, _bytes, _snap),
+  defp shown({:all_cached, outside}, _bytes, _snap, _extra),
     do:
       "memory outside the VM's allocators, untraced (the emulator itself, NIFs, drivers, " <>
         "libraries), is #{Format.bytes(outside)}, all of which may be carriers the VM " <>
         "freed and keeps mapped"
 
-  defp shown(what, bytes, snap), do: "#{what} #{about(snap)}#{Format.bytes(bytes)}"
+  defp shown(what, bytes, snap, extra), do: "#{what} #{about(snap, extra)}#{Format.bytes(bytes)}"
 
-  # The tracer's live figures are estimates when it samples.
-  defp about(%{memory: %{native: %{sampled: true}}}), do: "about "
-  defp about(_snap), do: ""
+  # The tracer's live figures are estimates when it samples (RSS is not).
+  defp about(%{memory: %{native: %{sampled: true}}}, %{preloaded: true}), do: "about "
+  defp about(_snap, _extra), do: ""
 
   # The tracer's sites are evidence only where it was read.
   defp native_evidence(%{preloaded: true, sites: sites}, evidence),
