@@ -133,6 +133,18 @@ static const char *name_at(const char *path, uintptr_t pc, char *out, size_t len
     return out;
 }
 
+/* Copies of lib as x.so and y.so in dir/sub (and dir/sub/shared made),
+ * their DWARF shared through dwz with the options opts. */
+static int dwz_pair(const char *sub, const char *lib, const char *x, const char *y,
+                    const char *opts) {
+    char cmd[4 * PATH_MAX];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && mkdir -p '%s/shared' && cd '%s' && cp '%s' %s && cp '%s' %s && "
+             "dwz %s %s %s",
+             dir, sub, sub, lib, x, lib, y, opts, x, y);
+    return run(cmd);
+}
+
 /* dwz -r: what two copies of a library share goes to a file of its own,
  * which each copy's .gnu_debugaltlink names relative to its directory; the
  * function's name is read from there (it was missing). */
@@ -145,11 +157,7 @@ static void test_dwz_relative_alt(const char *build) {
     void *h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     uintptr_t pc = link_pc(h ? dlsym(h, "dwz_fixture_leaf") : NULL);
     CHECK(pc != 0);
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && mkdir -p dwz/shared && cd dwz && cp '%s' a.so && cp '%s' b.so && "
-             "dwz -m shared/common.debug -r a.so b.so",
-             dir, lib, lib);
-    CHECK(run(cmd));
+    CHECK(dwz_pair("dwz", lib, "a.so", "b.so", "-m shared/common.debug -r"));
     snprintf(a, sizeof a, "%s/dwz/a.so", dir);
     CHECK(!strcmp(name_at(a, pc, name, sizeof name), "dwz_fixture_leaf"));
     /* through a link from elsewhere: relative to where the file is */
@@ -165,11 +173,9 @@ static void test_dwz_relative_alt(const char *build) {
     snprintf(cmd, sizeof cmd, "/proc/self/fd/%d", fd);
     CHECK(!strcmp(name_at(cmd, pc, name, sizeof name), "dwz_fixture_leaf"));
     /* the shared file of other libraries at that path: not used */
-    snprintf(cmd, sizeof cmd,
-             "cd '%s/dwz' && rm shared/common.debug && cp '%s' c.so && cp '%s' d.so && "
-             "dwz -m shared/common.debug -r c.so d.so",
-             dir, other, other);
+    snprintf(cmd, sizeof cmd, "rm '%s/dwz/shared/common.debug'", dir);
     CHECK(run(cmd));
+    CHECK(dwz_pair("dwz", other, "c.so", "d.so", "-m shared/common.debug -r"));
     snprintf(a, sizeof a, "%s/dwz/b.so", dir);
     CHECK(!strcmp(name_at(a, pc, name, sizeof name), "")); /* without it: lines, no name */
     if (fd >= 0)
@@ -177,11 +183,8 @@ static void test_dwz_relative_alt(const char *build) {
 
     /* an absolute path, which libdw follows itself: its file is used only
      * with the build id named, the other pair's taken as no file at all */
-    snprintf(cmd, sizeof cmd,
-             "cd '%s' && mkdir -p abs && cd abs && cp '%s' a.so && cp '%s' b.so && "
-             "dwz -m '%s/abs/common.debug' a.so b.so",
-             dir, lib, lib, dir);
-    CHECK(run(cmd));
+    snprintf(cmd, sizeof cmd, "-m '%s/abs/common.debug'", dir);
+    CHECK(dwz_pair("abs", lib, "a.so", "b.so", cmd));
     snprintf(a, sizeof a, "%s/abs/a.so", dir);
     CHECK(!strcmp(name_at(a, pc, name, sizeof name), "dwz_fixture_leaf"));
     snprintf(cmd, sizeof cmd, "cp '%s/dwz/shared/common.debug' '%s/abs/common.debug'", dir, dir);
