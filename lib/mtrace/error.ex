@@ -90,25 +90,53 @@ defmodule Mtrace.Error do
   defp take_words([], line, _width), do: {line, []}
 
   @doc false
-  @spec not_preloaded() :: t()
-  def not_preloaded do
+  # ld_preload: this VM's LD_PRELOAD, which says why when it is set.
+  @spec not_preloaded(String.t() | nil) :: t()
+  def not_preloaded(ld_preload \\ System.get_env("LD_PRELOAD")) do
     so = Path.join(to_string(:code.priv_dir(:mtrace)), "mtrace.so")
+    {why, release_line} = why_not_preloaded(ld_preload)
 
     %__MODULE__{
       reason: :not_preloaded,
       message: """
       mtrace: the tracer library is not preloaded into this VM, so no native \
-      allocation has been recorded. Start the node with it preloaded:
+      allocation has been recorded. #{why}Start the node with it preloaded:
 
           LD_PRELOAD=#{so}
 
-      In a release, add this line to rel/env.sh.eex:
-
-          export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)
+      In a release, #{release_line}
 
       Mtrace.preloaded?/0 tells whether it is; Mtrace.VM works without it.\
       """
     }
+  end
+
+  @ls_line "add this line to rel/env.sh.eex:\n\n    " <>
+             "export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)"
+
+  # LD_PRELOAD set, yet no tracer: what went wrong, as far as it tells,
+  # and the release's line that avoids it.
+  defp why_not_preloaded(value) when value in [nil, ""], do: {"", @ls_line}
+
+  defp why_not_preloaded(value) do
+    case length(String.split(value, "mtrace.so")) - 1 do
+      0 ->
+        {"LD_PRELOAD is #{inspect(value)}, which names no mtrace.so. ", @ls_line}
+
+      1 ->
+        {"LD_PRELOAD is #{inspect(value)}, but the loader did not preload it (it said " <>
+           "why on the node's standard error as the node started: a file that is not " <>
+           "there, or a path with spaces, at which the loader splits it). ", @ls_line}
+
+      _ ->
+        {"LD_PRELOAD names more than one mtrace.so (#{inspect(value)}), and the loader " <>
+           "preloads none of them: the release holds an older mtrace beside this one, " <>
+           "which mix release leaves. ",
+         "rebuild it into a clean directory (rm -rf _build/prod/rel/<app> first), or " <>
+           "name this version in rel/env.sh.eex:\n\n    " <>
+           "export LD_PRELOAD=\"$RELEASE_ROOT/lib/mtrace-<%= " <>
+           "@release.applications[:mtrace][:vsn] %>/priv/mtrace.so\""}
+    end
   end
 
   @doc false

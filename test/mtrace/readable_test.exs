@@ -104,6 +104,30 @@ defmodule Mtrace.ReadableTest do
     assert first =~ ~r/^#Mtrace.Stats<.* live in .* since a reset \d+s ago, /, first
   end
 
+  test "not preloaded, the message says what the LD_PRELOAD that is set did wrong" do
+    two = "/r/lib/mtrace-0.1.9/priv/mtrace.so\n/r/lib/mtrace-0.2.0/priv/mtrace.so"
+
+    message = fn value ->
+      String.replace(Mtrace.Error.not_preloaded(value).message, ~r/\s+/, " ")
+    end
+
+    refute message.(nil) =~ "LD_PRELOAD is"
+    assert message.(nil) == message.("")
+    assert message.(two) =~ "LD_PRELOAD names more than one mtrace.so"
+    assert message.(two) =~ "rm -rf _build/prod/rel/<app>"
+    assert message.(two) =~ "mtrace-<%= @release.applications[:mtrace][:vsn] %>/priv/mtrace.so"
+    assert message.("/gone/mtrace.so") =~ ~s(LD_PRELOAD is "/gone/mtrace.so", but the loader did)
+    assert message.("/usr/lib/libjemalloc.so.2") =~ "which names no mtrace.so"
+    # and the line to use, on a line of its own
+    for value <- [nil, "/gone/mtrace.so"] do
+      assert Mtrace.Error.not_preloaded(value).message =~
+               "\n    export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)\n"
+    end
+
+    assert Mtrace.Error.not_preloaded(two).message =~
+             ~s(\n    export LD_PRELOAD="$RELEASE_ROOT/lib/mtrace-<%= @release.applications[:mtrace][:vsn] %>/priv/mtrace.so"\n)
+  end
+
   test "an error inspects as one short line: reason and first words; the message keeps every word, in 80 columns" do
     message = "on node :\"worker@host\": " <> Mtrace.Error.not_preloaded().message
     e = %Mtrace.Error{reason: :not_preloaded, message: message}

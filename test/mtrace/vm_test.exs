@@ -339,6 +339,25 @@ defmodule Mtrace.VMTest do
       assert :native_heap in kinds and :native_leak not in kinds
     end
 
+    test "RSS that rose steadily by less than native_rss_growth_min is no leak" do
+      snap = VM.Diagnose.snapshot()
+      prev = %{snap | at_ms: snap.at_ms - 5_000}
+      # 72 KiB/s, up in 4 of 5 steps: an idle release's first diagnosis
+      series = [0, 72, 144, 216, 288, 360] |> Enum.map(&(&1 * 1024 + 40_000_000))
+      extra = %{bin_leak: nil, sites: [], native_series: series, series_secs: 5.0}
+      extra = Map.put(extra, :nif, %{series: nil, now: {:ok, []}})
+      kinds = fn extra -> for %{kind: k} <- VM.Findings.judge(prev, snap, extra), do: k end
+
+      # untraced: RSS outside the allocators, 360 KiB over the window
+      refute :native_leak in kinds.(Map.put(extra, :preloaded, false))
+      # the tracer's bytes: a leak
+      assert :native_leak in kinds.(Map.put(extra, :preloaded, true))
+      # untraced, past the floor: a leak
+      th = VM.Thresholds.merge!(native_rss_growth_min: 100_000)
+      lower = Map.merge(extra, %{preloaded: false, thresholds: th})
+      assert :native_leak in kinds.(lower)
+    end
+
     test "native and NIF rates are over the samples' span, not the snapshots'" do
       snap = VM.Diagnose.snapshot()
       # the first snapshot's scan took 2 s before the 2 s window began

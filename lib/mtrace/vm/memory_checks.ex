@@ -224,9 +224,10 @@ defmodule Mtrace.VM.MemoryChecks do
     growth = growth(extra[:native_series], secs)
 
     steady =
-      if growth && growth.steadiness >= th.native_steady && growth.per_s > 0,
-        do: ratio(growth.per_s, th.native_growth),
-        else: 0
+      if growth && growth.steadiness >= th.native_steady && growth.per_s > 0 &&
+           rose_enough?(growth, extra, th),
+         do: ratio(growth.per_s, th.native_growth),
+         else: 0
 
     size =
       max(
@@ -264,6 +265,13 @@ defmodule Mtrace.VM.MemoryChecks do
       native_next(extra, growth)
     )
   end
+
+  # The tracer's bytes are exact; RSS moves by itself as pages are first
+  # touched (seen: an idle release's first diagnosis from a remote console,
+  # 72 KiB/s up in 4 of 5 steps over 5 s), so its growth counts only past a
+  # floor.
+  defp rose_enough?(_growth, %{preloaded: true}, _th), do: true
+  defp rose_enough?(growth, _extra, th), do: growth.to - growth.from >= th.native_rss_growth_min
 
   # The figure after its words; when the carriers the VM keeps mapped may
   # be all of it, the figure before them is said instead of "is 0 B".

@@ -82,6 +82,11 @@ defmodule Mtrace.VM.Thresholds do
     count;
   * `native_growth` (50 KiB) — bytes/s native memory grows by, steadily,
     over a window;
+  * `native_rss_growth_min` (1 MiB) — without the tracer (or with
+    tracking switched off), native memory is RSS outside the ERTS
+    allocators, which moves by itself as pages are first touched (a
+    thread's stack, a new malloc arena, an idle node's first diagnosis):
+    its growth over the window below this is noise, however steady;
   * `native_steady` (0.75) — share of a window's steps (`window_steps`)
     in which native memory, or a NIF module's memory in the VM's
     allocators, grew for the growth to count as steady (churn goes up
@@ -148,6 +153,7 @@ defmodule Mtrace.VM.Thresholds do
     native_vm_ratio: 2.0,
     native_vm_min: 64 * @mib,
     native_growth: 50 * 1024,
+    native_rss_growth_min: 1 * @mib,
     native_steady: 0.75,
     window_steps: 5,
     nif_bytes: 64 * @mib,
