@@ -456,9 +456,10 @@ defmodule Mtrace.VM do
     * `:native_leak` — native memory of 256 MiB (or more than the VM's
       own), or 64 MiB+ that is twice what the VM accounts for: the tracer's
       live malloc bytes when preloaded and tracking is on, otherwise RSS
-      outside the ERTS allocators; or, over a window, growing steadily by 50 KiB/s (up in
-      most of the window's steps, with the rate and a projection to the
-      memory limit);
+      outside the ERTS allocators; or, over a window, growing steadily by
+      50 KiB/s (up in most of the window's steps, with the rate and a
+      projection to the memory limit; RSS by at least 1 MiB over the window
+      as well);
     * `:native_heap` — over a window, native memory of those sizes that
       did not grow steadily: large, but not leaking while watched;
     * `:nif_alloc_leak` — a NIF module holding 64 MiB (or a quarter of the

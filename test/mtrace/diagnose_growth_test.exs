@@ -131,11 +131,12 @@ defmodule Mtrace.DiagnoseGrowthTest do
     assert %{judged_by: :rss, tracking_off: true} = on.native
     flat = String.replace(on_text, ~r/\s+/, " ")
 
-    assert flat =~ "tracking was switched off during the window, so native memory is judged",
+    assert flat =~ "tracking was off for part of the window, so native memory is judged",
            on_text
 
     assert flat =~ ~r/ outside the VM grew by /, on_text
     refute flat =~ ~r/ native grew by /, on_text
+    assert native_finding(on).next =~ "tracking is on again: ", on_text
   end
 
   test "tracking switched off: said, and native memory judged by RSS outside the VM" do

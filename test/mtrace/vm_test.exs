@@ -690,6 +690,19 @@ defmodule Mtrace.VMTest do
       assert result.growth.native.steps == 3
     end
 
+    test "a tracer whose figures fail during the window: judged by RSS, and said why" do
+      use_native(Mtrace.VMTest.FlakyTracer)
+      # enough reads for the checks and snapshot before the window, not its steps
+      :persistent_term.put({Mtrace.VMTest.FlakyTracer, :reads}, 4)
+      on_exit(fn -> :persistent_term.erase({Mtrace.VMTest.FlakyTracer, :reads}) end)
+
+      {result, output} = with_io(fn -> VM.diagnose(gc: false, window: 300) end)
+      assert %{judged_by: :rss, tracking_off: false, tracer_unread: true} = result.native
+      flat = String.replace(output, ~r/\s+/, " ")
+      assert flat =~ "figures could not be read", output
+      refute flat =~ "add `export LD_PRELOAD", output
+    end
+
     test "a tracer that raises reads as one without figures" do
       use_native(Mtrace.VMTest.BrokenTracer)
 
@@ -1420,6 +1433,20 @@ defmodule Mtrace.VMTest.InactiveTracer do
   end
 
   def sites(_opts), do: []
+end
+
+defmodule Mtrace.VMTest.FlakyTracer do
+  # Preloaded and answering, until its reads start failing (after the
+  # number of reads in :persistent_term {__MODULE__, :reads}).
+  def preloaded?, do: true
+  def mark, do: Mtrace.mark()
+  def sites(_opts), do: []
+
+  def stats do
+    left = :persistent_term.get({__MODULE__, :reads}, 0)
+    :persistent_term.put({__MODULE__, :reads}, left - 1)
+    if left > 0, do: Mtrace.stats(heap: false), else: raise("the NIF went away")
+  end
 end
 
 defmodule Mtrace.VMTest.BrokenTracer do

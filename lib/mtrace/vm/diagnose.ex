@@ -136,9 +136,11 @@ defmodule Mtrace.VM.Diagnose do
       end
 
     {series, series_secs} = series
-    # Switched off at the start, at any step or at the end: judged by RSS.
+    # Switched off at the start, at any step or at the end: judged by RSS;
+    # so too when the tracer's figures could not be read at every step.
     tracking_off = tracer? and (tracking_off?(first) or steps_off or tracking_off?(snap))
     traced = tracer_ok and not tracking_off
+    tracer_unread = tracer? and not tracer_ok and not tracking_off
 
     # The sites are read with the snapshot, before a forced collection can
     # run NIF resources' destructors: both tell of the same moment.
@@ -157,6 +159,8 @@ defmodule Mtrace.VM.Diagnose do
         bin_leak: bin_leak,
         preloaded: traced,
         tracking_off: tracking_off,
+        tracking_on_now: not tracking_off?(snap),
+        tracer_unread: tracer_unread,
         program_left_out: preloaded and not program_traced,
         sites: sites,
         thresholds: th,
@@ -182,7 +186,8 @@ defmodule Mtrace.VM.Diagnose do
         stats: snap.memory.native,
         sites: sites,
         judged_by: if(traced, do: :tracer, else: :rss),
-        tracking_off: tracking_off
+        tracking_off: tracking_off,
+        tracer_unread: tracer_unread
       },
       nif: nif.now
     }
@@ -222,10 +227,13 @@ defmodule Mtrace.VM.Diagnose do
   defp native_reading(tracer?) do
     rss = {Memory.native_sample(false), Memory.carrier_cache()}
 
-    cond do
-      not tracer? -> {nil, rss}
-      match?(%{enabled: false}, Native.stats(false)) -> {:off, rss}
-      true -> {Memory.native_sample(true), rss}
+    # one read of the tracer's figures: whether tracking is on and the
+    # bytes are of the same moment
+    case tracer? && Native.stats(false) do
+      %{enabled: false} -> {:off, rss}
+      %{sampled: true, est_live_bytes: bytes} -> {bytes, rss}
+      %{live_bytes: bytes} -> {bytes, rss}
+      _ -> {nil, rss}
     end
   end
 

@@ -167,8 +167,14 @@ defmodule Mtrace.VM.Diagnosis do
 
         tracking_off?(native) ->
           [
-            "        tracking was switched off during the window, so native memory is " <>
-              "judged by RSS outside the VM"
+            "        tracking was off for part of the window, so native memory is " <>
+              "judged by RSS outside the VM; a diagnosis run again judges the tracer's"
+          ]
+
+        native[:tracer_unread] ->
+          [
+            "        the tracer's figures could not be read at every step of the window, " <>
+              "so native memory is judged by RSS outside the VM"
           ]
 
         true ->
@@ -283,7 +289,7 @@ defmodule Mtrace.VM.Diagnosis do
   # kind; those below it follow under their own heading, as what they
   # measured, since the kind would claim what they do not show.
   defp finding_lines([], true),
-    do: ["findings: none, the node looks healthy (native memory judged by RSS: tracking is off)"]
+    do: ["findings: none, the node looks healthy (native memory judged by RSS: tracking was off)"]
 
   defp finding_lines([], _off), do: ["findings: none, the node looks healthy"]
 
@@ -298,7 +304,7 @@ defmodule Mtrace.VM.Diagnosis do
         off ->
           [
             "findings: none scores #{@problem} or more (a problem); the node looks healthy " <>
-              "(native memory judged by RSS: tracking is off)"
+              "(native memory judged by RSS: tracking was off)"
           ]
 
         true ->

@@ -76,7 +76,8 @@ defmodule Mtrace.VM.Findings do
     malloc bytes, or RSS outside the ERTS allocators when it is not
     preloaded or tracking is switched off; growth over a window: native memory growing *steadily* by
     `native_growth`/s: sampled `window_steps` times across the window,
-    it went up in at least `native_steady` of the steps;
+    it went up in at least `native_steady` of the steps (RSS, by at
+    least `native_rss_growth_min` over the window as well);
   * `:native_heap` — size: with a window, the same sizes when native
     memory did not grow steadily: large, but not leaking while it was
     watched;

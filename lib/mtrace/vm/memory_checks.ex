@@ -360,10 +360,20 @@ defmodule Mtrace.VM.MemoryChecks do
     do: "Mtrace.olds(20, true) lists the oldest live allocations with their stacks"
 
   # Switched off, native memory was judged by RSS; the tracer can name it.
+  defp native_next(%{tracking_off: true, tracking_on_now: true}, _growth),
+    do:
+      "tracking is on again: Mtrace.report(sort: :growth, window: 10_000) ranks " <>
+        "the sites that grow"
+
   defp native_next(%{tracking_off: true}, _growth),
     do:
       "Mtrace.enable() switches tracking back on; then " <>
         "Mtrace.report(sort: :growth, window: 10_000) ranks the sites that grow"
+
+  defp native_next(%{tracer_unread: true}, _growth),
+    do:
+      "the tracer's figures could not be read at every step (Mtrace.stats() says " <>
+        "why); Mtrace.report() shows which code holds native memory"
 
   defp native_next(%{program_left_out: true}, _growth),
     do:
