@@ -159,7 +159,6 @@ defmodule Mtrace.VM.Diagnose do
         bin_leak: bin_leak,
         preloaded: traced,
         tracking_off: tracking_off,
-        tracking_on_now: not tracking_off?(snap),
         tracer_unread: tracer_unread,
         program_left_out: preloaded and not program_traced,
         sites: sites,
@@ -231,9 +230,7 @@ defmodule Mtrace.VM.Diagnose do
     # bytes are of the same moment
     case tracer? && Native.stats(false) do
       %{enabled: false} -> {:off, rss}
-      %{sampled: true, est_live_bytes: bytes} -> {bytes, rss}
-      %{live_bytes: bytes} -> {bytes, rss}
-      _ -> {nil, rss}
+      stats -> {Memory.live_bytes(stats), rss}
     end
   end
 

@@ -231,13 +231,7 @@ defmodule Mtrace.VM.Memory do
       true
   """
   @spec native_sample(boolean) :: non_neg_integer | nil
-  def native_sample(true) do
-    case Native.stats(false) do
-      %{sampled: true, est_live_bytes: bytes} -> bytes
-      %{live_bytes: bytes} -> bytes
-      _ -> nil
-    end
-  end
+  def native_sample(true), do: live_bytes(Native.stats(false))
 
   # The carrier cache is not taken off here, though the size check does:
   # it counts mapped bytes, not resident ones, so on a node that just
@@ -248,6 +242,14 @@ defmodule Mtrace.VM.Memory do
     {rss, _peak, jit} = status()
     outside(rss, allocated(), jit)
   end
+
+  @doc false
+  # The live bytes of the tracer's stats (estimated when sampling); nil
+  # without them.
+  @spec live_bytes(map | nil | false) :: non_neg_integer | nil
+  def live_bytes(%{sampled: true, est_live_bytes: bytes}), do: bytes
+  def live_bytes(%{live_bytes: bytes}), do: bytes
+  def live_bytes(_stats), do: nil
 
   @doc """
   An untraced native series over a window: `{native_sample(false),

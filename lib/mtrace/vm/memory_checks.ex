@@ -262,7 +262,7 @@ defmodule Mtrace.VM.MemoryChecks do
         native: snap.memory.native,
         outside_vm: snap.memory.outside_vm
       }),
-      native_next(extra, growth)
+      native_next(extra, growth, snap)
     )
   end
 
@@ -350,37 +350,37 @@ defmodule Mtrace.VM.MemoryChecks do
 
   defp projection(_g, _ratio, _limit, _snap), do: ""
 
-  defp native_next(%{preloaded: true, sites: [_ | _]}, growth) do
+  defp native_next(%{preloaded: true, sites: [_ | _]}, growth, _snap) do
     if growth,
       do: "Mtrace.report(sort: :growth, window: 10_000) ranks the sites that grow",
       else: "Mtrace.report() shows which code holds it; compare two reports a few minutes apart"
   end
 
-  defp native_next(%{preloaded: true}, _growth),
+  defp native_next(%{preloaded: true}, _growth, _snap),
     do: "Mtrace.olds(20, true) lists the oldest live allocations with their stacks"
 
   # Switched off, native memory was judged by RSS; the tracer can name it.
-  defp native_next(%{tracking_off: true, tracking_on_now: true}, _growth),
+  defp native_next(%{tracking_off: true}, _growth, %{memory: %{native: %{enabled: true}}}),
     do:
       "tracking is on again: Mtrace.report(sort: :growth, window: 10_000) ranks " <>
         "the sites that grow"
 
-  defp native_next(%{tracking_off: true}, _growth),
+  defp native_next(%{tracking_off: true}, _growth, _snap),
     do:
       "Mtrace.enable() switches tracking back on; then " <>
         "Mtrace.report(sort: :growth, window: 10_000) ranks the sites that grow"
 
-  defp native_next(%{tracer_unread: true}, _growth),
+  defp native_next(%{tracer_unread: true}, _growth, _snap),
     do:
       "the tracer's figures could not be read at every step (Mtrace.stats() says " <>
         "why); Mtrace.report() shows which code holds native memory"
 
-  defp native_next(%{program_left_out: true}, _growth),
+  defp native_next(%{program_left_out: true}, _growth, _snap),
     do:
       "trace native allocations: the tracer is preloaded but MTRACE_PROGRAMS leaves " <>
         "this program out; restart the node with it unset (it defaults to beam.smp)"
 
-  defp native_next(_extra, _growth),
+  defp native_next(_extra, _growth, _snap),
     do:
       "trace native allocations: add `#{Native.enable_hint()}` to rel/env.sh.eex, " <>
         "restart, then Mtrace.VM.diagnose(window: 60_000)"
