@@ -73,7 +73,8 @@ DL_FIXTURES = $(BUILD)/dl_fixture_a.so $(BUILD)/dl_fixture_b.so $(BUILD)/names_v
 # tests of single parts.
 QUERY_SRC = $(TRACKER_SRC)
 STATE_SRC = c_src/preload/state.c c_src/preload/clock.c c_src/preload/config.c
-TABLE_PART_SRC = c_src/preload/table.c c_src/preload/table_grow.c c_src/preload/table_filter.c c_src/preload/table_mem.c c_src/preload/table_spill.c
+TABLE_PART_SRC = c_src/preload/table.c c_src/preload/table_grow.c c_src/preload/table_filter.c c_src/preload/table_mem.c c_src/preload/table_scan.c \
+	c_src/preload/table_spill.c
 TABLE_SRC = $(TABLE_PART_SRC) c_src/preload/estimate.c $(STATE_SRC)
 ERLANG_FRAMES_SRC = c_src/preload/erlang_frames.c c_src/preload/erlang_files.c $(STATE_SRC)
 UNWIND_SRC = c_src/preload/unwind.c c_src/preload/recent_stacks.c c_src/preload/unwind_rules.c c_src/preload/eh_frame.c c_src/preload/objects.c \

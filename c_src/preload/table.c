@@ -72,6 +72,7 @@ static void relaxed_add(_Atomic uint64_t *c, int64_t d) {
 /* ---- times, from the table's epoch ---------------------------------------- */
 
 static uint64_t epoch(void) { return atomic_load_explicit(&epoch_plus1, memory_order_relaxed) - 1; }
+uint64_t mt_table_epoch(void) { return epoch(); }
 
 /* The first entry sets the epoch; of two at once, the first store wins.
  * Returns the epoch. */
@@ -355,43 +356,6 @@ uint64_t mt_table_reset(void) {
     mt_mem_release_all();
     mt_table_unlock_all();
     return forgotten;
-}
-
-#define BATCH 64
-#define SCAN_AHEAD 32
-
-void mt_table_scan(mt_entries_fn fn, void *ctx) {
-    struct mt_entry batch[BATCH];
-    for (unsigned k = 0; k < MT_SHARDS; k++) {
-        struct mt_shard *s = &mt_shards[k];
-        mt_lock(&s->lock);
-        uint64_t e = epoch(); /* under a lock: a first entry's epoch is seen */
-        size_t n = 0, dir_len = s->dir ? (size_t)1 << s->depth : 0;
-        for (size_t d = 0; d < dir_len; d += run_of(s->dir[d], s->depth)) {
-            const struct bucket *b = s->dir[d];
-            /* Buckets lie anywhere in the chunks: fetch some ahead (by
-             * directory entries, which may repeat a bucket: harmless). */
-            size_t later = d + SCAN_AHEAD < dir_len ? d + SCAN_AHEAD : dir_len - 1;
-            for (unsigned line = 0; line < sizeof *b; line += 64)
-                __builtin_prefetch((const char *)s->dir[later] + line);
-            for (unsigned i = 0; i < SLOTS; i++) { /* without branches: many are empty */
-                batch[n] = mt_slot_unpack(&b->s[i], e);
-                n += occupied(b, i);
-            }
-            if (n > BATCH - SLOTS) {
-                fn(ctx, batch, n);
-                n = 0;
-            }
-        }
-        if (n)
-            fn(ctx, batch, n);
-        mt_unlock(&s->lock);
-    }
-    /* The spill is touched only under some shard's lock, so that a fork,
-     * which holds them all, never finds the spill's own lock taken. */
-    mt_lock(&mt_shards[0].lock);
-    mt_spill_scan(fn, ctx);
-    mt_unlock(&mt_shards[0].lock);
 }
 
 void mt_table_figures(struct mt_table_figures *out) {

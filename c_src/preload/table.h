@@ -119,8 +119,11 @@ int mt_table_forget(uint64_t addr);
  * system, in a few munmap calls; returns the count. */
 uint64_t mt_table_reset(void);
 
-/* Calls fn with every entry, n at a time (n > 0), under the lock of the
- * shard they belong to.  fn must not allocate through malloc. */
+/* Calls fn with every entry, n at a time (n > 0): each shard's entries as
+ * they were at one moment, copied out under its lock and given to fn after
+ * it (table_scan.c), so that a query's work does not hold up the
+ * allocations of that shard's addresses.  fn must not allocate through
+ * malloc. */
 typedef void (*mt_entries_fn)(void *ctx, const struct mt_entry *e, size_t n);
 void mt_table_scan(mt_entries_fn fn, void *ctx);
 

@@ -20,6 +20,10 @@
  * them out of line, and their calls cost a lossless pair about 2%. */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* The time the table's times are kept from (table.c); read under a
+ * shard's lock, so that a first entry's is seen. */
+uint64_t mt_table_epoch(void);
+
 struct bucket {
     /* Byte i < 15: slot i's tag, 0x80 | 7 hash bits (0 = empty); byte 15:
      * the hash bits its entries share (its depth, below 0x80). */

@@ -260,6 +260,29 @@ static void test_threads(void) {
     mt_table_reset();
 }
 
+/* A query's work on the entries runs with no lock of the table's held, so
+ * that it holds up no malloc or free (table_scan.c); every entry is still
+ * seen once, the spill's too. */
+static void check_unlocked(void *ctx, const struct mt_entry *e, size_t n) {
+    unsigned held = 0;
+    for (unsigned k = 0; k < MT_SHARDS; k++)
+        held += atomic_load(&mt_shards[k].lock) != 0;
+    CHECK_EQ(held, 0);
+    tally_entries(ctx, e, n);
+}
+
+static void test_scan_unlocked(void) {
+    const uint64_t n = 100000;
+    for (uint64_t i = 1; i <= n; i++)
+        CHECK_EQ(mt_table_insert(i * 48, i, i, 1), MT_INSERTED);
+    CHECK_EQ(mt_table_insert(0x7000, (uint64_t)1 << 30, 1, 1), MT_INSERTED); /* spilled */
+    struct tally t = {0, 0, 0};
+    mt_table_scan(check_unlocked, &t);
+    CHECK_EQ(t.count, n + 1);
+    CHECK_EQ(t.bytes, n * (n + 1) / 2 + ((uint64_t)1 << 30));
+    CHECK_EQ(mt_table_reset(), n + 1);
+}
+
 static int maps_left;
 static void *failing_map(size_t bytes) {
     if (maps_left-- <= 0)
@@ -412,7 +435,8 @@ int main(void) {
     test_time_codes();
     test_growth();
     test_threads();
-    test_map_failure();
+    test_scan_unlocked();
+    test_map_failure();            /* its scan has no memory to copy into: under the locks */
     test_filter_rebuilt_exactly(); /* last: its duplicate inserts count as replaced */
     return check_summary();
 }
