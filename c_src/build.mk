@@ -26,9 +26,9 @@ PRELOAD_HDR = c_src/mtrace_api.h c_src/preload/state.h c_src/preload/clock.h c_s
 	c_src/preload/topn.h c_src/preload/erlang_frames.h c_src/preload/erlang_files.h c_src/preload/dwarf_cfi.h c_src/preload/unloads.h
 NIF_SRC = c_src/nif/nif.c c_src/nif/nif_query.c c_src/nif/nif_stacks.c c_src/nif/nif_erlang.c c_src/nif/term_memo.c $(SYM_SRC)
 SYM_SRC = c_src/nif/symbols.c c_src/nif/elf_symtab.c c_src/nif/demangle.c c_src/nif/name_fit.c \
-	c_src/nif/dwarf_lines.c c_src/nif/proc_maps.c
+	c_src/nif/dwarf_lines.c c_src/nif/proc_maps.c c_src/nif/build_id.c
 SYM_HDR = c_src/nif/symbols.h c_src/nif/elf_symtab.h c_src/nif/demangle.h c_src/nif/name_fit.h \
-	c_src/nif/dwarf_lines.h c_src/nif/proc_maps.h
+	c_src/nif/dwarf_lines.h c_src/nif/proc_maps.h c_src/nif/build_id.h
 NIF_HDR = c_src/mtrace_api.h c_src/nif/nif.h c_src/nif/erlang_layout.h c_src/nif/nif_stacks.h c_src/nif/term_memo.h $(SYM_HDR)
 
 # test_interpose* run with the preload (test/c/run.sh); MTRACE_STRESS=1 in the
@@ -352,14 +352,15 @@ $(BUILD)/foreign_alloc.so: test/c/foreign_alloc.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -Wl,-soname,foreign_alloc.so -o $@ test/c/foreign_alloc.c
 
-# One source, two versions of its names (see names_fixture.c).
+# One source, two versions of its names (see names_fixture.c), each with a
+# build id, as distributions' compilers give every library (musl-gcc does not).
 $(BUILD)/names_v1.so: test/c/names_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -DNAMES_VERSION=1 $(SO_LDFLAGS) -o $@ test/c/names_fixture.c
+	$(CC) $(CFLAGS_ALL) -DNAMES_VERSION=1 $(SO_LDFLAGS) -Wl,--build-id -o $@ test/c/names_fixture.c
 
 $(BUILD)/names_v2.so: test/c/names_fixture.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) -DNAMES_VERSION=2 $(SO_LDFLAGS) -o $@ test/c/names_fixture.c
+	$(CC) $(CFLAGS_ALL) -DNAMES_VERSION=2 $(SO_LDFLAGS) -Wl,--build-id -o $@ test/c/names_fixture.c
 
 # Two copies share their DWARF through dwz; the other differs (see dwz_fixture.c).
 $(BUILD)/dwz_fixture.so: test/c/dwz_fixture.c $(MAKEVARS)

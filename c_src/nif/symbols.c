@@ -11,12 +11,14 @@
  *     tens of microseconds on a large compilation unit, and leak reports repeat the same
  *     addresses.
  *
- * Only files are read, never the memory of the objects, so an address inside a library that
- * has been unloaded since it was recorded cannot fault.
+ * Only files are read, never the memory of the objects (but for their build id, read while the
+ * loader lists them), so an address inside a library that has been unloaded since it was
+ * recorded cannot fault.
  */
 #define _GNU_SOURCE
 #include "symbols.h"
 
+#include "build_id.h"
 #include "demangle.h"
 #include "dwarf_lines.h"
 #include "elf_symtab.h"
@@ -48,6 +50,8 @@ struct module {
     char *path;
     int is_exe;
     struct mt_map file; /* the mapping of its first segment: which file it is */
+    unsigned char build_id[MT_BUILD_ID_MAX]; /* of the object mapped; build_id_len 0: none */
+    size_t build_id_len;
     pthread_mutex_t mu; /* guards everything below: loading, libdw (not thread-safe), cache */
     int loaded;
     struct symtab st;
@@ -121,11 +125,24 @@ static int replaced(const struct module *m) {
     return (uint64_t)st.st_ino != m->file.ino || dev != m->file.dev;
 }
 
+/* Whether the file at the path is the build that is mapped, though not the
+ * file mapped (reinstalled), or though stat names its device otherwise than
+ * the list of mappings does (btrfs subvolumes, overlayfs): then the path
+ * is read, for the mapped file's /proc/self/map_files link opens only in a
+ * privileged process (CAP_SYS_ADMIN), not a node run as a user or in a
+ * container. */
+static int same_build(const struct module *m) {
+    unsigned char id[MT_BUILD_ID_MAX];
+    size_t n = m->build_id_len ? mt_build_id_file(m->path, id) : 0;
+    return n && n == m->build_id_len && !memcmp(id, m->build_id, n);
+}
+
 static void module_load(struct module *m) {
     m->loaded = 1;
     char mapped[64];
     const char *path = m->is_exe ? "/proc/self/exe" : m->path;
-    if (!m->is_exe && replaced(m)) { /* the path names another file now, or none */
+    /* the path names another file now, or none */
+    if (!m->is_exe && replaced(m) && !same_build(m)) {
         mt_maps_file(&m->file, mapped, sizeof mapped);
         path = mapped;
     }
@@ -197,6 +214,7 @@ static int scan_cb(void *arg, const struct mtrace_object *o) {
         m->bias = o->base;
         m->is_exe = is_exe;
         m->file = *file;
+        m->build_id_len = mt_build_id_mapped(o->phdr, o->phnum, o->base, m->build_id);
         pthread_mutex_init(&m->mu, NULL);
         if (!(m->path = strdup(path))) {
             module_free(m);

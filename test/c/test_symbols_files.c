@@ -9,6 +9,10 @@
  *     file (or none where /proc/self/map_files cannot be read), never the
  *     new file's; also when the loaded objects were listed before it was
  *     replaced.
+ *   - The same build copied over a loaded library (reinstalled), named in
+ *     a process that may not open /proc/self/map_files (not privileged, as
+ *     a node run as a user or in a container): its names, from the path,
+ *     the file there holding the mapped file's build id.
  *   - A library unloaded, rebuilt and loaded again under the same path,
  *     perhaps at the same address: the new file's names.
  *   - A name longer than a frame's text: cut whole characters, valid UTF-8.
@@ -22,6 +26,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -74,6 +81,42 @@ static void test_replaced_while_loaded(const char *v1, const char *v2, int liste
            listed_first ? "before" : "after", name);
     CHECK(strcmp(name, "names_version_1") == 0 || name[0] == '\0');
     dlclose(h);
+}
+
+/* In a child: as nobody when run as root (dumpable again, so that its own
+ * /proc files are its), privileged no more. */
+static int unprivileged_child(void) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid != 0) {
+        int status = 0;
+        CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        return 0;
+    }
+    if (getuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0))
+        _exit(2);
+    prctl(PR_SET_DUMPABLE, 1);
+    return 1;
+}
+
+static void test_reinstalled(const char *v1) {
+    char path[256], next[256];
+    void *h = load_v1("reinstalled", v1, v1, path, next, sizeof path);
+    if (!h)
+        return;
+    void *f = dlsym(h, "names_version_1");
+    CHECK(rename(next, path) == 0); /* the same build, another file: the loaded one is deleted */
+    CHECK(chmod(dir, 0755) == 0);
+    if (!unprivileged_child())
+        return;
+    mt_symbols_flush();
+    const char *name = resolved(f, 0);
+    printf("reinstalled, named as uid %d: '%s'\n", (int)getuid(), name);
+    CHECK(strcmp(name, "names_version_1") == 0);
+    int failed = check_summary();
+    fflush(stdout);
+    _exit(failed ? 1 : 0);
 }
 
 static void test_reloaded(const char *v1, const char *v2) {
@@ -139,6 +182,7 @@ int main(int argc, char **argv) {
     test_replaced_while_loaded(v1, v2, 0);
     test_replaced_while_loaded(v1, v2, 1);
     test_reloaded(v1, v2);
+    test_reinstalled(v1);
     test_long_name(v1);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
