@@ -182,7 +182,10 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put_u64(env, &m, "unwind_fallbacks", s.unwind_fallbacks);
     put(env, &m, "config_errors", config_errors(env, s.config_garbage));
     /* Erlang frames: on, or off and why (the NIF's checks know why). */
-    const char *why = s.erlang_frames ? "" : mt_erlang_reason();
+    char reason[MT_ERLANG_REASON_MAX] = "";
+    if (!s.erlang_frames)
+        mt_erlang_reason(reason, sizeof reason);
+    const char *why = reason;
     if (!s.erlang_allowed)
         why = "off: MTRACE_ERLANG=0";
     put(env, &m, "erlang_frames", mt_nif_boolean(s.erlang_frames));

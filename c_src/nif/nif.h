@@ -45,8 +45,9 @@ ERL_NIF_TERM mt_nif_sites(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
 /* nif_erlang.c: the checks that turn Erlang frames on, and their terms. */
 ERL_NIF_TERM mt_nif_erlang_layout(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
 ERL_NIF_TERM mt_nif_erlang_layout_dirty(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]);
-/* Why Erlang frames are off ("" when on). */
-const char *mt_erlang_reason(void);
+/* Why Erlang frames are off ("" when on), copied into out. */
+#define MT_ERLANG_REASON_MAX 200
+void mt_erlang_reason(char *out, size_t len);
 /* #{module, function, arity, file, line, addr, ...} */
 ERL_NIF_TERM mt_erlang_frame_map(ErlNifEnv *env, const struct mtrace_erl_frame *f);
 /* The seed's pair form: {erlang, {M, F, A}} ({erlang, nil} when unnamed). */

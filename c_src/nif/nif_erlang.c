@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -34,10 +35,18 @@
 #define INFO_LOC 16       /* FunctionInfo {mfa, needed, loc, fname_ptr}, checked below */
 #define INFO_FNAME 24
 
-static char reason[200] = "not checked: the Mtrace.Native module has not finished loading";
+/* The checks' state, one check at a time (check_lock): a check on a
+ * normal scheduler and one on a dirty scheduler may run at once, and a
+ * stats call reads the reason meanwhile. */
+static pthread_mutex_t check_lock = PTHREAD_MUTEX_INITIALIZER;
+static char reason[MT_ERLANG_REASON_MAX] = "not checked: the Mtrace.Native module has not finished loading";
 static struct mtrace_erlang_layout layout;
 
-const char *mt_erlang_reason(void) { return reason; }
+void mt_erlang_reason(char *out, size_t len) {
+    pthread_mutex_lock(&check_lock);
+    snprintf(out, len, "%s", reason);
+    pthread_mutex_unlock(&check_lock);
+}
 
 static ERL_NIF_TERM fail(ErlNifEnv *env, const char *why) {
     snprintf(reason, sizeof reason, "%s", why);
@@ -247,8 +256,8 @@ static uintptr_t code_pointer(const char *name) {
  * on a dirty one, each called (not tail-called) from
  * Mtrace.Native.check_erlang_frames/0 at line Line.  The second hands the
  * layout to the preload.  -> ok | {error, Reason} */
-static ERL_NIF_TERM check(ErlNifEnv *env, const ERL_NIF_TERM argv[], const char *nif_name,
-                          int dirty) {
+static ERL_NIF_TERM check_locked(ErlNifEnv *env, const ERL_NIF_TERM argv[], const char *nif_name,
+                                 int dirty) {
     struct expect x = {.env = env, .nif_arity = 1};
     ErlNifPid self;
     if (!enif_get_uint64(env, argv[0], (ErlNifUInt64 *)&x.line) || !enif_self(env, &self))
@@ -311,6 +320,14 @@ static ERL_NIF_TERM check(ErlNifEnv *env, const ERL_NIF_TERM argv[], const char 
                          "before, or MTRACE_ERLANG=0)");
     reason[0] = 0;
     return mt_atoms.ok;
+}
+
+static ERL_NIF_TERM check(ErlNifEnv *env, const ERL_NIF_TERM argv[], const char *nif_name,
+                          int dirty) {
+    pthread_mutex_lock(&check_lock);
+    ERL_NIF_TERM r = check_locked(env, argv, nif_name, dirty);
+    pthread_mutex_unlock(&check_lock);
+    return r;
 }
 
 ERL_NIF_TERM mt_nif_erlang_layout(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[]) {

@@ -8,6 +8,7 @@
 #include "nif_stacks.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -54,15 +55,15 @@ static int vm_boundary(const struct mt_frame_info *f) {
 }
 
 /* The running executable (beam.smp), as the symbolizer names objects. */
+static char vm_path[MT_SYM_TEXT];
+static void read_vm_path(void) {
+    ssize_t n = readlink("/proc/self/exe", vm_path, sizeof vm_path - 1);
+    vm_path[n > 0 ? n : 0] = 0;
+}
 static const char *vm_executable(void) {
-    static char path[MT_SYM_TEXT];
-    static int known;
-    if (!known) {
-        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-        path[n > 0 ? n : 0] = 0;
-        known = 1;
-    }
-    return path;
+    static pthread_once_t once = PTHREAD_ONCE_INIT; /* dirty schedulers ask at once */
+    pthread_once(&once, read_vm_path);
+    return vm_path;
 }
 
 /* A frame of the VM's allocators or of the API a NIF or driver allocates
