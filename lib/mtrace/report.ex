@@ -36,7 +36,10 @@ defmodule Mtrace.Report do
   Options:
 
     * `:frames` - frames shown per site (default #{@default_frames}); the rest
-      are counted in a `... N more` line.
+      are counted in a `... N more` line. When those frames are all native
+      and the stack goes on into Erlang code, the last of them gives way to
+      the first Erlang frame (the code that called the NIF), after a
+      `... N more` line for the native frames between.
     * `:node` - the node named in the header (default `node()`).
     * `:boot` - what was left out as allocated before mtrace started
       (`%{count, bytes, est_count, est_bytes}`), summarized in one line;
@@ -227,7 +230,7 @@ defmodule Mtrace.Report do
     |> Enum.zip(texts)
     |> Enum.with_index(1)
     |> Enum.map_reduce(%{}, fn {{site, text}, rank}, seen ->
-      shown = Enum.take(site.frames, max_frames)
+      shown = for {:frame, frame} <- shown(site.frames, max_frames), do: frame
       # the frames shown are the same ones: the stacks part below them
       same =
         case seen[text] do
@@ -277,10 +280,38 @@ defmodule Mtrace.Report do
   # offsets: nil, or which frames with a symbol also give their place in
   # their object, :unlined (those without a line) or :all.
   defp frame_lines(frames, max_frames, offsets) do
-    {shown, cut} = Enum.split(frames, max_frames)
-    more = if cut == [], do: [], else: ["    ... #{length(cut)} more\n"]
-    Enum.map(shown, &frame_line(&1, offsets)) ++ more
+    for part <- shown(frames, max_frames) do
+      case part do
+        {:frame, frame} -> frame_line(frame, offsets)
+        {:more, n} -> "    ... #{n} more\n"
+      end
+    end
   end
+
+  # The first max_frames frames, and how many are left out; but a stack that
+  # goes on into Erlang code keeps its first Erlang frame, the code that
+  # called the NIF, in the last place (a NIF deep in a C library has more
+  # native frames than are shown, and which code called it is half of the
+  # answer).
+  defp shown(frames, max_frames) do
+    {shown, cut} = Enum.split(frames, max_frames)
+
+    case Enum.split_while(cut, &(not Mtrace.Frame.erlang?(&1))) do
+      {native, [erlang | rest]} when max_frames >= 2 ->
+        if Enum.any?(shown, &Mtrace.Frame.erlang?/1) do
+          frames_and_more(shown, cut)
+        else
+          {shown, [last]} = Enum.split(shown, -1)
+          frames_and_more(shown, [last | native]) ++ frames_and_more([erlang], rest)
+        end
+
+      _ ->
+        frames_and_more(shown, cut)
+    end
+  end
+
+  defp frames_and_more(frames, []), do: Enum.map(frames, &{:frame, &1})
+  defp frames_and_more(frames, cut), do: frames_and_more(frames, []) ++ [{:more, length(cut)}]
 
   # The lib is named only next to a symbol: without one, the frame's name
   # already is the lib and an offset. A source path is shown as the

@@ -266,6 +266,29 @@ defmodule Mtrace.ReportTest do
     assert_raise ArgumentError, fn -> Report.format([], @exact, frames: -1) end
   end
 
+  test "a deep native stack keeps its first Erlang frame, the code that called the NIF" do
+    erlang = %{module: Tls, function: :handshake, arity: 0, file: "lib/tls.ex", line: 12}
+    caller = %{erlang | function: :connect, line: 40}
+    frames = for(i <- 1..10, do: frame("l#{i}")) ++ [erlang, caller]
+
+    assert [_, _ | lines] = lines([site(1, 1, 1, 1, frames)], @exact, frames: 4)
+
+    assert lines == [
+             "    l1 libcache.so.2",
+             "    l2 libcache.so.2",
+             "    l3 libcache.so.2",
+             "    ... 7 more",
+             "    Tls.handshake/0 (lib/tls.ex:12)",
+             "    ... 1 more"
+           ]
+
+    # shown anyway, or no room: as before
+    assert [_, _, "    l1 libcache.so.2", "    ... 11 more"] =
+             lines([site(1, 1, 1, 1, frames)], @exact, frames: 1)
+
+    assert length(lines([site(1, 1, 1, 1, frames)], @exact, frames: 11)) == 2 + 11 + 1
+  end
+
   test "sampled: the header gives the estimates and the sample" do
     stats =
       %{@exact | sampled: true}
