@@ -235,7 +235,8 @@ defmodule Mtrace do
       the `window:`) and is still live, by bytes, each site with its
       `growth_per_s` (bytes per second since the mark);
     * `window: ms` — takes a mark where the table is, waits `ms`, and
-      queries since it;
+      queries since it (with tracking switched off it raises
+      `Mtrace.Error` `:tracking_off` at once: nothing would be recorded);
     * `limit:` — how many sites (default 10), or `:all`.
 
   Each site is `%{count, bytes, est_count, est_bytes, oldest, newest,
@@ -764,7 +765,12 @@ defmodule Mtrace do
 
   defp after_window(%{window: ms} = o, opts, where, say) when is_integer(ms) do
     if o[:since], do: raise(ArgumentError, "#{where}: give either :since or :window, not both")
-    mark = mark(Keyword.take(opts, [:node, :timeout]))
+    remote_opts = Keyword.take(opts, [:node, :timeout])
+
+    if stats([heap: false] ++ remote_opts).enabled == false,
+      do: raise(Mtrace.Error.tracking_off(where, Options.target(o)))
+
+    mark = mark(remote_opts)
     if line = say.(ms), do: IO.puts(line)
     Process.sleep(ms)
     opts = opts |> Keyword.delete(:window) |> Keyword.put(:since, mark)

@@ -19,6 +19,7 @@ defmodule Mtrace.Error do
   @type reason ::
           :not_preloaded
           | :not_traced
+          | :tracking_off
           | :nif_not_loaded
           | :preload_mismatch
           | :not_distributed
@@ -188,6 +189,28 @@ defmodule Mtrace.Error do
           MTRACE_PROGRAMS=#{exe}
 
       Mtrace.stats().active tells whether this program is traced.\
+      """
+    }
+  end
+
+  @doc false
+  # A window asked for while tracking is switched off: nothing allocated in
+  # it would be recorded, so it is not waited out.
+  @spec tracking_off(String.t(), node()) :: t()
+  def tracking_off(where, node) do
+    enable =
+      if node == node(),
+        do: "Mtrace.enable()",
+        else: ":erpc.call(#{inspect(node)}, Mtrace, :enable, [])"
+
+    %__MODULE__{
+      reason: :tracking_off,
+      message: """
+      Mtrace.#{where}: tracking is switched off on #{node} (Mtrace.disable/0 \
+      or MTRACE_ENABLED=0), so nothing allocated during the window would be \
+      recorded. Switch it on first:
+
+          #{enable}\
       """
     }
   end

@@ -48,8 +48,11 @@ defmodule Mtrace.OutputsTest do
     assert Enum.at(lines, 2) =~
              ~r/^    fixture_leak_malloc \(test\/fixtures\/leaky_nif\.c:\d+\) leaky_nif\.so$/
 
-    assert Enum.at(lines, 4) =~ "... "
-    assert Enum.at(lines, 5) =~ ~r/^#2  14\.6 KiB in 50 blocks/
+    # the native frames between it and the NIF's Erlang caller left out
+    assert Enum.at(lines, 3) =~ ~r/^    \.\.\. \d+ more$/
+    assert Enum.at(lines, 4) =~ ~r/^    Mtrace\.Test\.LeakyNif\.leak\/3/
+    assert Enum.at(lines, 5) =~ ~r/^    \.\.\. \d+ more$/
+    assert Enum.at(lines, 6) =~ ~r/^#2  14\.6 KiB in 50 blocks/
     refute out =~ "#3"
   end
 
@@ -303,6 +306,18 @@ defmodule Mtrace.OutputsTest do
 
     assert %{"sites" => [], "stats" => %{"enabled" => false}} =
              JSONParser.decode!(File.read!(json))
+
+    # a window would record nothing: refused at once, not waited out
+    for output <- [
+          fn -> Mtrace.report(window: 60_000) end,
+          fn -> Mtrace.export(folded, window: 60_000) end,
+          fn -> Mtrace.flamegraph(svg, window: 60_000) end,
+          fn -> Mtrace.sites(window: 60_000) end
+        ] do
+      error = assert_raise Mtrace.Error, fn -> capture_io(output) end
+      assert error.reason == :tracking_off
+      assert unwrapped(Exception.message(error)) =~ "tracking is switched off on #{node()}"
+    end
 
     # a file that holds sites logs nothing
     Mtrace.enable()
