@@ -33,9 +33,10 @@ defmodule Mtrace.VM.Native do
   Kinds: `:enif_alloc` (`enif_alloc`, driver_alloc's `nif_internal`),
   `:resource` (`enif_alloc_resource`, and binaries made with
   `enif_make_new_binary`: binary_alloc's `binary`), `:binary`
-  (`enif_alloc_binary`: `drv_binary`, and a port driver's `binary`); other
-  tags keep their ERTS name (`:drv_internal`, a port driver's own
-  `driver_alloc` blocks; `:port`, ...).
+  (`enif_alloc_binary`: `drv_binary`, and a port driver's `binary`, both
+  summed into one row); other tags keep their ERTS name (`:drv_internal`,
+  a port driver's own `driver_alloc` blocks; `:port`, ...). There is one
+  row per module and kind.
   """
 
   import Bitwise, only: [<<<: 2]
@@ -283,7 +284,8 @@ defmodule Mtrace.VM.Native do
       iex> hist = {0, 0, 0, 0, 0, 0, 0, 0, 10}
       iex> Mtrace.VM.Native.nif_rows(%{my_nif: %{nif_internal: hist}, system: %{binary: hist}}, 16)
       [%{module: :my_nif, kind: :enif_alloc, count: 10, bytes: 61440, bytes_min: 40960, bytes_max: 81920}]
-      iex> [%{module: :tcp_inet, kind: :binary}] = Mtrace.VM.Native.nif_rows(%{tcp_inet: %{binary: hist}}, 16)
+      iex> [%{module: :tcp_inet, kind: :binary, count: 20}] =
+      ...>   Mtrace.VM.Native.nif_rows(%{tcp_inet: %{binary: hist, drv_binary: hist}}, 16)
       iex> [%{module: :prim_file, kind: :resource}] = Mtrace.VM.Native.nif_rows(%{prim_file: %{binary: hist}}, 16)
   """
   @spec nif_rows(map, pos_integer) :: [nif_row]
@@ -295,7 +297,26 @@ defmodule Mtrace.VM.Native do
         row.count > 0 do
       row
     end
+    |> merged()
     |> Enum.sort_by(&{-&1.bytes, &1.module, &1.kind})
+  end
+
+  # One row per module and kind: a port driver's `binary` and `drv_binary`
+  # tags are both its binaries, so their rows are summed into one.
+  defp merged(rows) do
+    rows
+    |> Enum.reduce(%{}, fn row, acc ->
+      Map.update(acc, {row.module, row.kind}, row, fn seen ->
+        %{
+          seen
+          | count: seen.count + row.count,
+            bytes: seen.bytes + row.bytes,
+            bytes_min: seen.bytes_min + row.bytes_min,
+            bytes_max: seen.bytes_max + row.bytes_max
+        }
+      end)
+    end)
+    |> Map.values()
   end
 
   defp row(origin, type, hist, start) do
@@ -338,7 +359,8 @@ defmodule Mtrace.VM.Native do
   @doc """
   Growth per module and kind between two reads `secs` apart: the second's
   rows, each with `growth_per_s` (estimated bytes per second) and
-  `count_delta`, fastest-growing first.
+  `count_delta`, fastest-growing first. Rows of one read that share module
+  and kind are summed first, so each is measured against its own.
 
   ## Example
 
@@ -348,9 +370,10 @@ defmodule Mtrace.VM.Native do
   """
   @spec nif_growth([nif_row], [nif_row], number) :: [map]
   def nif_growth(before, now, secs) do
-    old = Map.new(before, &{{&1.module, &1.kind}, &1})
+    old = before |> merged() |> Map.new(&{{&1.module, &1.kind}, &1})
 
     now
+    |> merged()
     |> Enum.map(fn row ->
       prev = Map.get(old, {row.module, row.kind}, %{count: 0, bytes: 0})
 
