@@ -104,11 +104,16 @@ defmodule Mtrace.VM.Procs do
     :lists.ukeysort(1, bins) |> Enum.reduce(0, fn {_, size, _}, acc -> acc + size end)
   end
 
-  # The most of a process's memory (bytes) for which its whole dictionary
-  # is copied to read proc_lib's record, where the VM cannot read that one
+  # The most of a process's heap (bytes) for which its whole dictionary is
+  # copied to read proc_lib's record, where the VM cannot read that one
   # entry (before OTP 26.2): a copy that grows with what the process keeps.
-  # Passes over every process copy little each; a process named in an
-  # answer (a few) may copy more, so that a large GenServer is named.
+  # The dictionary's terms live on the heap, and no process_info item tells
+  # their size short of copying them, so the heap bounds the copy; the
+  # process's memory would also count what the dictionary cannot be in (a
+  # message queue kept off the heap, messages not yet moved onto it, the
+  # process's own structures). Passes over every process copy little each;
+  # a process named in an answer (a few) may copy more, so that a large
+  # GenServer is named.
   @dictionary_max 256 * 1024
   @named_dictionary_max 64 * 1024 * 1024
 
@@ -150,8 +155,9 @@ defmodule Mtrace.VM.Procs do
   spawn keeps its own (`:proc_lib.init_p/5` would name every process not
   started through proc_lib). Where the VM cannot read that one entry of
   another process (before OTP 26.2) its whole dictionary is copied, so only
-  for a process of at most 256 KiB (64 MiB for the few processes `info/1`
-  names): a larger one keeps `initial`.
+  for a process whose heap, where the dictionary lives, is at most 256 KiB
+  (64 MiB for the few processes `info/1` names): a larger one keeps
+  `initial`. A mailbox kept off the heap does not count.
 
   ## Example
 
@@ -179,8 +185,8 @@ defmodule Mtrace.VM.Procs do
         _ -> nil
       end
     else
-      with {:memory, memory} when memory <= max <-
-             :erlang.process_info(pid, :memory),
+      with {:total_heap_size, words} <- :erlang.process_info(pid, :total_heap_size),
+           true <- words * :erlang.system_info(:wordsize) <= max,
            {:dictionary, dict} <- :erlang.process_info(pid, :dictionary),
            {_, value} <- List.keyfind(dict, :"$initial_call", 0) do
         value
