@@ -168,8 +168,11 @@ defmodule Mtrace.Top do
   end
 
   @doc """
-  The screen for sample `s` in a terminal of `{columns, rows}`: lines cut
-  to the width, sections cut to the height (one row is left for typing).
+  The screen for sample `s` in a terminal of `{columns, rows}`: lines
+  broken to the width where they can be (names shortened, what is still
+  too long cut), sections cut to the height, a site or process whole or
+  not at all, and a heading only with something under it (one row is left
+  for typing).
   `o` gives the `interval` asked for (ms) and, optionally, `period`, the
   ms since the previous refresh started, which the title says instead
   when sampling made it longer.
@@ -186,13 +189,12 @@ defmodule Mtrace.Top do
     sites =
       if Map.get(s, :traced, true),
         do: section("native sites growing fastest", site_lines(s, cols)),
-        else: []
+        else: nil
 
-    procs = section("processes growing fastest", proc_lines(s))
+    procs = section("processes growing fastest", proc_lines(s, cols))
     room = max(rows - 1 - length(head), 0)
-    {sites, procs} = fit(sites, procs, room)
 
-    (head ++ sites ++ procs)
+    (head ++ fit([sites, procs], room))
     |> Enum.map(&cut(&1, cols))
     |> Enum.map(&[&1, "\n"])
   end
@@ -212,24 +214,36 @@ defmodule Mtrace.Top do
     |> Enum.map(&[cut(&1, cols), "\n"])
   end
 
-  # A node name too long for the width is shortened, so that the quit hint
-  # always shows, and the clock while there is room for it.
+  # The quit hint always shows. Then, while there is room, the node's name
+  # (a name too long for the width shortened to no less than 8 columns,
+  # while the room allows), the interval and the clock: the clock goes
+  # first, then the interval, then the name's room.
   defp title(node, o, cols) do
-    rest = "  #{every(o)}  q + Enter quits"
-    time = (Time.utc_now() |> Time.truncate(:second) |> Time.to_string()) <> " UTC"
-    room = cols - String.length("mtrace top " <> rest)
     name = to_string(node)
-    clock? = room - String.length(time) - 1 >= min(String.length(name), 8)
-    room = if clock?, do: room - String.length(time) - 1, else: room
+    quit = "q + Enter quits"
+    time = (Time.utc_now() |> Time.truncate(:second) |> Time.to_string()) <> " UTC"
+    every = "  #{every(o)}  " <> quit
 
-    name =
-      if String.length(name) > room,
-        do: String.slice(name, 0, max(room - 1, 1)) <> "…",
-        else: name
+    layouts = [{every, time, 8}, {every, nil, 8}, {"  " <> quit, nil, 8}, {"  " <> quit, nil, 1}]
 
-    left = "mtrace top " <> name <> rest
-    pad = max(cols - String.length(left) - String.length(time), 1)
-    if clock?, do: left <> String.duplicate(" ", pad) <> time, else: left
+    Enum.find_value(layouts, quit, fn {rest, time, least} ->
+      room =
+        cols - String.length("mtrace top " <> rest) -
+          if(time, do: String.length(time) + 1, else: 0)
+
+      if room >= min(String.length(name), least) do
+        left = "mtrace top " <> shorten(name, room) <> rest
+
+        if time,
+          do: left <> String.duplicate(" ", max(cols - String.length(left <> time), 1)) <> time,
+          else: left
+      end
+    end)
+  end
+
+  # `text` in `room` columns, its end cut off with "…".
+  defp shorten(text, room) do
+    if String.length(text) > room, do: String.slice(text, 0, max(room - 1, 0)) <> "…", else: text
   end
 
   # The interval asked for, or the time the last refresh really took when
@@ -242,23 +256,32 @@ defmodule Mtrace.Top do
   defp memory_lines(%{memory: m} = s, cols) do
     left_out = Map.get(s, :left_out, false)
 
+    # pieces a narrow line breaks between (the RSS piece's space and the
+    # joining one set it apart from the rest)
     vm =
       if m.total,
-        do:
-          "  VM #{Format.bytes(m.total)}: processes #{Format.bytes(m.processes)}, binary " <>
-            "#{Format.bytes(m.binary)}, ets #{Format.bytes(m.ets)}",
-        else: "  VM: erlang:memory/0 not available here"
+        do: [
+          "VM #{Format.bytes(m.total)}:",
+          "processes #{Format.bytes(m.processes)},",
+          "binary #{Format.bytes(m.binary)},",
+          "ets #{Format.bytes(m.ets)}"
+        ],
+        else: ["VM: erlang:memory/0 not available here"]
 
     native =
       case m.native do
         _ when left_out ->
-          "native: not traced (MTRACE_PROGRAMS does not name beam.smp: unset it)"
+          prose("native: not traced (MTRACE_PROGRAMS does not name beam.smp: unset it)", cols)
 
         %{enabled: false, live_bytes: _, live_count: _} = native ->
           two_parts(native_held(native), "tracking switched off: Mtrace.enable/0", cols)
 
         %{live_bytes: _, live_count: _} = native when s.reset == true ->
           two_parts(native_held(native), "table reset since the last refresh", cols)
+
+        # switched on since the last refresh: no rate over part of the time
+        %{live_bytes: _, live_count: _} = native when is_map_key(s, :resumed) and s.resumed ->
+          two_parts(native_held(native), "tracking on again: rate from the next refresh", cols)
 
         %{live_bytes: _, live_count: _} = native when is_number(s.native_per_s) ->
           two_parts(native_held(native), about(native) <> Format.rate(s.native_per_s), cols)
@@ -270,7 +293,22 @@ defmodule Mtrace.Top do
           not_traced(Map.get(s, :not_traced), Map.get(s, :so), cols)
       end
 
-    ["RSS #{Format.bytes(m.rss)}" <> vm | List.wrap(native)] ++ nif_line(s.nif, cols)
+    pack(["RSS #{Format.bytes(m.rss)} " | vm], cols, "  ") ++
+      List.wrap(native) ++ nif_line(s.nif, cols)
+  end
+
+  # `pieces` joined by spaces on as few lines as `cols` allows, breaking
+  # between pieces only; the lines after the first indented by `indent`.
+  defp pack([first | rest], cols, indent) do
+    rest
+    |> Enum.reduce([first], fn piece, [line | done] ->
+      joined = line <> " " <> piece
+
+      if String.length(joined) <= cols,
+        do: [joined | done],
+        else: [indent <> piece, String.trim_trailing(line) | done]
+    end)
+    |> Enum.reverse()
   end
 
   # Preloaded, but the tracer cannot answer (another release's library, the
@@ -332,26 +370,41 @@ defmodule Mtrace.Top do
 
   defp nif_line({:error, _}, _cols), do: []
 
-  defp section(_title, []), do: []
-  defp section(title, lines), do: ["", title | lines]
+  # What a section says instead of entries, indented, wrapped to the width.
+  defp said(text, cols) do
+    [first | rest] = String.split(text, " ")
+    pack(["  " <> first | rest], cols, "    ")
+  end
 
-  defp site_lines(%{memory: %{native: %{enabled: false}}}, _cols),
-    do: ["  none can show: tracking is switched off, new blocks are not recorded"]
+  # A section is its heading and its entries, each entry one or more lines.
+  defp section(_title, []), do: nil
+  defp section(title, entries), do: {["", title], entries}
 
-  defp site_lines(%{secs: nil}, _cols), do: ["  (growth shows from the next refresh on)"]
+  # Each entry's lines: a site's second line names its caller, a process's
+  # what it was started as, when one line is too narrow.
+  defp site_lines(%{memory: %{native: %{enabled: false}}}, cols),
+    do: [said("none can show: tracking is switched off, new blocks are not recorded", cols)]
 
-  defp site_lines(%{sites: []}, _cols),
-    do: ["  none: no native memory allocated since the last refresh is held"]
+  defp site_lines(%{secs: nil}, cols), do: [said("(growth shows from the next refresh on)", cols)]
+
+  defp site_lines(%{resumed: true}, cols),
+    do: [
+      said("(tracking was off for part of the time: growth shows from the next refresh)", cols)
+    ]
+
+  defp site_lines(%{sites: []}, cols),
+    do: [said("none: no native memory allocated since the last refresh is held", cols)]
 
   # The rate says how much grew (the bytes since the last refresh would only
-  # repeat it), so the room goes to who allocated: the site and the Erlang
-  # code that called it, on a second line when one is too narrow.
+  # repeat it), so the room goes to who allocated: the site with its source
+  # line, as Mtrace.Watch names it (two sites of one function differ in it),
+  # and the Erlang code that called it.
   defp site_lines(%{sites: sites} = s, cols) do
     about = about(s.memory.native)
 
     sites
     |> Mtrace.VMSites.merge(& &1.growth_per_s)
-    |> Enum.flat_map(fn site ->
+    |> Enum.map(fn site ->
       count = about <> Format.count(site.est_count, "block")
 
       head =
@@ -360,17 +413,72 @@ defmodule Mtrace.Top do
 
       case Mtrace.VMSites.note(site.frames, :short) || stack(site.frames) do
         {first, caller} ->
-          line = head <> first <> " <- " <> caller
-          if String.length(line) <= cols, do: [line], else: [head <> first, "      <- " <> caller]
+          site_entry(head, first, caller, cols)
 
         what ->
-          [head <> what]
+          if String.length(head <> what) <= cols,
+            do: [head <> what],
+            else: [String.trim_trailing(head), "      " <> what]
       end
     end)
   end
 
-  # Frame 0, and the Erlang code that called the NIF (or frame 1) outside it;
-  # the VM's own sites say instead what they are (Mtrace.VMSites).
+  # On one line when it fits; else the caller on a second, and the site on
+  # a line of its own too when it does not fit beside the figures. A name
+  # too long even for a line of its own is shortened (label/2).
+  defp site_entry(head, first, nil, cols) do
+    site = head <> Mtrace.Frame.label(first)
+
+    if String.length(site) <= cols,
+      do: [site],
+      else: [String.trim_trailing(head), "      " <> label(first, cols - 6)]
+  end
+
+  defp site_entry(head, first, caller, cols) do
+    site = head <> Mtrace.Frame.label(first)
+    line = site <> " <- " <> Mtrace.Frame.label(caller)
+    below = "      <- " <> label(caller, cols - 9)
+
+    cond do
+      String.length(line) <= cols -> [line]
+      String.length(site) <= cols -> [site, below]
+      true -> [String.trim_trailing(head), "      " <> label(first, cols - 6), below]
+    end
+  end
+
+  # Mtrace.Frame.label/1 in `width` columns where its name can be shortened
+  # to fit, where it is (file:line) kept whole: an Erlang function's module
+  # loses its first parts ("…ErlangCallers.append/1"), a C or C++ name its
+  # templates, then its start (Mtrace.Frame.fit/2, to no less than 12
+  # columns), which leaves the function's own name. What still does not fit
+  # is cut at the end, as every line.
+  defp label(frame, width) do
+    label = Mtrace.Frame.label(frame)
+    name = Mtrace.Frame.name(frame)
+
+    if String.length(label) <= width or not String.starts_with?(label, name) do
+      label
+    else
+      where = String.replace_prefix(label, name, "")
+      shorter(name, width - String.length(where), Mtrace.Frame.erlang?(frame)) <> where
+    end
+  end
+
+  # The fewest parts dropped that fit; else all but the function's.
+  defp shorter(name, width, true = _erlang) do
+    parts = String.split(name, ".")
+
+    shorts =
+      for drop <- 1..(length(parts) - 1)//1, do: "…" <> Enum.join(Enum.drop(parts, drop), ".")
+
+    Enum.find(shorts, List.last(shorts, name), &(String.length(&1) <= width))
+  end
+
+  defp shorter(name, width, false), do: Mtrace.Frame.fit(name, max(width, 12))
+
+  # Frame 0, and the Erlang code that called the NIF (or frame 1) outside it
+  # (nil when there is none); the VM's own sites say instead what they are
+  # (Mtrace.VMSites).
   defp stack([first | rest]) do
     caller =
       case Enum.filter(rest, &Mtrace.Frame.erlang?/1) do
@@ -379,31 +487,65 @@ defmodule Mtrace.Top do
         [] -> List.first(rest)
       end
 
-    if caller,
-      do: {Mtrace.Frame.name(first), Mtrace.Frame.label(caller)},
-      else: Mtrace.Frame.label(first)
+    {first, caller}
   end
 
   defp stack([]), do: "[no stack]"
 
-  defp proc_lines(%{secs: nil}), do: []
+  defp proc_lines(%{secs: nil}, _cols), do: []
   # the helper on the node is new: nothing to compare with yet
-  defp proc_lines(%{procs_secs: nil}), do: []
-  defp proc_lines(%{procs: []}), do: ["  none grew since the last refresh"]
+  defp proc_lines(%{procs_secs: nil}, _cols), do: []
+  defp proc_lines(%{procs: []}, cols), do: [said("none grew since the last refresh", cols)]
 
-  defp proc_lines(%{procs: procs}) do
+  # The sizes aligned (10 columns hold "1023.9 KiB"); what the process is
+  # goes on as many lines as the width needs, broken before "(in" and
+  # "started as", as a site's caller goes on a line of its own.
+  defp proc_lines(%{procs: procs}, cols) do
     Enum.map(procs, fn {pid, bytes, per_s, info} ->
-      "  #{rate(per_s)}  #{Format.bytes(bytes)}  #{Format.process(pid, info)}"
+      [pid | what] = process_pieces(Format.process(pid, info))
+      head = "  #{rate(per_s)}  #{String.pad_leading(Format.bytes(bytes), 10)}  "
+      pack([head <> pid | what], cols, "      ")
     end)
+  end
+
+  # "#PID<0.5.0> (in m.f/1, started as m.g/0)" as ["#PID<0.5.0>", "(in m.f/1,",
+  # "started as m.g/0)"]; a registered name's "(name)" as one piece.
+  defp process_pieces(text) do
+    case String.split(text, " (", parts: 2) do
+      [pid, what] -> [pid | String.split("(" <> what, ~r/(?<=,) (?=started as )/)]
+      [text] -> [text]
+    end
   end
 
   defp rate(per_s, about \\ ""),
     do: String.pad_leading("#{about}+#{Format.bytes(per_s)}/s", 12 + String.length(about))
 
-  # Sites first, then processes, within the rows there are.
-  defp fit(sites, procs, room) do
-    sites = Enum.take(sites, room)
-    {sites, Enum.take(procs, max(room - length(sites), 0))}
+  # Sections in order within the rows there are, whole entries only: a
+  # section shows when its heading and at least one entry fit, and the
+  # sections after one cut short do not show.
+  defp fit(sections, room) do
+    sections
+    |> Enum.reject(&is_nil/1)
+    |> Enum.reduce_while({[], room}, fn {heading, entries}, {lines, room} ->
+      {shown, left} =
+        Enum.reduce_while(entries, {[], room - length(heading)}, fn entry, {shown, left} ->
+          if length(entry) <= left,
+            do: {:cont, {shown ++ entry, left - length(entry)}},
+            else: {:halt, {shown, left}}
+        end)
+
+      cond do
+        shown == [] ->
+          {:halt, {lines, room}}
+
+        length(shown) < Enum.sum(Enum.map(entries, &length/1)) ->
+          {:halt, {lines ++ heading ++ shown, left}}
+
+        true ->
+          {:cont, {lines ++ heading ++ shown, left}}
+      end
+    end)
+    |> elem(0)
   end
 
   defp cut({:whole, line}, _cols), do: line

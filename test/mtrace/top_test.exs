@@ -34,7 +34,7 @@ defmodule Mtrace.TopTest do
     assert last =~ "native sites growing fastest"
 
     assert last =~
-             ~r/^ +\+[\d.]+ KiB\/s +[\d_]+ blocks  fixture_leak_malloc\n +<- Mtrace.Test.ErlangCallers.append\/1 \(erlang_callers.ex:\d+\)$/m
+             ~r/^ +\+[\d.]+ KiB\/s +[\d_]+ blocks  fixture_leak_malloc \(leaky_nif.c:\d+\)\n +<- Mtrace.Test.ErlangCallers.append\/1 \(erlang_callers.ex:\d+\)$/m
 
     assert last =~ "processes growing fastest"
   end
@@ -327,6 +327,170 @@ defmodule Mtrace.TopTest do
 
     for period <- [nil, 1000, 1040],
         do: assert(title.(%{interval: 1000, period: period, ansi: false}) =~ "  every 1.0s  q")
+  end
+
+  # A sample with the figures given: its native line, no NIF line, and the
+  # sites and processes given, each compared with a refresh 2 s before.
+  defp sample_with(sites, procs) do
+    s = Mtrace.Top.Sample.take(nil, 5)
+    native = %{s.memory.native | live_bytes: 13_495_904, live_count: 2219, enabled: true}
+    memory = %{s.memory | native: native, rss: 90_000_000, total: 28_900_000}
+    memory = %{memory | processes: 5_800_000, binary: 562_600, ets: 645_000}
+
+    %{s | memory: memory, native_per_s: 61_440.0, nif: [], reset: false, secs: 2.0}
+    |> Map.merge(%{sites: sites, procs: procs, procs_secs: 2.0})
+  end
+
+  defp screen(s, size, o \\ %{interval: 2000, ansi: false}),
+    do: s |> Mtrace.Top.render(o, size) |> IO.iodata_to_binary()
+
+  defp site(frames, per_s) do
+    %{count: 20, bytes: 4096, est_count: 20, est_bytes: 4096, growth_per_s: per_s, frames: frames}
+  end
+
+  @caller %{module: Two, function: :loop, arity: 0, symbol: nil, file: "iex", line: 88}
+
+  test "a site line names the C frame with its file:line: two sites of one function differ" do
+    c = fn line ->
+      %{symbol: "parse_headers", lib: "/opt/two.so", file: "two/two.c", line: line}
+    end
+
+    nif = %{module: Two, function: :parse, arity: 1, symbol: nil, file: "iex", line: 80}
+    sites = [site([c.(6), nif, @caller], 40_960.0), site([c.(8), nif, @caller], 20_480.0)]
+    out = screen(sample_with(sites, []), {80, 24})
+
+    assert out =~
+             ~r/^ +\+40.0 KiB\/s +20 blocks  parse_headers \(two.c:6\) <- Two.loop\/0 \(iex:88\)$/m
+
+    assert out =~
+             ~r/^ +\+20.0 KiB\/s +20 blocks  parse_headers \(two.c:8\) <- Two.loop\/0 \(iex:88\)$/m
+
+    # a name too long for the line: shortened at its start, file:line kept
+    long = "std::vector<std::pair<int, std::string>>::_M_realloc_insert<int const&>"
+    frame = %{symbol: long, lib: "/opt/lib.so", file: "src/long_file_name.cc", line: 1234}
+    caller = %{@caller | module: MyApp.Some.Deep.Namespace.Worker, function: :handle_info}
+
+    for cols <- [80, 60, 40] do
+      out = screen(sample_with([site([frame, nif, caller], 1024.0)], []), {cols, 24})
+      lines = String.split(out, "\n")
+      assert Enum.all?(lines, &(String.length(&1) <= cols)), out
+
+      if cols >= 60 do
+        assert out =~ ~r/_M_realloc_insert<[^\n]*> \(long_file_name.cc:1234\)\n/, out
+        assert out =~ "Worker.handle_info/0 (iex:88)\n", out
+      end
+    end
+  end
+
+  test "narrow terminals: the memory line wraps and the title keeps the quit hint" do
+    s = sample_with([], [])
+
+    for cols <- [80, 60, 50, 40] do
+      out = screen(s, {cols, 24})
+      lines = String.split(out, "\n", trim: true)
+      assert Enum.all?(lines, &(String.length(&1) <= cols)), out
+      assert hd(lines) =~ ~r/  q \+ Enter quits( +\d\d:\d\d:\d\d UTC)?$/, out
+      # every figure of the memory line, none cut off
+      text = String.replace(out, ~r/\s+/, " ")
+
+      assert text =~
+               "RSS 85.8 MiB VM 27.6 MiB: processes 5.5 MiB, binary 549.4 KiB, ets 629.9 KiB",
+             out
+
+      refute out =~ "…\n", out
+    end
+
+    # the clock goes first, then the interval, the name keeps 8 columns
+    assert hd(String.split(screen(s, {40, 24}), "\n")) =~ ~r/^mtrace top .{8,}  q \+ Enter quits$/
+
+    for cols <- [30, 20] do
+      assert [title | _] = String.split(screen(s, {cols, 24}), "\n")
+      assert title =~ ~r/q \+ Enter quits$/
+      assert String.length(title) <= cols
+    end
+  end
+
+  test "process lines: the sizes align, what a process was started as goes on a line of its own" do
+    pid = :erlang.list_to_pid(~c"<0.194.0>")
+    other = :erlang.list_to_pid(~c"<0.5.0>")
+    dist = [current_function: {:dist_util, :con_loop, 2}, initial_call: {:proc_lib, :init_p, 5}]
+
+    procs = [
+      {pid, 13_619, 6_860.0, dist},
+      {other, 1_048_000, 205.0, [registered_name: :my_cache]}
+    ]
+
+    for cols <- [80, 60] do
+      out = screen(sample_with([], procs), {cols, 24})
+      assert out |> String.split("\n") |> Enum.all?(&(String.length(&1) <= cols)), out
+      refute out =~ "…", out
+      [_, procs] = String.split(out, "processes growing fastest\n")
+      text = String.replace(procs, ~r/\n +/, " ")
+      assert text =~ "#PID<0.194.0> (in :dist_util.con_loop/2, started as :proc_lib.init_p/5)"
+      assert procs =~ ~r/^ +started as :proc_lib.init_p\/5\)$/m
+      # the pids start in one column
+      assert [[a], [b]] = Regex.scan(~r/^.*(?=#PID)/m, procs)
+      assert String.length(a) == String.length(b), procs
+    end
+  end
+
+  test "a section's heading shows only with at least one of its entries" do
+    frames = [%{symbol: "leak", lib: "/opt/l.so", file: "l.c", line: 3}, @caller]
+    sites = [site(frames, 4096.0)]
+    procs = [{:erlang.list_to_pid(~c"<0.5.0>"), 1000, 100.0, [registered_name: :a]}]
+    s = sample_with(sites, procs)
+
+    for rows <- 4..14 do
+      lines = s |> screen({80, rows}) |> String.split("\n")
+
+      for {line, i} <- Enum.with_index(lines),
+          line in ["native sites growing fastest", "processes growing fastest"] do
+        assert Enum.at(lines, i + 1) =~ ~r/^ {2,}\S/, Enum.join(lines, "\n")
+      end
+    end
+  end
+
+  test "the view's own reads of /proc do not show as a NIF holding binaries" do
+    # every module the sample uses loaded (loading reads .beam files)
+    Mtrace.Top.Sample.take(Mtrace.Top.Sample.take(nil, 5).state, 5)
+    # the garbage of earlier reads, the file server's included, collected
+    for pid <- Process.list(), do: :erlang.garbage_collect(pid)
+    first = Mtrace.Top.Sample.take(nil, 5)
+    s = Mtrace.Top.Sample.take(first.state, 5)
+
+    for sample <- [first, s] do
+      assert is_list(sample.nif)
+      refute Enum.any?(sample.nif, &(&1.module == :prim_file)), inspect(sample.nif)
+    end
+  end
+
+  test "tracking switched on between refreshes: no rate over the part it was off" do
+    on_exit(fn -> Mtrace.enable() end)
+    Mtrace.disable()
+    off = Mtrace.Top.Sample.take(nil, 5)
+    LeakyNif.leak(:malloc, 20, 4096)
+    Mtrace.enable()
+    LeakyNif.leak(:malloc, 20, 4096)
+    s = Mtrace.Top.Sample.take(off.state, 5)
+
+    assert s.resumed
+    assert s.native_per_s == nil
+    assert s.sites == []
+
+    out =
+      s |> Mtrace.Top.render(%{interval: 2000, ansi: false}, {80, 24}) |> IO.iodata_to_binary()
+
+    assert out =~ ~r/^native [\d.]+ \w+ in [\d_]+ blocks  tracking on again: rate from the next/m
+    assert out =~ "(tracking was off for part of the time: growth shows from the next"
+    [before_procs | _] = String.split(out, "processes growing fastest")
+    refute before_procs =~ "/s", out
+
+    # a whole interval tracked: rates again
+    LeakyNif.leak(:malloc, 20, 4096)
+    again = Mtrace.Top.Sample.take(s.state, 5)
+    refute again.resumed
+    assert is_float(again.native_per_s)
+    assert leak_bytes(again.sites) == 20 * 4096
   end
 
   test "refreshes are scheduled from the start of each one" do
@@ -751,7 +915,10 @@ defmodule Mtrace.TopTest do
       first = until(s, &(&1 =~ ~r/\+[\d.]+ KiB\/s +[\d_]+ blocks  fixture_leak_malloc/))
 
       assert first =~ ~r/^mtrace top \S+  every 0.5s  q \+ Enter quits/m
-      assert first =~ ~r/fixture_leak_malloc\n +<- Mtrace.Test.ErlangCallers.append\/1 \(/
+
+      assert first =~
+               ~r/fixture_leak_malloc \(leaky_nif.c:\d+\)\n +<- Mtrace.Test.ErlangCallers.append\/1 \(/
+
       # redrawn in place: one title on the screen, and its clock moves on
       assert length(Regex.scan(~r/^mtrace top /m, first)) == 1
       [clock] = Regex.run(~r/\d\d:\d\d:\d\d UTC/, first)

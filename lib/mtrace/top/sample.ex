@@ -33,7 +33,8 @@ defmodule Mtrace.Top.Sample do
   when the process it serves (`:owner`, the view's renderer) ends or its
   node disconnects, or when no refresh has asked it for `:keep` ms. `:state`, what the view carries from one
   refresh to the next, is a few words: that helper, the tracer's mark, the
-  native bytes, and the run of the node they belong to.
+  native bytes, whether tracking was on, and the run of the node they
+  belong to.
   """
 
   alias Mtrace.VM.{Memory, Native, Procs}
@@ -50,6 +51,7 @@ defmodule Mtrace.Top.Sample do
           so: String.t() | nil,
           native_per_s: float | nil,
           reset: boolean,
+          resumed: boolean,
           nif: [map] | {:error, atom},
           sites: [map],
           procs: [{pid, integer, float, term}],
@@ -64,7 +66,10 @@ defmodule Mtrace.Top.Sample do
   the two scans of the processes `procs` compares, `nil` (and `procs`
   empty) when the helper has no earlier scan. `reset` says the table was
   reset since `state`: `native_per_s` is then `nil`, and the sites' rates
-  are over the time since the reset.
+  are over the time since the reset. `resumed` says tracking was switched
+  on since `state`, which found it off: what was allocated between them
+  was recorded for part of the time only, so `native_per_s` is `nil` and
+  `sites` empty (the next sample has rates again).
 
   Options: `:viewers`, processes not to show (the view's own, when it runs
   on the node it watches; the caller and the helper are never shown);
@@ -85,9 +90,7 @@ defmodule Mtrace.Top.Sample do
     state = if match?(%{incarnation: ^incarnation}, state), do: state
 
     at = System.monotonic_time(:millisecond)
-    # not glibc's heap figures: the view does not show them, and reading
-    # them every refresh would make the node's threads wait on its arenas
-    memory = Memory.read(heap: false)
+    memory = read_memory()
     # The new mark, then the sites allocated from the last mark up to it:
     # the refreshes' windows tile, so a block allocated during the scan is
     # counted once, in the next one; the slow process scan comes after.
@@ -96,6 +99,8 @@ defmodule Mtrace.Top.Sample do
     secs = secs(state, mark, at)
     reset = reset_since(state, memory)
     reset_ms = reset_ms(memory)
+    # switched on since the last refresh: what grew since, over part of the time
+    resumed = resumed?(state, memory)
 
     {helper, {procs, procs_secs}} =
       scan(state && state.helper, n, %{
@@ -114,11 +119,12 @@ defmodule Mtrace.Top.Sample do
       left_out: match?(%{active: false}, Native.stats(false)),
       so: unless(memory.native, do: Native.so_path()),
       # a reset since the last refresh forgot what it held: no rate over it
-      native_per_s: unless(reset, do: native_rate(state, memory, secs)),
+      native_per_s: unless(reset || resumed, do: native_rate(state, memory, secs)),
       reset: reset != nil,
+      resumed: resumed,
       nif: nif_rows(n),
       sites:
-        if(secs && state.mark && mark,
+        if(secs && state.mark && mark && not resumed,
           do: with_growth(sites, since_reset(reset, state.mark, mark) || secs),
           else: []
         ),
@@ -130,9 +136,34 @@ defmodule Mtrace.Top.Sample do
         mark: mark,
         reset_ms: reset_ms,
         native: native_bytes(memory),
+        enabled: enabled?(memory),
         helper: helper
       }
     }
+  end
+
+  # The node's memory, read in a process of its own that collects its garbage
+  # before it answers. The reads of /proc make binaries (prim_file's) that the
+  # reader holds, and the file server that hands them over, until they
+  # collect garbage: the NIF/driver line, read next, would show them as a
+  # module holding memory, and a process that samples every few seconds
+  # seldom collects. The file server's are collected too: it is one small
+  # process, and its other garbage is no NIF's memory either.
+  # Not glibc's heap figures: the view does not show them, and reading them
+  # every refresh would make the node's threads wait on its arenas.
+  defp read_memory do
+    memory =
+      Task.async(fn ->
+        memory = Memory.read(heap: false)
+        :erlang.garbage_collect()
+        memory
+      end)
+      |> Task.await(:infinity)
+
+    with pid when is_pid(pid) <- Process.whereis(:file_server_2),
+         do: :erlang.garbage_collect(pid)
+
+    memory
   end
 
   # Which run of the node this is: a restarted node has the same name, and
@@ -180,6 +211,14 @@ defmodule Mtrace.Top.Sample do
        do: reset
 
   defp reset_since(_state, _memory), do: nil
+
+  # Tracking switched on since the last refresh, which found it off: the
+  # blocks allocated between them were recorded for only part of the time.
+  defp resumed?(%{enabled: false}, memory), do: enabled?(memory) == true
+  defp resumed?(_state, _memory), do: false
+
+  defp enabled?(%{native: %{enabled: enabled}}), do: enabled
+  defp enabled?(_memory), do: nil
 
   defp reset_ms(%{native: %{reset_ms: reset}}) when is_integer(reset), do: reset
   defp reset_ms(_memory), do: nil
