@@ -36,7 +36,8 @@ defmodule Mtrace.Watch do
   what was live before; the watcher says so at level info and counts again
   from there. While tracking is switched off (`Mtrace.disable/0`,
   `MTRACE_ENABLED=0`) no growth can be seen: it logs that once, and once
-  more when tracking is back on.
+  more when tracking is back on; either ends a streak, as a reset does
+  (an interval tracked for part of its time is no growth to count).
   """
   use GenServer
   require Logger
@@ -132,10 +133,13 @@ defmodule Mtrace.Watch do
     :ignore
   end
 
-  # 80 columns, as the growth warning. Logger's default line starts
-  # "12:00:00.000 [warning] ": the first line of the message is that much
-  # shorter than the rest.
-  defp wrapped(lead, text), do: lead <> Mtrace.Error.wrap(text, 80 - 24 - String.length(lead))
+  # 80 columns, continuations indented, as the growth warning. Logger's
+  # default line starts "12:00:00.000 [warning] ": the first line of the
+  # message is that much shorter than the rest.
+  defp wrapped(lead, text) do
+    (lead <> Mtrace.Error.wrap(text, 80 - 24 - String.length(lead), 78))
+    |> String.replace("\n", "\n  ")
+  end
 
   @impl true
   def handle_call(:info, _from, s) do
@@ -159,6 +163,7 @@ defmodule Mtrace.Watch do
      s
      |> Map.put(:about, if(stats[:sampled], do: "about ", else: ""))
      |> after_reset(stats)
+     |> after_switch(enabled)
      |> step(bytes, mark)
      |> Map.merge(%{last_bytes: bytes, last_mark: mark, enabled: enabled})}
   end
@@ -182,6 +187,14 @@ defmodule Mtrace.Watch do
   end
 
   defp after_reset(s, _stats), do: s
+
+  # Tracking switched off or on since the last sample: the interval was
+  # tracked for part of its time only, and what grew in it is no growth of
+  # a streak; counting starts again from this sample.
+  defp after_switch(%{enabled: was} = s, now) when was != now,
+    do: %{s | streak: 0, since: nil, last_bytes: :reset}
+
+  defp after_switch(s, _now), do: s
 
   # Tracking switched off or on since the last sample is said once: while it
   # is off, live bytes cannot grow, and silence would read as "no leak".

@@ -172,6 +172,66 @@ defmodule Mtrace.WatchTest do
     refute log =~ "keeps growing"
   end
 
+  test "tracking switched off or on ends a streak: no warning from intervals that span it" do
+    on_exit(fn -> Mtrace.enable() end)
+    mib = 1024 * 1024
+
+    log =
+      capture_log(fn ->
+        {_pid, tick} = manual_watcher(intervals: 2)
+        LeakyNif.leak(:malloc, 1, mib)
+        assert %{streak: 1} = tick.()
+        # grown while tracked, then switched off within the interval
+        LeakyNif.leak(:malloc, 1, mib)
+        Mtrace.disable()
+        assert %{streak: 0, warnings: 0} = tick.()
+        # back on: the interval was tracked for part of its time
+        Mtrace.enable()
+        LeakyNif.leak(:malloc, 1, mib)
+        assert %{streak: 0, warnings: 0} = tick.()
+        # whole intervals tracked count again
+        LeakyNif.leak(:malloc, 1, mib)
+        assert %{streak: 1} = tick.()
+        LeakyNif.leak(:malloc, 1, mib)
+        assert %{streak: 0, warnings: 1} = tick.()
+      end)
+
+    assert log =~ "tracking is switched off"
+    assert log =~ "tracking is on again"
+    text = String.replace(log, ~r/\n +/, " ")
+    # the one warning, over the two intervals after tracking came back on
+    assert [_, _] = String.split(text, "keeps growing")
+    assert text =~ "+2.0 MiB in 2 consecutive intervals"
+  end
+
+  test "every message's continuation lines are indented, within 80 columns" do
+    on_exit(fn -> Mtrace.enable() end)
+
+    log =
+      capture_log(fn ->
+        {_pid, tick} = manual_watcher(intervals: 2)
+        Mtrace.reset()
+        tick.()
+        Mtrace.disable()
+        tick.()
+        Mtrace.enable()
+        tick.()
+        LeakyNif.leak(:malloc, 4, 1024 * 1024)
+        tick.()
+        LeakyNif.leak(:malloc, 4, 1024 * 1024)
+        tick.()
+      end)
+
+    for text <- ["the table was reset", "switched off", "on again", "keeps growing"],
+        do: assert(log =~ text)
+
+    lines = String.split(log, "\n", trim: true)
+    assert Enum.all?(lines, &(String.length(&1) <= 80)), log
+    # each line a message's first (after the time and level) or indented
+    assert Enum.all?(lines, &(&1 =~ ~r/^(\d\d:\d\d:\d\d\.\d{3} \[\w+\] | {2,}\S)/)), log
+    assert Enum.count(lines, &String.starts_with?(&1, "  ")) >= 4, log
+  end
+
   test "a reset while a sample waits for its mark is seen" do
     mib = 1024 * 1024
     me = self()
