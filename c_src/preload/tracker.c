@@ -15,6 +15,7 @@
 #include "stacks.h"
 #include "threads.h"
 #include "unwind.h"
+#include "unloads.h"
 #include "unwind_fallback.h"
 
 extern char **__environ;
@@ -344,6 +345,7 @@ __attribute__((constructor)) static void on_load(void) {
     if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE) {
         mt_fork_install();
         mt_threads_loaded();
+        mt_unloads_started();
     }
     errno = saved_errno;
 }

@@ -181,10 +181,47 @@ int mt_unloads_dlclose(int (*real)(void *), void *handle) {
     return r;
 }
 
+/* The code of the objects loaded with the program (the program itself,
+ * LD_PRELOAD's libraries and their dependencies), noted by the constructor:
+ * glibc unloads only what dlopen loaded and musl nothing, so an address in
+ * them was never unloaded, whatever the log has forgotten or taken as
+ * unloaded for want of a snapshot. */
+#define PERMANENT_MAX 128
+static uintptr_t permanent[PERMANENT_MAX][2];
+static _Atomic size_t n_permanent;
+
+static int note_permanent(void *ctx, const struct mtrace_object *o) {
+    size_t *n = ctx;
+    uintptr_t lo, hi;
+    code_span(o, &lo, &hi);
+    if (lo < hi && *n < PERMANENT_MAX) {
+        permanent[*n][0] = lo;
+        permanent[*n][1] = hi;
+        ++*n;
+    }
+    return 0;
+}
+
+void mt_unloads_started(void) {
+    if (atomic_load_explicit(&n_permanent, memory_order_relaxed))
+        return;
+    size_t n = 0;
+    mt_objects_each(note_permanent, &n);
+    atomic_store_explicit(&n_permanent, n, memory_order_release);
+}
+
+static int permanent_code(uintptr_t addr) {
+    size_t n = atomic_load_explicit(&n_permanent, memory_order_acquire);
+    for (size_t i = 0; i < n; i++)
+        if (addr >= permanent[i][0] && addr < permanent[i][1])
+            return 1;
+    return 0;
+}
+
 int mt_unloaded_since(uint32_t epoch, uintptr_t addr) {
     uint64_t s = atomic_load_explicit(&state, memory_order_acquire);
-    if ((uint32_t)(s >> 32) <= epoch)
-        return 0; /* nothing unloaded since */
+    if ((uint32_t)(s >> 32) <= epoch || permanent_code(addr))
+        return 0; /* nothing unloaded since, or never unloaded */
     uint32_t n = (uint32_t)s, oldest = n > SLOTS ? n - SLOTS : 0;
     for (uint32_t i = n; i-- > oldest;) {
         const struct range *r = &ranges[i % SLOTS];

@@ -172,6 +172,37 @@ static void test_unload_without_snapshot(const char *path) {
     printf("unloaded without room for the snapshot: taken as unloaded, not named\n");
 }
 
+/* More unloads than the log of unloaded code keeps (4,096): a stack walked
+ * before them still has the names of the code loaded with the program (its
+ * frame in this program, libc's code), while the library unloaded since is
+ * still told (before, every frame of such a stack lost its name). */
+#define WRAP_SIZE 7325
+#define WRAP_CYCLES 4200
+static void test_log_wrapped(const char *path) {
+    void *p = malloc(WRAP_SIZE);
+    uintptr_t ips[MTRACE_MAX_DEPTH];
+    uint32_t id = 0;
+    uint32_t depth = stack_of(p, WRAP_SIZE, ips, MTRACE_MAX_DEPTH, &id);
+    CHECK(depth >= 1);
+    uint32_t epoch = api->stack_epoch(id);
+    uintptr_t in_libc = (uintptr_t)dlsym(RTLD_DEFAULT, "strtol"), in_lib = 0;
+    int cycles = 0;
+    for (; cycles < WRAP_CYCLES; cycles++) {
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!h)
+            break;
+        if (!in_lib)
+            in_lib = (uintptr_t)dlsym(h, "fixture_malloc");
+        dlclose(h);
+    }
+    CHECK_EQ(cycles, WRAP_CYCLES);
+    CHECK(depth >= 1 && api->unloaded_since(epoch, ips[0]) == 0);
+    CHECK(in_libc && api->unloaded_since(epoch, in_libc) == 0);
+    CHECK(in_lib && api->unloaded_since(epoch, in_lib) == UNLOADS);
+    printf("%d unloads: the program's and libc's code still named\n", cycles);
+    free(p);
+}
+
 static const char *build_dir; /* argv[1] */
 
 /* libc's own dlclose, which the preload's does not see. */
@@ -386,6 +417,7 @@ int main(int argc, char **argv) {
            UNLOADS ? "their library" : "dlclose (which left the library loaded)");
     if (UNLOADS)
         test_unload_without_snapshot(paths[0]);
+    test_log_wrapped(paths[0]);
     test_unhooked_unload(argv[0], (const char(*)[4096])paths);
     return check_summary();
 }
