@@ -28,7 +28,7 @@ defmodule Mtrace.FindingTextTest do
         Mtrace.VM.Thresholds.defaults()
       )
 
-    assert f.summary =~ "growing steadily by 10.0 MiB/s"
+    assert f.summary =~ "its enif_alloc blocks grew steadily by 10.0 MiB/s"
   end
 
   test "the growth line leaves out figures that stood still" do

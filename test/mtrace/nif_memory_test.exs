@@ -60,7 +60,7 @@ defmodule Mtrace.NifMemoryTest do
       d = diagnose(node, window: 2_000)
       assert %{kind: :nif_alloc_leak, evidence: ev, summary: summary} = hd(d.findings)
       assert ev.growth_per_s > 0
-      assert summary =~ "growing steadily by "
+      assert summary =~ "grew steadily by "
       :erpc.call(node, :erlang, :exit, [grower, :kill])
       :erpc.call(node, LeakyNif, :free_kept, [])
 

@@ -168,6 +168,46 @@ defmodule Mtrace.VMScenarios do
   end
 
   @doc """
+  A feeder casting `per_tick` binaries of `size` bytes that `:crypto` made,
+  every 100 ms, to a process registered `:mtrace_header_index` that keeps
+  a 200-byte slice of each (which keeps the whole binary); with `keep`
+  false, the receiver drops them instead and does not collect (a large
+  minimum heap). Returns the receiver once the feeder started.
+
+  ## Example
+
+      index = Mtrace.VMScenarios.crypto_feed(20, 64_000, true)
+  """
+  @spec crypto_feed(pos_integer, pos_integer, boolean) :: pid
+  def crypto_feed(per_tick, size, keep) do
+    opts = if keep, do: [], else: [min_heap_size: 1_000_000, min_bin_vheap_size: 100_000_000]
+
+    receiver =
+      start(fn -> Process.register(self(), :mtrace_header_index) end, opts, fn ->
+        receive_binaries([], keep)
+      end)
+
+    start(fn -> :ok end, [], fn -> feed(receiver, per_tick, size) end)
+    receiver
+  end
+
+  defp receive_binaries(kept, keep) do
+    receive do
+      {:binary, b} when keep -> receive_binaries([binary_part(b, 0, 200) | kept], keep)
+      {:binary, _} -> receive_binaries(kept, keep)
+    end
+  end
+
+  defp feed(receiver, per_tick, size) do
+    # called through apply: mtrace does not depend on the crypto application
+    for _ <- 1..per_tick,
+        do: send(receiver, {:binary, apply(:crypto, :strong_rand_bytes, [size])})
+
+    Process.sleep(100)
+    feed(receiver, per_tick, size)
+  end
+
+  @doc """
   A small ETS table `:mtrace_blob_cache` of `count` objects `{i, blob}`,
   each blob a refc binary of `size` bytes: little table memory, and large
   binaries only the table keeps; with `named` false, the table is not

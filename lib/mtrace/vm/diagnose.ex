@@ -154,6 +154,9 @@ defmodule Mtrace.VM.Diagnose do
         :auto -> if BinaryChecks.bin_leak_worth_it?(snap, th), do: Procs.bin_leak(@keep)
       end
 
+    # the binaries the forced GC freed are no NIF's: its rows after it
+    nif = if bin_leak, do: %{nif | now: Native.nif_memory()}, else: nif
+
     findings =
       Findings.judge(prev, snap, %{
         bin_leak: bin_leak,

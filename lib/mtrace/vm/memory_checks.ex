@@ -25,6 +25,9 @@ defmodule Mtrace.VM.MemoryChecks do
   @ets_tiers [{3, 64}]
   @ets_wide_tiers [{3, 64}, {256, 8}]
 
+  # The kinds of NIF memory that are Erlang code's once handed over.
+  @handed_over [:resource, :binary]
+
   @doc """
   Runs the memory checks (`nil` where there is nothing to report); `secs`
   is the time between the snapshots, or `nil` without a window, and
@@ -488,7 +491,11 @@ defmodule Mtrace.VM.MemoryChecks do
   bytes, held: bytes}`: its largest holders, and the binaries sampled ETS
   tables reference), or `nil` without the GC. With it, a module's
   resources and binaries count for at most what no holder explains
-  (`left - held`); its `enif_alloc` blocks always count.
+  (`left - held`), and so does their growth: only the share of what the
+  module held at the window's end that no holder explains (none, when
+  the GC freed them all or Erlang code holds them all); its `enif_alloc`
+  blocks always count. The rows (`now`) are best read after the GC,
+  which frees the binaries no one kept.
 
   ## Example
 
@@ -517,7 +524,9 @@ defmodule Mtrace.VM.MemoryChecks do
     # Judged on the lower bounds of the size classes: never more than is held.
     bytes = rows |> Enum.map(& &1.bytes_min) |> Enum.sum()
     total = memory[:total] || 0
-    {counted, held_text} = unheld(rows, bytes, held)
+    bins = for %{kind: k, bytes_min: b} <- rows, k in @handed_over, reduce: 0, do: (n -> n + b)
+    {unheld_bins, held_text} = unheld(bins, held)
+    counted = bytes - bins + unheld_bins
 
     # each kind's growth across the window's steps; only steady growth counts
     grown =
@@ -527,7 +536,20 @@ defmodule Mtrace.VM.MemoryChecks do
         Map.merge(row, %{growth: g, steady: steady || false})
       end)
 
-    per_s = for(%{steady: true, growth: g} <- grown, do: g.per_s) |> Enum.sum()
+    # Of its resources and binaries' growth, only the share no Erlang
+    # holder explains counts: the share of what it held at the window's end
+    # that is neither held by processes and ETS tables nor freed by the
+    # forced GC after the window (unheld/2), and by at least nif_growth_min.
+    theirs = unheld_share(grown, bins, unheld_bins, held)
+
+    grown =
+      Enum.map(grown, fn row ->
+        f = if row.kind in @handed_over, do: theirs, else: 1.0
+        counts = row.steady and (row.growth.to - row.growth.from) * f >= th.nif_growth_min
+        Map.merge(row, %{share: f, counted_per_s: if(counts, do: row.growth.per_s * f, else: 0)})
+      end)
+
+    per_s = grown |> Enum.map(& &1.counted_per_s) |> Enum.sum()
 
     share =
       if counted >= th.nif_share_min and total > 0,
@@ -538,7 +560,7 @@ defmodule Mtrace.VM.MemoryChecks do
 
     # Binaries a NIF or a driver made (a file read, a socket's data) are the
     # Erlang code's once handed over: whoever keeps them is named first.
-    binaries? = Enum.any?(rows, &(&1.kind in [:resource, :binary]))
+    binaries? = Enum.any?(rows, &(&1.kind in @handed_over))
 
     held =
       if binaries?,
@@ -567,24 +589,35 @@ defmodule Mtrace.VM.MemoryChecks do
     )
   end
 
-  # The bytes a module's size is judged on: its resources and binaries
-  # count for at most what the forced GC left and no Erlang holder
-  # explains. With the text saying so when that lowered them.
-  defp unheld(_rows, bytes, nil), do: {bytes, ""}
+  # The bytes of a module's resources and binaries its size is judged on:
+  # at most what the forced GC left and no Erlang holder explains. With the
+  # text saying so when that lowered them.
+  defp unheld(bins, nil), do: {bins, ""}
 
-  defp unheld(rows, bytes, %{left: left, held: held}) do
-    bins =
-      for %{kind: k, bytes_min: b} <- rows, k in [:resource, :binary], reduce: 0, do: (n -> n + b)
-
+  defp unheld(bins, %{left: left, held: held}) do
     alone = max(left - held, 0)
 
     if bins > alone,
       do:
-        {bytes - bins + alone,
+        {alone,
          "; processes and ETS tables still hold #{Format.bytes(held)} of refc binaries " <>
            "after a forced GC, so at most #{Format.bytes(alone)} of its resources or " <>
            "binaries are not Erlang code's"},
-      else: {bytes, ""}
+      else: {bins, ""}
+  end
+
+  # The share of a module's resources and binaries at the window's end
+  # (before the forced GC) that unheld/2 leaves it: 1.0 without the GC.
+  defp unheld_share(_grown, _bins, _unheld, nil), do: 1.0
+
+  defp unheld_share(grown, bins, unheld, _held) do
+    at_end =
+      for %{kind: k, growth: %{to: to}} <- grown, k in @handed_over, reduce: 0, do: (n -> n + to)
+
+    case max(at_end, bins) do
+      0 -> 1.0
+      whole -> min(unheld / whole, 1.0)
+    end
   end
 
   defp bytes_of(rows, module, kind) do
@@ -599,11 +632,24 @@ defmodule Mtrace.VM.MemoryChecks do
         "; not growing steadily over the window"
 
       growing ->
-        "; growing steadily by " <>
-          Enum.map_join(growing, ", ", fn row ->
-            "#{Format.bytes(row.growth.per_s)}/s (#{Format.bytes(row.growth.per_s * 3600)}/h) " <>
-              "(#{row.kind})"
+        "; its " <>
+          Enum.map_join(Enum.with_index(growing), ", ", fn {row, i} ->
+            "#{kind_noun(row)} #{if i == 0, do: "grew steadily ", else: ""}by " <>
+              "#{Format.bytes(row.growth.per_s)}/s " <>
+              "(#{Format.bytes(row.growth.per_s * 3600)}/h)" <> explained(row)
           end)
     end
   end
+
+  # A kind's name, as the rows name it ("resources or binaries").
+  defp kind_noun(row), do: Native.nif_count(%{row | count: 2}) |> String.replace_prefix("2 ", "")
+
+  # How much of a kind's growth Erlang code explains (unheld_share/4).
+  defp explained(%{share: share}) when share >= 1.0, do: ""
+
+  defp explained(%{share: share}) when share == 0,
+    do: ", all of it freed by the forced GC or held by Erlang code"
+
+  defp explained(row),
+    do: ", of which at most #{Format.bytes(row.growth.per_s * row.share)}/s is not Erlang code's"
 end
