@@ -57,7 +57,8 @@ defmodule Mtrace.VM.Findings do
     the 3 largest tables, and when binaries are `binary_gc_share` of
     the VM's memory from 8 of each of the next 256 too: a small table
     can keep large binaries); growth over a window: a table growing by
-    `ets_growth`/s;
+    `ets_growth`/s, with its binaries (estimated in proportion to its own
+    memory's growth);
   * `:persistent_term` — size: terms in `persistent_term` holding
     `persistent_term_bytes`, or `persistent_term_share_min`+ that is
     `persistent_term_share` of the VM's memory; growth over a window:

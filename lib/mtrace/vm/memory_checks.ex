@@ -112,7 +112,7 @@ defmodule Mtrace.VM.MemoryChecks do
         do: ratio(held / total, th.ets_share),
         else: 0
 
-    deltas = prev && ets_deltas(prev, snap)
+    deltas = prev && with_binaries(ets_deltas(prev, snap), estimates)
     {gtable, delta} = if deltas, do: Enum.max_by(deltas, &elem(&1, 1)), else: {nil, nil}
 
     size = max(ratio(held, th.ets_bytes), share)
@@ -139,7 +139,7 @@ defmodule Mtrace.VM.MemoryChecks do
           do: " plus about #{Format.bytes(binaries)} of binaries it references",
           else: ""
         ) <>
-        if(per_s && per_s > 0, do: ", growing by #{Format.bytes(per_s)}/s", else: ""),
+        ets_growth_text(per_s, binaries),
       %{
         table: table,
         info: info,
@@ -154,6 +154,29 @@ defmodule Mtrace.VM.MemoryChecks do
       ) <>
         "(owner #{inspect(info[:owner])}) without deleting"
     )
+  end
+
+  defp ets_growth_text(per_s, binaries) when is_number(per_s) and per_s > 0 do
+    if binaries && binaries > 0,
+      do: ", growing by about #{Format.bytes(per_s)}/s with them",
+      else: ", growing by #{Format.bytes(per_s)}/s"
+  end
+
+  defp ets_growth_text(_per_s, _binaries), do: ""
+
+  # A table's binaries are estimated from its objects, so many bytes of
+  # them per byte of its own memory (ETS.binary_estimate/2): its growth
+  # carries them in that proportion, as the size check counts them (a
+  # table of small objects referencing large binaries grows mostly outside
+  # its own memory).
+  defp with_binaries(deltas, estimates) do
+    Enum.reduce(estimates, deltas, fn
+      {t, b, bins}, acc when is_integer(bins) and bins > 0 and b > 0 and is_map_key(acc, t) ->
+        Map.update!(acc, t, &round(&1 * (b + bins) / b))
+
+      _estimate, acc ->
+        acc
+    end)
   end
 
   # Each table's growth since prev. Tables new since grew by at most what

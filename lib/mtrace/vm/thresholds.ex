@@ -51,8 +51,8 @@ defmodule Mtrace.VM.Thresholds do
     holds `ets_share_min` or more;
   * `ets_share_min` (64 MiB) — the least a table must hold for
     `ets_share` to count;
-  * `ets_growth` (1 MiB) — bytes/s one table grows by (over at least
-    `ets_growth_min`);
+  * `ets_growth` (1 MiB) — bytes/s one table grows by, with the binaries
+    it references (over at least `ets_growth_min`);
   * `ets_growth_min` (8 MiB) — a table's growth over the window below
     which it is noise;
   * `persistent_term_bytes` (100 MiB) — terms kept in `persistent_term`;
