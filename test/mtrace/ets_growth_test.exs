@@ -30,4 +30,29 @@ defmodule Mtrace.EtsGrowthTest do
     assert ets.summary =~ ~r/growing by about \S+ MiB\/s with them$/
     :ets.delete(t)
   end
+
+  test "the owner is named as other findings name a process, with a call to paste" do
+    me = self()
+
+    owner =
+      spawn(fn ->
+        Process.register(self(), :mtrace_session_store)
+        send(me, {:table, blob_table(100)})
+        Process.sleep(:infinity)
+      end)
+
+    t = receive do: ({:table, t} -> t)
+    snap = Diagnose.snapshot()
+    [ets | _] = MemoryChecks.run(nil, %{snap | ets: %{t => 1_000_000_000}}, nil, @extra)
+    assert ets.evidence.table == t
+    assert ets.summary =~ "owned by #{inspect(owner)} (:mtrace_session_store), holds"
+    assert ets.next =~ ~s|Process.info(#{Mtrace.VM.Format.pid_expr(owner)}, |
+    refute ets.next =~ "#PID<"
+
+    # unregistered: where it waits and how it started
+    Process.unregister(:mtrace_session_store)
+    [ets | _] = MemoryChecks.run(nil, %{snap | ets: %{t => 1_000_000_000}}, nil, @extra)
+    assert ets.summary =~ "owned by #{inspect(owner)} (in Process.sleep/1, started as"
+    Process.exit(owner, :kill)
+  end
 end

@@ -863,7 +863,11 @@ defmodule Mtrace.VMTest do
       assert result.verdict == :ets_growth
       assert [%{kind: :ets_growth, evidence: evidence, next: next} | _] = result.findings
       assert evidence.table == :mtrace_leaky_cache
-      assert next =~ "find who inserts into :mtrace_leaky_cache (owner"
+      assert next =~ "find who inserts into :mtrace_leaky_cache without deleting"
+
+      assert next =~
+               ":erpc.call(#{inspect(node)}, Process, :info, [#{VM.Format.pid_expr(owner)}, "
+
       assert evidence.info[:size] == 1_000_000
       assert evidence.info[:owner] == owner
       assert evidence.info[:memory_bytes] > 100 * 1_048_576
