@@ -165,6 +165,12 @@ defmodule Mtrace.VM.Thresholds do
     frag_wasted: 64 * @mib
   }
 
+  # How close (String.jaro_distance/2) an unknown threshold's name must be
+  # to a known one for that one to be suggested: :mailbox to :mailbox_len
+  # is 0.88, :native_grwth to :native_growth 0.97, :window to
+  # :window_steps 0.83; unrelated names (:foo, :memory) score under 0.7.
+  @close 0.8
+
   # Shares of a whole: above 1 they could never be reached.
   @shares for {key, _} <- @defaults,
               key |> Atom.to_string() |> String.ends_with?("_share"),
@@ -184,9 +190,14 @@ defmodule Mtrace.VM.Thresholds do
   def defaults, do: @defaults
 
   @doc """
-  The defaults with `overrides` (a keyword list) applied; an unknown key, a
-  value that is not a positive number, or a share (`*_share`,
-  `native_steady`, `frag_usage`) above 1 raises `ArgumentError`.
+  The defaults with `overrides` (a keyword list) applied; an unknown key
+  (named with the threshold it is closest to, if one is close; else
+  with all of them), a value that is not a positive number, or a share
+  (`*_share`, `native_steady`, `frag_usage`) above 1 raises
+  `ArgumentError`.
+
+      iex> Mtrace.VM.Thresholds.merge!(mailbox: 5)
+      ** (ArgumentError) option :thresholds: unknown threshold :mailbox (did you mean :mailbox_len?)
 
       iex> Mtrace.VM.Thresholds.merge!(native_growth: -1)
       ** (ArgumentError) option :thresholds: native_growth must be a positive number, got: -1
@@ -204,9 +215,7 @@ defmodule Mtrace.VM.Thresholds do
     Enum.reduce(overrides, @defaults, fn {key, value}, acc ->
       cond do
         not Map.has_key?(@defaults, key) ->
-          raise ArgumentError,
-                "option :thresholds: unknown threshold #{inspect(key)}; known: " <>
-                  (@defaults |> Map.keys() |> Enum.sort() |> Enum.map_join(", ", &inspect/1))
+          raise ArgumentError, "option :thresholds: unknown threshold " <> unknown(key)
 
         not (is_number(value) and value > 0) ->
           raise ArgumentError,
@@ -226,5 +235,24 @@ defmodule Mtrace.VM.Thresholds do
           Map.put(acc, key, value)
       end
     end)
+  end
+
+  # An unknown key with the threshold whose name it is closest to (by
+  # String.jaro_distance/2: a missing suffix, a typo), when one is close
+  # enough; else with all of them.
+  defp unknown(key) do
+    name = to_string(key)
+
+    {closest, distance} =
+      @defaults
+      |> Map.keys()
+      |> Enum.map(&{&1, String.jaro_distance(name, Atom.to_string(&1))})
+      |> Enum.max_by(&elem(&1, 1))
+
+    if distance >= @close,
+      do: "#{inspect(key)} (did you mean #{inspect(closest)}?)",
+      else:
+        "#{inspect(key)}; known: " <>
+          (@defaults |> Map.keys() |> Enum.sort() |> Enum.map_join(", ", &inspect/1))
   end
 end
