@@ -42,7 +42,9 @@ defmodule Mtrace.VM.Findings do
     one process growing by `process_memory_growth`/s (processes under 1
     MiB are not followed: one that grew past it counts from 1 MiB); when
     it scores higher than the largest, the largest is still named after
-    it if its size alone is a problem;
+    it if its size alone is a problem; a process whose memory is mostly
+    messages waiting is said to be, and with 1_000 or more waiting its
+    next step is no `:sys` call (which would wait behind them all);
   * `:limit_near` — size: atoms, ports or open file descriptors (the
     OS's soft `RLIMIT_NOFILE`, where `/proc` tells it; else not judged)
     at `limit_share` of their limit (at the limit the VM stops, or
@@ -431,24 +433,69 @@ defmodule Mtrace.VM.Findings do
               if(total > 0, do: " (#{Format.percent(lbytes, total)})", else: ""),
           else: ""
 
+      queue = message_queue(pid)
+
       finding(
         :process_memory,
         score,
         "#{Format.process(pid, Procs.info(pid))} holds #{Format.bytes(bytes)}" <>
-          of <> grew <> also,
+          of <> queue_text(queue) <> grew <> also,
         %{
           pid: pid,
           memory: bytes,
           vm_total: total,
           growth_per_s: per_s,
-          largest: if(also != "", do: largest)
+          largest: if(also != "", do: largest),
+          message_queue: queue
         },
-        ":sys.get_state(#{Format.pid_expr(pid)}) shows what a GenServer or an Agent keeps; " <>
-          "Process.info(#{Format.pid_expr(pid)}, [:current_stacktrace, :message_queue_len, " <>
-          ":total_heap_size]) what any process is doing"
+        process_memory_next(pid, queue)
       )
     end
   end
+
+  # Messages waiting from which a :sys call (it waits behind them all) is
+  # no longer the way to look at a process.
+  @long_queue 1_000
+
+  # The messages waiting in a process and about the bytes they take, or
+  # nil for none: its memory less its heap proper. Messages that arrive
+  # (on_heap, the default) sit in heap fragments until it receives them
+  # or collects, and off_heap outside its heap; each has an entry of its
+  # own in the queue; a process's own structure, a few KiB, is counted in.
+  defp message_queue(pid) do
+    items = [:message_queue_len, :memory, :total_heap_size, :garbage_collection_info]
+
+    case :erlang.process_info(pid, items) do
+      [message_queue_len: len, memory: memory, total_heap_size: heap, garbage_collection_info: gc]
+      when len > 0 ->
+        heap = heap - Keyword.get(gc, :mbuf_size, 0)
+        %{len: len, bytes: max(memory - heap * :erlang.system_info(:wordsize), 0), memory: memory}
+
+      _ ->
+        nil
+    end
+  end
+
+  defp queue_text(%{len: len, bytes: bytes, memory: memory}) when bytes * 2 >= memory,
+    do:
+      ", mostly its message queue: #{Format.count(len, "message")} waiting in about " <>
+        Format.bytes(bytes)
+
+  defp queue_text(%{len: len}) when len >= @long_queue,
+    do: ", #{Format.count(len, "message")} waiting"
+
+  defp queue_text(_queue), do: ""
+
+  defp process_memory_next(pid, %{len: len}) when len >= @long_queue,
+    do:
+      "Process.info(#{Format.pid_expr(pid)}, [:current_stacktrace, :status]) shows why it " <>
+        "does not take its messages (a :sys call would wait behind all #{Format.int(len)})"
+
+  defp process_memory_next(pid, _queue),
+    do:
+      ":sys.get_state(#{Format.pid_expr(pid)}) shows what a GenServer or an Agent keeps; " <>
+        "Process.info(#{Format.pid_expr(pid)}, [:current_stacktrace, :message_queue_len, " <>
+        ":total_heap_size]) what any process is doing"
 
   @ports_held "Port.list() |> Enum.map(&Port.info(&1, :connected)) |> Enum.frequencies() " <>
                 "shows which processes hold the ports (files, sockets) left open"
