@@ -15,7 +15,7 @@ defmodule Mtrace.VM.BinaryChecks do
 
   import Mtrace.VM.Findings, only: [finding: 5, ratio: 2]
 
-  alias Mtrace.VM.{ETS, Findings, Format, Thresholds}
+  alias Mtrace.VM.{ETS, Findings, Format, Procs, Thresholds}
 
   # Dominating binaries that no process is known to keep (untested without
   # the forced GC, or spread over many holders) score below a problem.
@@ -222,6 +222,14 @@ defmodule Mtrace.VM.BinaryChecks do
       end)
   end
 
+  # A table's owner as the other findings name a process, and where to look.
+  defp owner(pid) when is_pid(pid),
+    do:
+      " (its owner: #{Format.process(pid, Procs.info(pid))}; " <>
+        "Process.info(#{Format.pid_expr(pid)}, :current_stacktrace))"
+
+  defp owner(_pid), do: ""
+
   defp held_next(procs, tables) do
     "Mtrace.VM.top(:binary_memory, 5) lists the processes that hold them" <>
       case procs do
@@ -233,8 +241,7 @@ defmodule Mtrace.VM.BinaryChecks do
       end <>
       case tables do
         [{_t, _, info} | _] ->
-          "; find who inserts into #{info[:called]} " <>
-            "(owner #{inspect(info[:owner])}) without deleting"
+          "; find who inserts into #{info[:called]} without deleting" <> owner(info[:owner])
 
         [] ->
           ""
