@@ -103,11 +103,15 @@ $(PRIV)/mtrace_nif.so: $(NIF_SRC) $(NIF_HDR) $(MAKEVARS)
 
 # Test NIF for ExUnit: leaks on purpose from static functions; and a
 # stand-in for another release's preload.
-fixtures: $(BUILD)/leaky_nif.so $(BUILD)/other_release.so
+fixtures: $(BUILD)/leaky_nif.so $(BUILD)/other_release.so $(BUILD)/newer_release.so
 
 $(BUILD)/other_release.so: test/fixtures/other_release.c $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -o $@ test/fixtures/other_release.c
+
+$(BUILD)/newer_release.so: test/fixtures/newer_release.c $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) $(SO_LDFLAGS) -o $@ test/fixtures/newer_release.c
 
 $(BUILD)/leaky_nif.so: test/fixtures/leaky_nif.c $(MAKEVARS)
 	@mkdir -p $(BUILD)

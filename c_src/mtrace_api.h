@@ -7,7 +7,10 @@
  * dlsym(RTLD_DEFAULT, ...), so the preload never links against erl_nif and
  * can be loaded into any program.  A reader built for another version finds
  * no symbol of its name and can say so.  Within a version, structs only grow
- * at their end: a reader checks `size` before using a later member.
+ * at their end: a reader checks `size` before using a later member.  The
+ * structs a call fills arrays of (mtrace_alloc, mtrace_site,
+ * mtrace_erl_frame) never change within a version: the arrays are laid out
+ * with the reader's size.
  */
 #ifndef MTRACE_API_H
 #define MTRACE_API_H
@@ -17,6 +20,12 @@
 
 #define MTRACE_API_SYMBOL "mtrace_api_v2"
 #define MTRACE_API_VERSION 2
+
+/* Exported by every preload from version 2 on under this one name, a
+ * uint32_t holding its MTRACE_API_VERSION: a reader of any version that
+ * finds no contract of its own name can still tell that an mtrace.so of
+ * another release is preloaded, older or newer, rather than none. */
+#define MTRACE_VERSION_SYMBOL "mtrace_api_version"
 
 /* Interposed functions, in the order of mtrace_stats.calls[]. */
 enum mtrace_fn {

@@ -76,7 +76,8 @@ static int load(ErlNifEnv *env, void **priv, ERL_NIF_TERM info) {
     if (found && found->version == MTRACE_API_VERSION && found->size >= sizeof *found)
         mt_api = found;
     else
-        other_preload = found || dlsym(RTLD_DEFAULT, "mtrace_api_v1");
+        other_preload = found || dlsym(RTLD_DEFAULT, MTRACE_VERSION_SYMBOL) ||
+                        dlsym(RTLD_DEFAULT, "mtrace_api_v1"); /* before that symbol */
     mt_symbols_use(mt_api);
     make_atoms(env);
     return 0;

@@ -82,6 +82,8 @@ static enum mtrace_result api_stats(struct mtrace_stats *out, size_t size) {
     return MTRACE_OK;
 }
 
+__attribute__((visibility("default"))) const uint32_t mtrace_api_version = MTRACE_API_VERSION;
+
 __attribute__((visibility("default"))) const struct mtrace_api mtrace_api_v2 = {
     .version = MTRACE_API_VERSION,
     .size = sizeof(struct mtrace_api),

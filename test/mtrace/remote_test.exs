@@ -109,6 +109,15 @@ defmodule Mtrace.RemoteTest do
     assert error.reason == :nodedown
   end
 
+  test "a later release's preload is told from none" do
+    newer = Path.expand("_build/c/newer_release.so")
+    assert File.exists?(newer), "make fixtures builds #{newer}"
+    peer = start_peer(code: true, env: [{~c"LD_PRELOAD", String.to_charlist(newer)}])
+    error = assert_raise Mtrace.Error, fn -> Mtrace.stats(node: peer) end
+    assert error.reason == :preload_mismatch
+    assert error.message =~ "comes from another mtrace release"
+  end
+
   test "another release's preload: the queries and the watcher say which library it is" do
     other = Path.expand("_build/c/other_release.so")
     assert File.exists?(other), "make fixtures builds #{other}"
