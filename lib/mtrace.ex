@@ -214,12 +214,12 @@ defmodule Mtrace do
   end
 
   def olds(n, demangle) when is_boolean(demangle) or is_list(demangle) do
-    raise ArgumentError, "olds/2: n must be a non-negative integer, got: #{inspect(n)}"
+    raise ArgumentError, "Mtrace.olds/2: n must be a non-negative integer, got: #{inspect(n)}"
   end
 
   def olds(_n, demangle) do
     raise ArgumentError,
-          "olds/2: the second argument must be a boolean (demangle) or a keyword list of " <>
+          "Mtrace.olds/2: the second argument must be a boolean (demangle) or a keyword list of " <>
             "options, got: #{inspect(demangle)}"
   end
 
@@ -434,7 +434,7 @@ defmodule Mtrace do
       )
 
     if o.format == :json and Keyword.has_key?(opts, :weight),
-      do: raise(ArgumentError, "export/2: weight: applies to format: :folded only")
+      do: raise(ArgumentError, "Mtrace.export/2: weight: applies to format: :folded only")
 
     {window_ms, filter} = {o.window, filter_words(o)}
     if o.window, do: writable!(path)
@@ -549,7 +549,7 @@ defmodule Mtrace do
 
     unless timeout == :infinity or (is_integer(timeout) and timeout > 0 and timeout < 1 <<< 32) do
       raise ArgumentError,
-            "cluster/3: timeout must be a positive integer of ms or :infinity, got: " <>
+            "Mtrace.cluster/3: timeout must be a positive integer of ms or :infinity, got: " <>
               inspect(timeout)
     end
 
@@ -574,12 +574,12 @@ defmodule Mtrace do
 
   def cluster(fun, args, _timeout) when is_list(args) do
     raise ArgumentError,
-          "cluster/3: fun must be one of :stats, :sites, :olds, :mark, :reset, :enable, " <>
+          "Mtrace.cluster/3: fun must be one of :stats, :sites, :olds, :mark, :reset, :enable, " <>
             ":disable, :preloaded?, got: #{inspect(fun)}"
   end
 
   def cluster(_fun, args, _timeout) do
-    raise ArgumentError, "cluster/3: args must be a list, got: #{inspect(args)}"
+    raise ArgumentError, "Mtrace.cluster/3: args must be a list, got: #{inspect(args)}"
   end
 
   # The nodes this one is connected to: the visible ones (remote consoles
@@ -764,7 +764,9 @@ defmodule Mtrace do
   defp after_window(o, opts, where, say \\ fn _ms -> nil end)
 
   defp after_window(%{window: ms} = o, opts, where, say) when is_integer(ms) do
-    if o[:since], do: raise(ArgumentError, "#{where}: give either :since or :window, not both")
+    if o[:since],
+      do: raise(ArgumentError, "Mtrace.#{where}: give either :since or :window, not both")
+
     remote_opts = Keyword.take(opts, [:node, :timeout])
 
     if stats([heap: false] ++ remote_opts).enabled == false,
@@ -779,7 +781,7 @@ defmodule Mtrace do
 
   defp after_window(%{sort: :growth} = o, _opts, where, _say) when not is_map_key(o, :since) do
     raise ArgumentError,
-          "#{where}: sort: :growth measures growth since a mark: give since: Mtrace.mark() " <>
+          "Mtrace.#{where}: sort: :growth measures growth since a mark: give since: Mtrace.mark() " <>
             "or window: ms"
   end
 
@@ -839,7 +841,7 @@ defmodule Mtrace do
   defp count!(n, _where) when n <= 0xFFFF_FFFF_FFFF_FFFF, do: n
 
   defp count!(n, where) do
-    raise ArgumentError, "#{where}: n must be at most 2^64 - 1, got: #{inspect(n)}"
+    raise ArgumentError, "Mtrace.#{where}: n must be at most 2^64 - 1, got: #{inspect(n)}"
   end
 
   # A path as Path.t() has it: a string, or chardata (an Erlang caller's
@@ -857,7 +859,11 @@ defmodule Mtrace do
 
   defp path!(path, where) when is_binary(path) and path != "" do
     if String.contains?(path, <<0>>),
-      do: raise(ArgumentError, "#{where}: path must not contain NUL bytes, got: #{inspect(path)}")
+      do:
+        raise(
+          ArgumentError,
+          "Mtrace.#{where}: path must not contain NUL bytes, got: #{inspect(path)}"
+        )
 
     path
   end
@@ -866,7 +872,7 @@ defmodule Mtrace do
 
   defp path!(nil, where, given) do
     raise ArgumentError,
-          "#{where}: path must be a non-empty string or charlist, got: #{inspect(given)}"
+          "Mtrace.#{where}: path must be a non-empty string or charlist, got: #{inspect(given)}"
   end
 
   # mtrace writes files only where the caller said.

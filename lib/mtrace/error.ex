@@ -100,8 +100,8 @@ defmodule Mtrace.Error do
     %__MODULE__{
       reason: :not_preloaded,
       message: """
-      mtrace: the tracer library is not preloaded into this VM, so no native \
-      allocation has been recorded. #{why}Start the node with it preloaded:
+      mtrace: the tracer library is not preloaded into #{this_vm()}, so no \
+      native allocation has been recorded. #{why}Start the node with it preloaded:
 
           LD_PRELOAD=#{so}
 
@@ -111,6 +111,10 @@ defmodule Mtrace.Error do
       """
     }
   end
+
+  # The VM the error is about, by name when distributed: the message is
+  # made there and may be read on another node.
+  defp this_vm, do: if(node() == :nonode@nohost, do: "this VM", else: "the VM of #{node()}")
 
   @ls_line "add this line to rel/env.sh.eex:\n\n    " <>
              "export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)"

@@ -57,7 +57,8 @@ defmodule Mtrace.Export do
   end
 
   def folded(_sites, weight) do
-    raise ArgumentError, "folded/2: weight must be :bytes or :count, got: #{inspect(weight)}"
+    raise ArgumentError,
+          "Mtrace.Export.folded/2: weight must be :bytes or :count, got: #{inspect(weight)}"
   end
 
   defp stack_line([]), do: "[no stack]"
@@ -157,7 +158,7 @@ defmodule Mtrace.Export do
 
   def json(_sites, _stats, meta) do
     raise ArgumentError,
-          "json/3: meta must hold :node and :generated_at (a DateTime), got: #{inspect(meta)}"
+          "Mtrace.Export.json/3: meta must hold :node and :generated_at (a DateTime), got: #{inspect(meta)}"
   end
 
   defp since_ms(meta) do
@@ -180,7 +181,7 @@ defmodule Mtrace.Export do
 
       other ->
         raise ArgumentError,
-              "json/3: meta :window_ms must be a non-negative integer, got: #{inspect(other)}"
+              "Mtrace.Export.json/3: meta :window_ms must be a non-negative integer, got: #{inspect(other)}"
     end
   end
 

@@ -79,7 +79,7 @@ defmodule Mtrace.Report do
 
     unless is_integer(max_frames) and max_frames >= 0 do
       raise ArgumentError,
-            "format/3: :frames must be a non-negative integer, got: #{inspect(max_frames)}"
+            "Mtrace.Report.format/3: :frames must be a non-negative integer, got: #{inspect(max_frames)}"
     end
 
     node = Keyword.get(opts, :node, node())

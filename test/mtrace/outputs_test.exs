@@ -334,12 +334,14 @@ defmodule Mtrace.OutputsTest do
     assert_raise ArgumentError, ~r/:width/, fn -> Mtrace.flamegraph(path, width: 0) end
     assert_raise ArgumentError, ~r/:frames/, fn -> Mtrace.report(frames: -1) end
 
-    assert_raise ArgumentError, ~r/^export\/2: path must be a non-empty string or charlist/, fn ->
-      Mtrace.export(:nowhere, [])
-    end
+    assert_raise ArgumentError,
+                 ~r/^Mtrace.export\/2: path must be a non-empty string or charlist/,
+                 fn ->
+                   Mtrace.export(:nowhere, [])
+                 end
 
     for bad <- [~c"", [?a | :b], [0x110000]] do
-      assert_raise ArgumentError, ~r/^flamegraph\/2: path must be/, fn ->
+      assert_raise ArgumentError, ~r/^Mtrace.flamegraph\/2: path must be/, fn ->
         Mtrace.flamegraph(bad)
       end
     end

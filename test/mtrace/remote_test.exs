@@ -100,6 +100,8 @@ defmodule Mtrace.RemoteTest do
     error = assert_raise Mtrace.Error, fn -> Mtrace.sites(node: unpreloaded) end
     assert error.reason == :not_preloaded
     assert error.message =~ "on node #{inspect(unpreloaded)}"
+    # the VM it is about, by name: read here, "this VM" would be this one
+    assert error.message =~ "not preloaded into the VM of #{unpreloaded},"
     assert error.message =~ "LD_PRELOAD"
     # a watcher in a supervision tree there starts as :ignore, not a crash loop
     # (its one warning is logged there)
