@@ -39,7 +39,8 @@
  * normal scheduler and one on a dirty scheduler may run at once, and a
  * stats call reads the reason meanwhile. */
 static pthread_mutex_t check_lock = PTHREAD_MUTEX_INITIALIZER;
-static char reason[MT_ERLANG_REASON_MAX] = "not checked: the Mtrace.Native module has not finished loading";
+static char reason[MT_ERLANG_REASON_MAX] =
+    "not checked: the Mtrace.Native module has not finished loading";
 static struct mtrace_erlang_layout layout;
 
 void mt_erlang_reason(char *out, size_t len) {

@@ -19,8 +19,15 @@ defmodule Mtrace.EtsGrowthTest do
     snap = Diagnose.snapshot()
     bytes = Map.fetch!(snap.ets, t)
     # over 5 s, the table's own memory doubled: 10_000 objects were added,
-    # and with them about 20 MiB of binaries
-    prev = %{snap | at_ms: snap.at_ms - 5_000, ets: Map.put(snap.ets, t, div(bytes, 2))}
+    # and with them about 20 MiB of binaries, which the VM's binary memory
+    # grew by
+    prev = %{
+      snap
+      | at_ms: snap.at_ms - 5_000,
+        ets: Map.put(snap.ets, t, div(bytes, 2)),
+        memory: %{snap.memory | binary: snap.memory.binary - 10_000 * 2_048}
+    }
+
     [ets | _] = MemoryChecks.run(prev, snap, 5.0, @extra)
     assert ets.evidence.table == t, ets.summary
     assert ets.evidence.binary_estimate >= 10_000 * 2_048
@@ -28,6 +35,23 @@ defmodule Mtrace.EtsGrowthTest do
     assert_in_delta ets.evidence.growth_per_s, per_s, 1
     assert ets.score > 50, ets.summary
     assert ets.summary =~ ~r/growing by about \S+ MiB\/s with them$/
+    :ets.delete(t)
+  end
+
+  test "a table that grows by objects without binaries grows by its own memory alone" do
+    t = :ets.new(:blobs, [:public])
+    for i <- 1..5_000, do: :ets.insert(t, {i, :binary.copy(<<i::32>>, 5_000)})
+    prev = Diagnose.snapshot()
+    # only small objects, no binary at all, are added during the window
+    for i <- 5_001..10_000, do: :ets.insert(t, {i, i})
+    snap = Diagnose.snapshot()
+    prev = %{prev | at_ms: snap.at_ms - 5_000}
+    own = Map.fetch!(snap.ets, t) - Map.fetch!(prev.ets, t)
+    # the VM's binary memory did not grow: no binary came with them
+    snap = %{snap | memory: %{snap.memory | binary: prev.memory.binary}}
+    [ets | _] = MemoryChecks.run(prev, snap, 5.0, @extra)
+    assert ets.evidence.table == t, ets.summary
+    assert_in_delta ets.evidence.growth_per_s, own / 5.0, 1
     :ets.delete(t)
   end
 

@@ -112,7 +112,7 @@ defmodule Mtrace.VM.MemoryChecks do
         do: ratio(held / total, th.ets_share),
         else: 0
 
-    deltas = prev && with_binaries(ets_deltas(prev, snap), estimates)
+    deltas = prev && with_binaries(ets_deltas(prev, snap), estimates, binary_growth(prev, snap))
     {gtable, delta} = if deltas, do: Enum.max_by(deltas, &elem(&1, 1)), else: {nil, nil}
 
     size = max(ratio(held, th.ets_bytes), share)
@@ -183,16 +183,24 @@ defmodule Mtrace.VM.MemoryChecks do
   # them per byte of its own memory (ETS.binary_estimate/2): its growth
   # carries them in that proportion, as the size check counts them (a
   # table of small objects referencing large binaries grows mostly outside
-  # its own memory).
-  defp with_binaries(deltas, estimates) do
+  # its own memory). But by no more than the VM's binary memory grew in the
+  # window: a table of large binaries that grows by small objects without
+  # any adds its own growth alone.
+  defp with_binaries(deltas, estimates, binary_growth) do
     Enum.reduce(estimates, deltas, fn
       {t, b, bins}, acc when is_integer(bins) and bins > 0 and b > 0 and is_map_key(acc, t) ->
-        Map.update!(acc, t, &round(&1 * (b + bins) / b))
+        Map.update!(acc, t, fn d -> d + min(max(round(d * bins / b), 0), binary_growth) end)
 
       _estimate, acc ->
         acc
     end)
   end
+
+  defp binary_growth(%{memory: %{binary: from}}, %{memory: %{binary: to}})
+       when is_integer(from) and is_integer(to),
+       do: max(to - from, 0)
+
+  defp binary_growth(_prev, _snap), do: 0
 
   # Each table's growth since prev. Tables new since grew by at most what
   # the tables deleted since do not make up for: a cache rebuilt in a new
