@@ -190,14 +190,21 @@ int mt_unloads_dlclose(int (*real)(void *), void *handle) {
 static uintptr_t permanent[PERMANENT_MAX][2];
 static _Atomic size_t n_permanent;
 
+struct listed {
+    size_t n, objects;
+    uint64_t generation;
+};
+
 static int note_permanent(void *ctx, const struct mtrace_object *o) {
-    size_t *n = ctx;
+    struct listed *l = ctx;
     uintptr_t lo, hi;
     code_span(o, &lo, &hi);
-    if (lo < hi && *n < PERMANENT_MAX) {
-        permanent[*n][0] = lo;
-        permanent[*n][1] = hi;
-        ++*n;
+    l->objects++;
+    l->generation = o->generation;
+    if (lo < hi && l->n < PERMANENT_MAX) {
+        permanent[l->n][0] = lo;
+        permanent[l->n][1] = hi;
+        l->n++;
     }
     return 0;
 }
@@ -205,9 +212,13 @@ static int note_permanent(void *ctx, const struct mtrace_object *o) {
 void mt_unloads_started(void) {
     if (atomic_load_explicit(&n_permanent, memory_order_relaxed))
         return;
-    size_t n = 0;
-    mt_objects_each(note_permanent, &n);
-    atomic_store_explicit(&n_permanent, n, memory_order_release);
+    struct listed l = {0, 0, 0};
+    mt_objects_each(note_permanent, &l);
+    /* Only if every object listed was loaded with the program (as many
+     * loads as objects, none since): not when a dependency's constructor
+     * has dlopened one already, or when this library was itself dlopened. */
+    if (l.generation == l.objects)
+        atomic_store_explicit(&n_permanent, l.n, memory_order_release);
 }
 
 static int permanent_code(uintptr_t addr) {
