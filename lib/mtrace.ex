@@ -535,7 +535,7 @@ defmodule Mtrace do
     # argument {:limit, 1}: told here once, not by every node.
     if args != [] and Keyword.keyword?(args) do
       raise ArgumentError,
-            "cluster/3: args is the list of arguments of Mtrace.#{fun}, so options go in a " <>
+            "Mtrace.cluster/3: args is the list of arguments of Mtrace.#{fun}, so options go in a " <>
               "list of their own: cluster(#{inspect(fun)}, [#{inspect(args)}]), got: " <>
               inspect(args)
     end
@@ -544,7 +544,7 @@ defmodule Mtrace do
 
     unless arity && function_exported?(__MODULE__, fun, arity) do
       raise ArgumentError,
-            "cluster/3: args must be a list of arguments of Mtrace.#{fun}, got: #{inspect(args)}"
+            "Mtrace.cluster/3: args must be a list of arguments of Mtrace.#{fun}, got: #{inspect(args)}"
     end
 
     unless timeout == :infinity or (is_integer(timeout) and timeout > 0 and timeout < 1 <<< 32) do
@@ -601,7 +601,7 @@ defmodule Mtrace do
     if Keyword.keyword?(opts) do
       for key <- [:node, :since, :timeout], Keyword.has_key?(opts, key) do
         raise ArgumentError,
-              "cluster/3: option #{inspect(key)} has no place in Mtrace.#{fun}'s options " <>
+              "Mtrace.cluster/3: option #{inspect(key)} has no place in Mtrace.#{fun}'s options " <>
                 "here, as #{own_reason(key)}, got: #{inspect(opts)}"
       end
     end
@@ -769,8 +769,12 @@ defmodule Mtrace do
 
     remote_opts = Keyword.take(opts, [:node, :timeout])
 
+    # nothing allocated in the window could be recorded: said now, not after it
+    target = Options.target(o)
+    Remote.call(target, Query, :ensure_traced!, [], Map.get(o, :timeout, @remote_timeout))
+
     if stats([heap: false] ++ remote_opts).enabled == false,
-      do: raise(Mtrace.Error.tracking_off(where, Options.target(o)))
+      do: raise(Mtrace.Error.tracking_off(where, target))
 
     mark = mark(remote_opts)
     if line = say.(ms), do: IO.puts(line)

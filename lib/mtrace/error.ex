@@ -114,7 +114,10 @@ defmodule Mtrace.Error do
 
   # The VM the error is about, by name when distributed: the message is
   # made there and may be read on another node.
-  defp this_vm, do: if(node() == :nonode@nohost, do: "this VM", else: "the VM of #{node()}")
+  defp this_vm, do: vm(node())
+
+  defp vm(:nonode@nohost), do: "this VM"
+  defp vm(node), do: "the VM of #{node}"
 
   @ls_line "add this line to rel/env.sh.eex:\n\n    " <>
              "export LD_PRELOAD=$(ls $RELEASE_ROOT/lib/mtrace-*/priv/mtrace.so)"
@@ -210,7 +213,7 @@ defmodule Mtrace.Error do
     %__MODULE__{
       reason: :tracking_off,
       message: """
-      Mtrace.#{where}: tracking is switched off on #{node} (Mtrace.disable/0 \
+      Mtrace.#{where}: tracking is switched off in #{vm(node)} (Mtrace.disable/0 \
       or MTRACE_ENABLED=0), so nothing allocated during the window would be \
       recorded. Switch it on first:
 

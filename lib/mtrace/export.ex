@@ -170,7 +170,8 @@ defmodule Mtrace.Export do
         t_ms
 
       other ->
-        raise ArgumentError, "json/3: meta :since must be a Mtrace.Mark, got: #{inspect(other)}"
+        raise ArgumentError,
+              "Mtrace.Export.json/3: meta :since must be a Mtrace.Mark, got: #{inspect(other)}"
     end
   end
 

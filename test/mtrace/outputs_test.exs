@@ -316,7 +316,9 @@ defmodule Mtrace.OutputsTest do
         ] do
       error = assert_raise Mtrace.Error, fn -> capture_io(output) end
       assert error.reason == :tracking_off
-      assert unwrapped(Exception.message(error)) =~ "tracking is switched off on #{node()}"
+      message = unwrapped(Exception.message(error))
+      assert message =~ ~r/tracking is switched off in (this VM|the VM of #{node()}) /
+      assert message =~ "Mtrace.enable()"
     end
 
     # a file that holds sites logs nothing
@@ -326,6 +328,21 @@ defmodule Mtrace.OutputsTest do
   end
 
   defp unwrapped(text), do: String.replace(text, ~r/\s*\n\s*/, " ")
+
+  test "errors name the function as it is called, Mtrace.name/arity" do
+    for {call, where} <- [
+          {fn -> Mtrace.olds(-1) end, "Mtrace.olds/2"},
+          {fn -> Mtrace.cluster(:sites, limit: 1) end, "Mtrace.cluster/3"},
+          {fn -> Mtrace.cluster(:sites, [1, 2, 3]) end, "Mtrace.cluster/3"},
+          {fn -> Mtrace.cluster(:sites, [[node: node()]]) end, "Mtrace.cluster/3"},
+          {fn -> Mtrace.sites(window: 10, since: Mtrace.mark()) end, "Mtrace.sites/1"},
+          {fn -> Mtrace.VM.diagnose(thresholds: [native_growt: 1]) end, "Mtrace.VM.diagnose/1"},
+          {fn -> Mtrace.VM.diagnose(thresholds: [window_steps: 0]) end, "Mtrace.VM.diagnose/1"}
+        ] do
+      error = assert_raise ArgumentError, call
+      assert String.starts_with?(error.message, where <> ": "), error.message
+    end
+  end
 
   test "outputs refuse bad options and write nothing", %{dir: dir} do
     path = Path.join(dir, "never")

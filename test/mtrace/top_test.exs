@@ -835,7 +835,9 @@ defmodule Mtrace.TopTest do
             fn -> :erpc.call(node, Mtrace, :olds, [3]) end,
             # switching tracking on cannot make it record
             fn -> :erpc.call(node, Mtrace, :enable, []) end,
-            fn -> capture_io(fn -> Mtrace.report(node: node) end) end
+            fn -> capture_io(fn -> Mtrace.report(node: node) end) end,
+            # nor can a window: said at once
+            fn -> capture_io(fn -> Mtrace.report(node: node, window: 60_000) end) end
           ] do
         error =
           try do

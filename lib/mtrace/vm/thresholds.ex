@@ -197,38 +197,39 @@ defmodule Mtrace.VM.Thresholds do
   `ArgumentError`.
 
       iex> Mtrace.VM.Thresholds.merge!(mailbox: 5)
-      ** (ArgumentError) option :thresholds: unknown threshold :mailbox (did you mean :mailbox_len?)
+      ** (ArgumentError) Mtrace.VM.diagnose/1: option :thresholds: unknown threshold :mailbox (did you mean :mailbox_len?)
 
       iex> Mtrace.VM.Thresholds.merge!(native_growth: -1)
-      ** (ArgumentError) option :thresholds: native_growth must be a positive number, got: -1
+      ** (ArgumentError) Mtrace.VM.diagnose/1: option :thresholds: native_growth must be a positive number, got: -1
 
       iex> Mtrace.VM.Thresholds.merge!(native_steady: 5)
-      ** (ArgumentError) option :thresholds: native_steady is a share, from 0 to 1 (e.g. 0.75), got: 5
+      ** (ArgumentError) Mtrace.VM.diagnose/1: option :thresholds: native_steady is a share, from 0 to 1 (e.g. 0.75), got: 5
   """
   @spec merge!(term) :: t
   def merge!(overrides) do
     unless is_list(overrides) and Keyword.keyword?(overrides) do
       raise ArgumentError,
-            "option :thresholds must be a keyword list, got: #{inspect(overrides)}"
+            "Mtrace.VM.diagnose/1: option :thresholds must be a keyword list, got: #{inspect(overrides)}"
     end
 
     Enum.reduce(overrides, @defaults, fn {key, value}, acc ->
       cond do
         not Map.has_key?(@defaults, key) ->
-          raise ArgumentError, "option :thresholds: unknown threshold " <> unknown(key)
+          raise ArgumentError,
+                "Mtrace.VM.diagnose/1: option :thresholds: unknown threshold " <> unknown(key)
+
+        key == :window_steps and not (is_integer(value) and value > 0) ->
+          raise ArgumentError,
+                "Mtrace.VM.diagnose/1: option :thresholds: window_steps must be a positive " <>
+                  "integer, got: #{inspect(value)}"
 
         not (is_number(value) and value > 0) ->
           raise ArgumentError,
-                "option :thresholds: #{key} must be a positive number, got: #{inspect(value)}"
+                "Mtrace.VM.diagnose/1: option :thresholds: #{key} must be a positive number, got: #{inspect(value)}"
 
         key in @shares and value > 1 ->
           raise ArgumentError,
-                "option :thresholds: #{key} is a share, from 0 to 1 (e.g. 0.75), got: " <>
-                  inspect(value)
-
-        key == :window_steps and not is_integer(value) ->
-          raise ArgumentError,
-                "option :thresholds: window_steps must be a positive integer, got: " <>
+                "Mtrace.VM.diagnose/1: option :thresholds: #{key} is a share, from 0 to 1 (e.g. 0.75), got: " <>
                   inspect(value)
 
         true ->
