@@ -15,7 +15,7 @@ defmodule Mtrace.VM.BinaryChecks do
 
   import Mtrace.VM.Findings, only: [finding: 5, ratio: 2]
 
-  alias Mtrace.VM.{ETS, Findings, Format, Procs, Thresholds}
+  alias Mtrace.VM.{ETS, Findings, Format, Thresholds}
 
   # Dominating binaries that no process is known to keep (untested without
   # the forced GC, or spread over many holders) score below a problem.
@@ -222,14 +222,6 @@ defmodule Mtrace.VM.BinaryChecks do
       end)
   end
 
-  # A table's owner as the other findings name a process, and where to look.
-  defp owner(pid) when is_pid(pid),
-    do:
-      " (its owner: #{Format.process(pid, Procs.info(pid))}; " <>
-        "Process.info(#{Format.pid_expr(pid)}, :current_stacktrace))"
-
-  defp owner(_pid), do: ""
-
   defp held_next(procs, tables) do
     "Mtrace.VM.top(:binary_memory, 5) lists the processes that hold them" <>
       case procs do
@@ -241,7 +233,8 @@ defmodule Mtrace.VM.BinaryChecks do
       end <>
       case tables do
         [{_t, _, info} | _] ->
-          "; find who inserts into #{info[:called]} without deleting" <> owner(info[:owner])
+          {owned_by, owner_next} = Findings.table_owner(info[:owner])
+          "; find who inserts into #{info[:called]}#{owned_by} without deleting" <> owner_next
 
         [] ->
           ""

@@ -238,6 +238,27 @@ defmodule Mtrace.VM.Findings do
   end
 
   @doc """
+  An ETS table's owner as findings name a process (its registered name,
+  else where it waits and how it started) and the call that shows what it
+  runs, to follow a finding's summary and its next step: `{"", ""}` for no
+  owner.
+
+  ## Example
+
+      iex> {", owned by " <> _, "; Process.info(pid(" <> _} = Mtrace.VM.Findings.table_owner(self())
+      iex> Mtrace.VM.Findings.table_owner(nil)
+      {"", ""}
+  """
+  @spec table_owner(pid | nil) :: {String.t(), String.t()}
+  def table_owner(pid) when is_pid(pid) do
+    {", owned by #{Format.process(pid, Procs.info(pid))},",
+     "; Process.info(#{Format.pid_expr(pid)}, [:current_stacktrace, :dictionary]) " <>
+       "shows what its owner runs and who started it"}
+  end
+
+  def table_owner(_pid), do: {"", ""}
+
+  @doc """
   A rate per second over a window of `secs` seconds, or `nil` without one.
 
   ## Example

@@ -14,7 +14,7 @@ defmodule Mtrace.VM.MemoryChecks do
   import Mtrace.VM.Findings,
     only: [finding: 5, growth_ratio: 4, rate: 2, ratio: 2, growth: 2, describe_growth: 1]
 
-  alias Mtrace.VM.{BinaryChecks, Diagnose, ETS, Findings, Format, Native, Procs, Thresholds}
+  alias Mtrace.VM.{BinaryChecks, Diagnose, ETS, Findings, Format, Native, Thresholds}
 
   # Table memory leaves out the binaries a table references: they are
   # estimated from 64 objects of each of the 3 largest tables, where a leak
@@ -130,12 +130,12 @@ defmodule Mtrace.VM.MemoryChecks do
     name = inspect(info[:name] || table)
     handle = if is_atom(table), do: name, else: "#{name} (unnamed: its id is in :ets.all())"
 
-    owner = info[:owner]
+    {owned_by, owner_next} = Findings.table_owner(info[:owner])
 
     finding(
       :ets_growth,
       max(size, growth),
-      "ETS table #{name}#{owned_by(owner)} holds #{Format.bytes(info[:memory_bytes])} in " <>
+      "ETS table #{name}#{owned_by} holds #{Format.bytes(info[:memory_bytes])} in " <>
         "#{Format.int(info[:size] || 0)} objects" <>
         if(binaries && binaries > 0,
           do: " plus about #{Format.bytes(binaries)} of binaries it references",
@@ -153,23 +153,9 @@ defmodule Mtrace.VM.MemoryChecks do
       if(binaries && binaries > (info[:memory_bytes] || 0),
         do: "find who inserts into #{handle} without deleting",
         else: "Mtrace.VM.ets_top(5); then find who inserts into #{handle} without deleting"
-      ) <> owner_next(owner)
+      ) <> owner_next
     )
   end
-
-  # The owner as other findings name a process (its registered name, else
-  # where it waits and how it started), and the call that shows it.
-  defp owned_by(owner) when is_pid(owner),
-    do: ", owned by #{Format.process(owner, Procs.info(owner))},"
-
-  defp owned_by(_owner), do: ""
-
-  defp owner_next(owner) when is_pid(owner),
-    do:
-      "; Process.info(#{Format.pid_expr(owner)}, [:current_stacktrace, :dictionary]) " <>
-        "shows what its owner runs and who started it"
-
-  defp owner_next(_owner), do: ""
 
   defp ets_growth_text(per_s, binaries) when is_number(per_s) and per_s > 0 do
     if binaries && binaries > 0,
