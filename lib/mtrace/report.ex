@@ -298,11 +298,17 @@ defmodule Mtrace.Report do
 
     case Enum.split_while(cut, &(not Mtrace.Frame.erlang?(&1))) do
       {native, [erlang | rest]} when max_frames >= 2 ->
-        if Enum.any?(shown, &Mtrace.Frame.erlang?/1) do
-          frames_and_more(shown, cut)
-        else
-          {shown, [last]} = Enum.split(shown, -1)
-          frames_and_more(shown, [last | native]) ++ frames_and_more([erlang], rest)
+        cond do
+          Enum.any?(shown, &Mtrace.Frame.erlang?/1) ->
+            frames_and_more(shown, cut)
+
+          # right after the cut: in the row a "... 1 more" would take
+          native == [] ->
+            frames_and_more(shown ++ [erlang], rest)
+
+          true ->
+            {shown, [last]} = Enum.split(shown, -1)
+            frames_and_more(shown, [last | native]) ++ frames_and_more([erlang], rest)
         end
 
       _ ->

@@ -14,7 +14,10 @@ defmodule Mtrace.Top do
   take seconds), the next starts as soon as one is drawn, and the title
   gives the time between them. The view leaves one process on the watched
   node between refreshes, which keeps each process's memory for the next
-  comparison and ends with the view (`Mtrace.Top.Sample`). When the
+  comparison and ends with the view (`Mtrace.Top.Sample`). Each refresh
+  reads the node's memory from `/proc` through the file server and then
+  collects the file server's garbage, so that the binaries of those reads
+  are not shown as a driver's memory. When the
   tracer samples (`MTRACE_SAMPLE_BYTES`), the native figures are
   estimates, and say "about".
   """

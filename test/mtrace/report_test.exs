@@ -282,6 +282,14 @@ defmodule Mtrace.ReportTest do
              "    ... 1 more"
            ]
 
+    # right after the frames shown: in the row a "... 1 more" would take
+    frames = for(i <- 1..4, do: frame("l#{i}")) ++ [erlang, caller]
+
+    assert [_, _, _, _, _, _, "    Tls.handshake/0 (lib/tls.ex:12)", "    ... 1 more"] =
+             lines([site(1, 1, 1, 1, frames)], @exact, frames: 4)
+
+    frames = for(i <- 1..10, do: frame("l#{i}")) ++ [erlang, caller]
+
     # shown anyway, or no room: as before
     assert [_, _, "    l1 libcache.so.2", "    ... 11 more"] =
              lines([site(1, 1, 1, 1, frames)], @exact, frames: 1)

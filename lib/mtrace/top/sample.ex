@@ -142,22 +142,19 @@ defmodule Mtrace.Top.Sample do
     }
   end
 
-  # The node's memory, read in a process of its own that collects its garbage
-  # before it answers. The reads of /proc make binaries (prim_file's) that the
-  # reader holds, and the file server that hands them over, until they
-  # collect garbage: the NIF/driver line, read next, would show them as a
-  # module holding memory, and a process that samples every few seconds
-  # seldom collects. The file server's are collected too: it is one small
-  # process, and its other garbage is no NIF's memory either.
+  # The node's memory, read in a short-lived process, whose exit frees what
+  # it held. The reads of /proc make binaries (prim_file's) that the reader
+  # holds, and the file server that hands them over, until they collect
+  # garbage: the NIF/driver line, read next, would show them as a module
+  # holding memory, and a process that samples every few seconds seldom
+  # collects. The file server's are collected too (Mtrace.top's doc says
+  # so): it is one small process, and its other garbage is no NIF's memory
+  # either.
   # Not glibc's heap figures: the view does not show them, and reading them
   # every refresh would make the node's threads wait on its arenas.
   defp read_memory do
     memory =
-      Task.async(fn ->
-        memory = Memory.read(heap: false)
-        :erlang.garbage_collect()
-        memory
-      end)
+      Task.async(fn -> Memory.read(heap: false) end)
       |> Task.await(:infinity)
 
     with pid when is_pid(pid) <- Process.whereis(:file_server_2),
