@@ -140,3 +140,12 @@ size_t mt_name_fit(char *s, size_t max) {
     }
     return n;
 }
+
+size_t mt_text_cut(const char *s, size_t max) {
+    if (!s)
+        return 0;
+    size_t n = strnlen(s, max);
+    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) /* s[n] continues s[n - 1]'s */
+        n--;
+    return n;
+}

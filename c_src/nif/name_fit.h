@@ -15,4 +15,10 @@
  * start.  A name that fits is left alone.  Returns its new length. */
 size_t mt_name_fit(char *s, size_t max);
 
+/* The length of s (NULL: 0) cut to at most max bytes, at a character's
+ * start: a cut inside a UTF-8 sequence makes a binary that is not valid
+ * text, which report/1 then refuses to print (a C function named with 300
+ * accented letters). */
+size_t mt_text_cut(const char *s, size_t max);
+
 #endif

@@ -22,6 +22,7 @@
 #include "demangle.h"
 #include "dwarf_lines.h"
 #include "elf_symtab.h"
+#include "name_fit.h"
 #include "proc_maps.h"
 
 #include <limits.h>
@@ -77,21 +78,8 @@ static struct {
     const struct mtrace_api *api; /* where the loaded objects are listed */
 } sym = {.lock = PTHREAD_RWLOCK_INITIALIZER};
 
-/* The length of s cut to at most max bytes, at a character's start: a cut
- * inside a UTF-8 sequence makes a binary that is not valid text, which
- * report/1 then refuses to print (a C function named with 300 accented
- * letters). */
-static size_t cut_len(const char *s, size_t max) {
-    if (!s)
-        return 0;
-    size_t n = strnlen(s, max);
-    while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) /* s[n] continues s[n - 1]'s */
-        n--;
-    return n;
-}
-
 static void put_text(char *dst, size_t cap, const char *src) {
-    size_t n = cut_len(src, cap - 1);
+    size_t n = mt_text_cut(src, cap - 1);
     if (n)
         memcpy(dst, src, n);
     dst[n] = '\0';
@@ -305,7 +293,7 @@ static struct module *module_find(uintptr_t pc) {
 
 /* ---- answers ----------------------------------------------------------- */
 
-static size_t text_len(const char *s) { return cut_len(s, MT_SYM_TEXT - 1); }
+static size_t text_len(const char *s) { return mt_text_cut(s, MT_SYM_TEXT - 1); }
 
 static char *put_copy(char *p, const char *s) {
     size_t n = text_len(s);
