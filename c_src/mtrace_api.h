@@ -27,6 +27,9 @@
  * another release is preloaded, older or newer, rather than none. */
 #define MTRACE_VERSION_SYMBOL "mtrace_api_version"
 
+/* A bit of mtrace_stats.config_garbage (see there). */
+#define MTRACE_GARBAGE_NO_LIBUNWIND 32u
+
 /* Interposed functions, in the order of mtrace_stats.calls[]. */
 enum mtrace_fn {
     MT_FN_MALLOC,
@@ -133,7 +136,9 @@ struct mtrace_stats {
     uint64_t est_live_count; /* live allocations estimated from the samples (exact if lossless) */
     uint64_t est_live_bytes; /* their bytes, estimated likewise */
     /* MTRACE_ variables whose value was not understood (and fell back to the
-     * default): 1 DEPTH, 2 ENABLED, 4 SAMPLE_BYTES, 8 UNWIND, 16 ERLANG. */
+     * default): 1 DEPTH, 2 ENABLED, 4 SAMPLE_BYTES, 8 UNWIND, 16 ERLANG;
+     * and MTRACE_GARBAGE_NO_LIBUNWIND: MTRACE_UNWIND=libunwind, which
+     * without libunwind walks with the own walker. */
     uint32_t config_garbage;
     /* In a build without libunwind (musl) fast_unwind is always 1, and the
      * fallbacks are stacks the walker cut short where it gave up (a signal
@@ -150,6 +155,12 @@ struct mtrace_stats {
      * way, or the stack is not the thread's own (a coroutine's) and the
      * walk reached the end of what was proved readable. */
     uint64_t unwind_cut;
+    /* 1 when libunwind (libunwind.so.8) was loaded: the walks the own
+     * walker hands over, and every walk under MTRACE_UNWIND=libunwind, go
+     * to it.  0 without it: those walks end where the own walker stopped
+     * (unwind_cut), and MTRACE_UNWIND=libunwind walks with the own walker
+     * (config_garbage says so). */
+    uint32_t libunwind_loaded;
 };
 
 /* A loaded object (the program, a shared library), as the dynamic loader

@@ -643,8 +643,10 @@ defmodule Mtrace do
   `est_live_count`/`est_live_bytes` are estimates of all live allocations,
   each sample weighted by the inverse of its chance to be sampled (without
   sampling they equal the exact figures). `fast_unwind` tells which stack
-  walker runs and `unwind_fallbacks` how many stacks it handed to libunwind,
-  `unwind_cut` how many stacks it kept cut at the frames it had found
+  walker runs and `unwind_fallbacks` how many stacks it handed to libunwind
+  (`libunwind`: whether `libunwind.so.8` could be loaded; without it those
+  stacks end where the own walker stopped, and `MTRACE_UNWIND=libunwind`
+  walks with the own walker, which `config_errors` says), `unwind_cut` how many stacks it kept cut at the frames it had found
   (libunwind busy in another thread for milliseconds, a fork under way, or
   a coroutine's stack whose frames point past its readable end);
   `config_errors` names the `MTRACE_` variables whose value was not

@@ -135,8 +135,14 @@ static void put_u64(ErlNifEnv *env, ERL_NIF_TERM *map, const char *key, uint64_t
 
 /* The MTRACE_ variables whose value was not understood, by name. */
 static ERL_NIF_TERM config_errors(ErlNifEnv *env, uint32_t garbage) {
-    static const char *const vars[] = {"MTRACE_DEPTH", "MTRACE_ENABLED", "MTRACE_SAMPLE_BYTES",
-                                       "MTRACE_UNWIND", "MTRACE_ERLANG"};
+    static const char *const vars[] = {
+        "MTRACE_DEPTH",
+        "MTRACE_ENABLED",
+        "MTRACE_SAMPLE_BYTES",
+        "MTRACE_UNWIND",
+        "MTRACE_ERLANG",
+        "MTRACE_UNWIND=libunwind (libunwind.so.8 could not be loaded: the "
+        "own stack walker walks)"};
     ERL_NIF_TERM bad = enif_make_list(env, 0);
     for (int i = (int)(sizeof vars / sizeof *vars) - 1; i >= 0; i--)
         if (garbage & (1u << i))
@@ -194,6 +200,7 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put_u64(env, &m, "erlang_stacks", s.erlang_stacks);
     put_u64(env, &m, "reset_ms", s.reset_ms);
     put_u64(env, &m, "unwind_cut", s.unwind_cut);
+    put(env, &m, "libunwind", mt_nif_boolean(s.libunwind_loaded));
     /* glibc's own view of the heap, as the seed reported it; other C
      * libraries do not report theirs (nil).  Its time grows with the heap's
      * free chunks, hence a dirty scheduler (funcs below). */

@@ -10,6 +10,8 @@
 
 #include <stdint.h>
 
+#include "mtrace_api.h"
+
 #define MT_DEFAULT_DEPTH 32
 #define MT_DEFAULT_PROGRAMS "beam.smp"
 /* The largest mean sample interval, 1 TiB: past some 2^48 the weight of a
@@ -31,6 +33,7 @@ struct mt_config {
 #define MT_GARBAGE_SAMPLE 4u
 #define MT_GARBAGE_UNWIND 8u
 #define MT_GARBAGE_ERLANG 16u
+#define MT_GARBAGE_NO_LIBUNWIND MTRACE_GARBAGE_NO_LIBUNWIND
 
 /* Reads MTRACE_PROGRAMS, MTRACE_ENABLED, MTRACE_DEPTH, MTRACE_SAMPLE_BYTES,
  * MTRACE_UNWIND, MTRACE_ERLANG and /proc/self/exe. */

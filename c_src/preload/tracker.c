@@ -339,8 +339,16 @@ __attribute__((constructor)) static void on_load(void) {
     else if (mt_state.provisional)
         reconfigure();
     unsigned char was = mt_tracker_call_out();
-    if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE)
+    if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE) {
         mt_fallback_load(); /* allocates */
+        /* MTRACE_UNWIND=libunwind without libunwind (libunwind8 not
+         * installed) would take no stack at all: the own walker takes
+         * them, and stats says why. */
+        if (!mt_state.fast_unwind && !mt_fallback_loaded()) {
+            mt_state.fast_unwind = 1;
+            mt_state.cfg.garbage |= MT_GARBAGE_NO_LIBUNWIND;
+        }
+    }
     mt_tracker_call_back(was);
     if (atomic_load(&mt_state.mode) == MT_MODE_ACTIVE) {
         mt_fork_install();

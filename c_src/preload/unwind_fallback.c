@@ -44,6 +44,7 @@ void mt_fallback_open_child(void) { mt_fork_gate_open_child(&gate); }
 #ifdef MT_NO_LIBUNWIND
 
 void mt_fallback_load(void) {}
+int mt_fallback_loaded(void) { return 0; }
 int mt_fallback_backtrace(void **buf, int max) {
     (void)buf;
     (void)max;
@@ -119,6 +120,8 @@ void mt_fallback_load(void) {
         policy(*local, UNW_CACHE_PER_THREAD);
     atomic_store(&backtrace_of, bt);
 }
+
+int mt_fallback_loaded(void) { return atomic_load(&backtrace_of) != NULL; }
 
 int mt_fallback_backtrace(void **buf, int max) {
     backtrace_fn bt = atomic_load_explicit(&backtrace_of, memory_order_acquire);

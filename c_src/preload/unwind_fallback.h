@@ -13,6 +13,8 @@
 /* Loads libunwind; once, from this library's constructor in a traced
  * process (dlopen is not safe inside a malloc hook). */
 void mt_fallback_load(void);
+/* Whether it was (libunwind.so.8 found and usable). */
+int mt_fallback_loaded(void);
 
 /* unw_backtrace; -1 when libunwind is not loaded (not yet, not installed,
  * or a build without it), when another walk stayed inside it too long or

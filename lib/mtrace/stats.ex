@@ -61,6 +61,7 @@ defmodule Mtrace.Stats do
                 :fast_unwind,
                 :unwind_fallbacks,
                 :unwind_cut,
+                :libunwind,
                 :config_errors,
                 :erlang_frames,
                 :erlang_frames_off,
@@ -255,6 +256,10 @@ defmodule Mtrace.Stats do
     # Stacks the own walker gave to libunwind; with libunwind walking every
     # one, "(0 to libunwind)" would contradict the line.
     defp fallbacks(%{fast_unwind: false}), do: ""
+
+    # without libunwind, what the own walker hands over ends where it stopped
+    defp fallbacks(%{libunwind: false}),
+      do: " (libunwind.so.8 not loaded: stacks it would finish end early; Debian: libunwind8)"
 
     defp fallbacks(%{unwind_fallbacks: n}) when is_integer(n),
       do: " (#{Format.int(n)} to libunwind)"

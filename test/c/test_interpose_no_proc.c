@@ -4,7 +4,9 @@
  * its ENOENT behind: main starts with errno 0, as C promises, and a malloc
  * that succeeds leaves errno alone, traced or not.  Likewise without
  * libunwind (a release machine need not have it): the failed dlopen leaves
- * no message for the program's first dlerror().  The copies of this program
+ * no message for the program's first dlerror(), stats says libunwind is
+ * not loaded, and MTRACE_UNWIND=libunwind walks with the own walker (said
+ * in config_garbage) rather than taking no stack.  The copies of this program
  * that check it run in a mount namespace of their own with an empty /proc,
  * or an empty file over libunwind (skipped where no namespace can be made,
  * or under an emulator, which needs /proc itself). */
@@ -23,6 +25,7 @@
 
 #include "check.h"
 #include "mtrace_api.h"
+#include "queries.h"
 
 static int errno_at_main = -1;
 static const char *dlerror_at_main;
@@ -40,6 +43,21 @@ static int without_libunwind(void) {
         struct mtrace_stats s;
         api->stats(&s, sizeof s);
         CHECK_EQ(s.active, 1u);
+        CHECK_EQ(s.libunwind_loaded, 0u);
+        const char *mode = getenv("MTRACE_UNWIND");
+        int asked = mode && !strcmp(mode, "libunwind");
+        CHECK_EQ(s.fast_unwind, 1u);
+        CHECK_EQ(s.config_garbage & MTRACE_GARBAGE_NO_LIBUNWIND,
+                 asked ? MTRACE_GARBAGE_NO_LIBUNWIND : 0u);
+        /* a stack is taken all the same: this program's frames below malloc */
+        void *p = malloc(7331);
+        struct mtrace_alloc buf[4], a = {0, 0, 0, 0, 0};
+        CHECK(query_block(api, p, 7331, buf, 4, &a));
+        uintptr_t ips[8];
+        CHECK(api->stack(a.stack_id, ips, 8) >= 2);
+        free(p);
+        printf("without libunwind%s: own walker, stacks taken\n",
+               asked ? ", MTRACE_UNWIND=libunwind" : "");
     }
     return check_summary();
 }
@@ -131,9 +149,12 @@ int main(int argc, char **argv) {
     CHECK_EQ(run_without(self, 1, NULL, NULL), 0);
     char unwind[PATH_MAX], empty[] = "/tmp/mtrace_empty_XXXXXX";
     int fd = mkstemp(empty);
-    if (libunwind_path(unwind) && fd >= 0)
+    if (libunwind_path(unwind) && fd >= 0) {
         CHECK_EQ(run_without(self, 1, unwind, empty), 0);
-    else
+        setenv("MTRACE_UNWIND", "libunwind", 1);
+        CHECK_EQ(run_without(self, 1, unwind, empty), 0);
+        unsetenv("MTRACE_UNWIND");
+    } else
         printf("skipped without libunwind: none to hide\n");
     if (fd >= 0) {
         close(fd);

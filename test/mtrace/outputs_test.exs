@@ -48,8 +48,8 @@ defmodule Mtrace.OutputsTest do
     assert Enum.at(lines, 2) =~
              ~r/^    fixture_leak_malloc \(test\/fixtures\/leaky_nif\.c:\d+\) leaky_nif\.so$/
 
-    # the native frames between it and the NIF's Erlang caller left out
-    assert Enum.at(lines, 3) =~ ~r/^    \.\.\. \d+ more$/
+    # the NIF's Erlang caller, right after the frames shown, kept
+    assert Enum.at(lines, 3) =~ ~r/^    leak \(test\/fixtures\/leaky_nif\.c:\d+\) leaky_nif\.so$/
     assert Enum.at(lines, 4) =~ ~r/^    Mtrace\.Test\.LeakyNif\.leak\/3/
     assert Enum.at(lines, 5) =~ ~r/^    \.\.\. \d+ more$/
     assert Enum.at(lines, 6) =~ ~r/^#2  14\.6 KiB in 50 blocks/
@@ -83,6 +83,13 @@ defmodule Mtrace.OutputsTest do
     libunwind = inspect(%{s | fast_unwind: false, unwind_fallbacks: 0})
     assert libunwind =~ "; libunwind"
     refute libunwind =~ "to libunwind"
+    # here libunwind is loaded; without it, what it would finish ends early
+    assert s.libunwind == true
+
+    none =
+      inspect(%{s | fast_unwind: true, libunwind: false}) |> String.replace(~r/\s*\n\s*/, " ")
+
+    assert none =~ "own stack walker (libunwind.so.8 not loaded: stacks it would finish end early"
   end
 
   test "export/2 :folded lines sum to the live bytes (or counts) of the sites", %{dir: dir} do
