@@ -479,7 +479,9 @@ defmodule Mtrace.VM do
       growth is judged and not only size: the VM's memory, processes and
       ETS are read at its start and end, native and NIF memory at each of its
       `window_steps` steps (5; `Mtrace.VM.Thresholds`) (default: one
-      sample, no growth);
+      sample, no growth). A process's heap grows in steps, as garbage
+      collections resize it, and may even shrink between two reads: a
+      window of 10 s or more tells a growing heap from that;
     * `:gc` — `:auto` (default) runs `bin_leak/1` only when refc binaries
       hold a quarter of the VM's memory (16 MiB at least), `true` always,
       `false` never. It garbage-collects every process;
