@@ -49,8 +49,8 @@ static COLD void free_tracked(void *p, int verdict) {
     __builtin_prefetch((const void *)((uintptr_t)p - sizeof(size_t)), 1); /* p may be NULL */
     if (mt_likely(verdict == 2))
         mt_forget_counted(p);
-    else
-        mt_free_slow(p);
+    else if (mt_free_slow(p))
+        return; /* a signal handler's, freed once its thread leaves the tracker */
     libc_free(p);
 }
 

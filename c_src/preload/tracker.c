@@ -164,8 +164,10 @@ uint64_t mt_tracker_dropped(void) {
  * handler's, which interrupted it.  Such a call is counted, atomically, as
  * the handler may have interrupted the thread's own counting. */
 static inline int in_handler(void) {
+    /* libunwind allocates only in a thread's first walk (its per-thread
+     * cache): a later walk's calls are a handler's */
     return mt_me.f.b.busy && !mt_me.f.b.calling_out && !mt_me.f.b.ignored &&
-           mt_gate() >= MT_GATE_TRACK && !mt_fallback_running();
+           mt_gate() >= MT_GATE_TRACK && !(mt_fallback_running() && !mt_fallback_warm());
 }
 
 /* Out of the way of a record's path, which tests for it first. */
@@ -180,6 +182,14 @@ void mt_seen(enum mtrace_fn fn) {
         mt_counts_shared_add(fn);
 }
 
+/* Whether a block of n bytes is to be recorded; a sampled one, as on the
+ * hooks' inline path, by way of mt_tracker_sampled. */
+static int sample(size_t n) {
+    if (!mt_sample_take(&mt_me.sampler, n))
+        return 0;
+    return !mt_state.sample_mean || mt_tracker_sampled();
+}
+
 /* A handler's allocation goes on as any other (sampling may choose it);
  * mt_record_now then counts its block as dropped. */
 int mt_will_record_slow(enum mtrace_fn fn, size_t n) {
@@ -189,7 +199,7 @@ int mt_will_record_slow(enum mtrace_fn fn, size_t n) {
         mt_counts_shared_add(fn);
     else
         return 0;
-    return mt_sample_take(&mt_me.sampler, n);
+    return sample(n);
 }
 
 unsigned char mt_tracker_enter(void) {
@@ -198,7 +208,11 @@ unsigned char mt_tracker_enter(void) {
     return was;
 }
 
-void mt_tracker_leave(unsigned char was) { mt_me.f.b.busy = was; }
+void mt_tracker_leave(unsigned char was) {
+    mt_me.f.b.busy = was;
+    if (mt_unlikely(mt_me.deferred_n) && was == MT_BUSY_NO)
+        mt_free_deferred();
+}
 
 /* A count, not a flag: calls out nest (setup configures). */
 unsigned char mt_tracker_call_out(void) {
@@ -235,6 +249,8 @@ __attribute__((noinline)) void mt_record_now(void *p, size_t size) {
     uint32_t stack = mt_stack_capture(&at, mt_state.cfg.depth);
     insert((uintptr_t)p, size, mt_now_ms(), stack);
     mt_me.f.b.busy = MT_BUSY_NO;
+    if (mt_unlikely(mt_me.deferred_n))
+        mt_free_deferred();
     *err = saved;
 }
 
@@ -253,15 +269,49 @@ static inline int forget(void *p, struct mt_entry *old) {
     return forget_now(p, old);
 }
 
-__attribute__((noinline)) void mt_free_slow(void *p) {
+/* A signal handler's free of a block the table may hold, while its thread
+ * is inside the tracker with a table lock held (busy LOCKED), cannot
+ * forget the block: the lock it needs may be the one held.  Nor may the
+ * block go back to libc meanwhile, or its entry would outlive it (a leak
+ * that is not one, in olds).  So the free waits, kept in the thread's
+ * state, until the thread leaves the tracker (mt_free_deferred).  Beyond
+ * MT_DEFERRED_MAX such frees in one stay, a free goes through unforgotten,
+ * as a free the interposer did not see (counted as replaced when its
+ * address is recorded again). */
+static int defer(void *p) {
+    unsigned char n = mt_me.deferred_n;
+    if (n >= MT_DEFERRED_MAX)
+        return 0;
+    mt_me.deferred_n = (unsigned char)(n + 1); /* a nested handler takes the next place */
+    atomic_signal_fence(memory_order_seq_cst);
+    mt_me.deferred[n] = p;
+    return 1;
+}
+
+__attribute__((cold, noinline)) void mt_free_deferred(void) {
+    while (mt_me.deferred_n) { /* the thread is out of the tracker: none is added meanwhile */
+        unsigned char n = (unsigned char)(mt_me.deferred_n - 1);
+        void *p = mt_me.deferred[n];
+        mt_me.deferred_n = n;
+        forget(p, NULL); /* counted already: forgotten, then given back */
+        libc_free(p);
+    }
+}
+
+__attribute__((noinline)) int mt_free_slow(void *p) {
     enum mt_gate g = mt_gate();
     if (mt_unlikely(g == MT_GATE_SETUP) && !ready())
-        return;
+        return 0;
     if (g > MT_GATE_LIBC && tracking())
         count_as(MT_FN_FREE, p != NULL);
-    else if (mt_unlikely(in_handler()))
+    else if (mt_unlikely(in_handler())) {
         mt_counts_shared_add(MT_FN_FREE);
+        if (p && mt_me.f.b.busy >= MT_BUSY_LOCKED &&
+            (!mt_table_filter_exact() || mt_table_may_hold((uintptr_t)p)))
+            return defer(p);
+    }
     forget(p, NULL);
+    return 0;
 }
 
 /* realloc(p, 0) returns NULL both when it freed p (glibc, jemalloc's
@@ -292,7 +342,7 @@ void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n) {
     if (n == 0 && !failed)
         errno = r->saved_errno;
     if (q) {
-        if (r->track && mt_sample_take(&mt_me.sampler, n))
+        if (r->track && sample(n))
             mt_record_now(q, n);
     } else if (r->had && failed) { /* p is still allocated */
         int saved = errno;

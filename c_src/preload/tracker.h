@@ -54,19 +54,23 @@ union mt_thread_flags {
 
 /* All per-thread state in one initial-exec TLS block: one address to
  * compute per call, nothing allocated on a thread's first use. */
+#define MT_DEFERRED_MAX 8
 struct mt_thread {
     union mt_thread_flags f;
     unsigned char fork_saved_busy;
     unsigned char counts_state; /* MT_COUNTS_* */
+    unsigned char deferred_n;   /* frees deferred (mt_free_slow), in deferred[] */
     struct mt_counts *counts;   /* the registry's, while f.b.registered */
     struct mt_sampler sampler;
+    void *deferred[MT_DEFERRED_MAX];
 };
 extern MT_TLS struct mt_thread mt_me;
 
 /* Out of line: the work behind the decisions below. */
 int mt_will_record_slow(enum mtrace_fn fn, size_t n);
 void mt_record_now(void *p, size_t n);
-void mt_free_slow(void *p);      /* after a free verdict of 1 */
+int mt_free_slow(void *p);       /* after a free verdict of 1; 1: deferred, not to be freed now */
+void mt_free_deferred(void);     /* the frees deferred, made once the tracker is left */
 void mt_seen(enum mtrace_fn fn); /* counts a call that allocates nothing */
 
 static inline enum mt_gate mt_gate(void) {
@@ -155,6 +159,8 @@ static inline void mt_forget_counted(void *p) {
     mt_me.f.b.busy = MT_BUSY_LOCKED;
     mt_table_forget((uintptr_t)p);
     mt_me.f.b.busy = MT_BUSY_NO;
+    if (mt_unlikely(mt_me.deferred_n))
+        mt_free_deferred();
 }
 
 /* A realloc moves a block: its old entry is taken out before the call and

@@ -113,6 +113,12 @@ int main(int argc, char **argv) {
     struct mtrace_stats m0, m1;
     api->stats(&m0, sizeof m0);
     CHECK_EQ(m0.sample_bytes, R);
+    /* A request of 2^63 bytes or more fails, and does not take this
+     * thread's sampling away (read as negative it pushed the next sample
+     * point out by 2^63 bytes: then nothing below was sampled). */
+    volatile size_t huge = (size_t)1 << 63 | 4096;
+    void *none = malloc(huge);
+    CHECK(none == NULL);
     /* Expected samples: 20000 * (1 - e^(-4096/16384)) = 4424 (1.3% spread)
      * and 400000 * (1 - e^(-64/16384)) = 1559 (2.5%): the bounds are over
      * six standard deviations wide. */

@@ -4,9 +4,13 @@
  * updating the table), and the handler allocates a block it keeps and
  * frees one the thread allocated before.  None of the handler's calls may be lost: the call
  * counters count every call exactly, and each block the handler keeps is either in the table or
- * counted as dropped (it cannot be recorded while its thread may hold a lock the record needs).
- * Before, such calls passed uncounted, and about half of the kept blocks were in neither.  A
- * signal that interrupts the libc itself (its own malloc) is let pass: see interrupted.h. */
+ * counted as dropped (it cannot be recorded while its thread may hold a lock the record needs),
+ * and each block it frees leaves the table (before, a few of them stayed there, freed: a free
+ * made while the thread held a table lock could not forget its block).  Before, such calls
+ * passed uncounted, and about half of the kept blocks were in neither.  The same again with
+ * MTRACE_UNWIND=libunwind, where the thread is inside libunwind for most of a walk (before,
+ * the handler's calls there went uncounted).  A signal that interrupts the libc itself (its
+ * own malloc) is let pass: see interrupted.h. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <signal.h>
@@ -21,7 +25,8 @@
 #include "queries.h"
 
 #define KEPT 256
-#define KEPT_SIZE 24 /* no other block of the test has this size */
+#define KEPT_SIZE 24    /* no other block of the test has this size */
+#define SPARE_SIZE 4001 /* nor this one */
 
 static const struct mtrace_api *api;
 static void *kept[KEPT], *spare[KEPT];
@@ -39,14 +44,20 @@ static void handler(int sig, siginfo_t *info, void *uc) {
 
 static uint64_t calls(const struct mtrace_stats *s, enum mtrace_fn fn) { return s->calls[fn]; }
 
-int main(void) {
+int main(int argc, char **argv) {
+    int child = argc > 1 && !strcmp(argv[1], "libunwind");
+    if (!child) { /* the run with libunwind walking, in a child */
+        setenv("MTRACE_UNWIND", "libunwind", 1);
+        CHECK(check_child(argv[0], "libunwind"));
+        unsetenv("MTRACE_UNWIND");
+    }
     api = dlsym(RTLD_DEFAULT, MTRACE_API_SYMBOL);
     CHECK(api != NULL);
     CHECK(interrupted_init());
     if (!api)
         return check_summary();
     for (int k = 0; k < KEPT; k++)
-        spare[k] = malloc(40);
+        spare[k] = malloc(SPARE_SIZE);
     struct mtrace_stats before, after;
     api->stats(&before, sizeof before);
 
@@ -85,6 +96,14 @@ int main(void) {
     printf("%d blocks kept by the handler: %zu recorded, %llu dropped\n", KEPT, recorded,
            (unsigned long long)dropped);
     CHECK_EQ(recorded + dropped, KEPT);
+
+    /* Each block the handler freed is gone from the table. */
+    static struct mtrace_alloc spares[2 * KEPT];
+    struct mtrace_query sq = sized_query(SPARE_SIZE, SPARE_SIZE);
+    size_t still = query_olds(api, &sq, spares, 2 * KEPT);
+    printf("%d blocks freed by the handler: %zu still in the table%s\n", KEPT, still,
+           child ? " (MTRACE_UNWIND=libunwind)" : "");
+    CHECK_EQ(still, 0);
 
     for (int k = 0; k < KEPT; k++)
         free(kept[k]);
