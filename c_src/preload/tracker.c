@@ -348,7 +348,7 @@ void *mt_realloc_end(const struct mt_realloc *r, void *q, size_t n) {
         int saved = errno;
         unsigned char was = mt_me.f.b.busy;
         insert(r->old.addr, r->old.size, r->old.t_ms, r->old.stack);
-        mt_me.f.b.busy = was;
+        mt_tracker_leave(was);
         errno = saved;
     }
     return q;
