@@ -159,8 +159,8 @@ static inline void mt_forget_counted(void *p) {
     mt_me.f.b.busy = MT_BUSY_LOCKED;
     mt_table_forget((uintptr_t)p);
     mt_me.f.b.busy = MT_BUSY_NO;
-    if (mt_unlikely(mt_me.deferred_n))
-        mt_free_deferred();
+    /* (not here: the frees a handler deferred meanwhile are made at this
+     * thread's next record or leave, mt_free_deferred, off a free's path) */
 }
 
 /* A realloc moves a block: its old entry is taken out before the call and
