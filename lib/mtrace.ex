@@ -106,7 +106,7 @@ defmodule Mtrace do
           required(:oldest) => non_neg_integer(),
           required(:newest) => non_neg_integer(),
           required(:frames) => [frame_map()],
-          optional(:growth_per_s) => float()
+          optional(:growth_per_s) => float() | nil
         }
 
   @typedoc """
@@ -233,7 +233,8 @@ defmodule Mtrace do
     * `sort:` — `:bytes` (default), `:count`, `:oldest` (oldest allocation
       first), or `:growth`: what was allocated since the `since:` mark (or
       the `window:`) and is still live, by bytes, each site with its
-      `growth_per_s` (bytes per second since the mark);
+      `growth_per_s` (bytes per second since the mark; `nil` within
+      100 ms of it, where the table's coarse clock makes a rate meaningless);
     * `window: ms` — takes a mark where the table is, waits `ms`, and
       queries since it (with tracking switched off it raises
       `Mtrace.Error` `:tracking_off` at once: nothing would be recorded);
@@ -414,7 +415,10 @@ defmodule Mtrace do
       `sort: :growth` each site has its `growth_per_s`.
 
   Takes the options of `sites/1`, with `limit: :all` and `demangle: true` by
-  default. Returns `:ok`; the file is written only at `path`. When it holds
+  default. Returns `:ok`; the file is written only at `path`, on the
+  calling node (with `node:` the sites come from that node; a relative
+  path is the calling node's working directory's, and `~` is not
+  expanded: `Path.expand/1` does). When it holds
   no site, a warning is logged saying why (tracking switched off, a filter
   that matched nothing, an empty table: `Mtrace.Export.why_empty/2`).
 
@@ -464,7 +468,7 @@ defmodule Mtrace do
   `weight:` (`:bytes` or `:count`), `title:` (by default it names the node
   and the time, so that graphs of several nodes are told apart) and
   `width:` (pixels). Returns
-  `:ok`. With nothing to draw, the image says why (tracking switched off, a
+  `:ok`; `path` is on the calling node, as for `export/2`. With nothing to draw, the image says why (tracking switched off, a
   filter that matched nothing, an empty table), and so does a warning in
   the log.
 

@@ -182,10 +182,15 @@ defmodule Mtrace.Query do
     end
   end
 
-  # Each site's bytes per second since the mark.
+  # Each site's bytes per second since the mark; nil within @rate_min_ms
+  # of it: the table's clock is coarse (a tick of a few ms), and a block
+  # allocated a tick after a mark would read as a thousand times its size
+  # a second.
+  @rate_min_ms 100
   defp with_growth(sites, %Mtrace.Mark{t_ms: t_ms}) do
-    secs = max(native!(&Native.now_ms/0) - t_ms, 1) / 1000
-    Enum.map(sites, &Map.put(&1, :growth_per_s, &1.est_bytes / secs))
+    elapsed = native!(&Native.now_ms/0) - t_ms
+    per_s = fn bytes -> if elapsed >= @rate_min_ms, do: bytes * 1000 / elapsed end
+    Enum.map(sites, &Map.put(&1, :growth_per_s, per_s.(&1.est_bytes)))
   end
 
   @doc """
@@ -205,9 +210,9 @@ defmodule Mtrace.Query do
     %{
       node: node(),
       generated_at: DateTime.utc_now(),
-      # now_ms, as Mtrace.stats/1 gives it: a mark's t_ms (an export's
-      # `since`) is on that clock
-      stats: Map.put(native!(&Native.stats/0), :now_ms, native!(&Native.now_ms/0)),
+      # as Mtrace.stats/1 gives it (misspelled settings in config_errors,
+      # now_ms: a mark's t_ms, an export's `since`, is on that clock)
+      stats: Map.from_struct(Mtrace.stats()),
       total: total,
       sites: sites,
       boot: boot(o, total)

@@ -129,7 +129,20 @@ defmodule Mtrace.OutputsTest do
     path = Path.join(dir, "growth.json")
     mark = Mtrace.mark()
     LeakyNif.leak(:malloc, 4, 2500)
+    # within 100 ms of the mark a rate would say nothing: none is given
     assert :ok = Mtrace.export(path, format: :json, sort: :growth, since: mark, lib: @lib)
+    [early] = JSONParser.decode!(File.read!(path))["sites"]
+    assert early["growth_per_s"] == nil
+    Process.sleep(150)
+    # a misspelled setting, which Mtrace.stats/0 names among config_errors
+    System.put_env("MTRACE_DEPTHS", "12")
+
+    try do
+      assert :ok = Mtrace.export(path, format: :json, sort: :growth, since: mark, lib: @lib)
+    after
+      System.delete_env("MTRACE_DEPTHS")
+    end
+
     doc = path |> File.read!() |> JSONParser.decode!()
     assert doc["since"] == mark.t_ms
     assert doc["window_ms"] == nil
@@ -137,6 +150,9 @@ defmodule Mtrace.OutputsTest do
     assert is_integer(doc["stats"]["now_ms"]) and doc["stats"]["now_ms"] >= mark.t_ms
     assert [%{"bytes" => 10_000, "count" => 4} = grown] = doc["sites"]
     assert is_number(grown["growth_per_s"]) and grown["growth_per_s"] > 0
+    # the stats are Mtrace.stats/0's: misspelled settings among config_errors
+    assert "MTRACE_DEPTHS (did you mean MTRACE_DEPTH?)" in doc["stats"]["config_errors"]
+    assert Map.has_key?(doc["stats"], "heap")
 
     # nothing allocated in the window: the empty file is logged as such
     log =
