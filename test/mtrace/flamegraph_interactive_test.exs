@@ -133,6 +133,44 @@ defmodule Mtrace.FlamegraphInteractiveTest do
     assert middle == right and middle != {248, 248, 248}, inspect({middle, right})
   end
 
+  test "a zoom keeps the boxes above the one clicked and below it, however their edges rounded" do
+    chromium = System.find_executable("chromium")
+    node = System.find_executable("node")
+
+    with {:tools, true} <- {:tools, chromium != nil and node != nil},
+         {:ok, pw} <- playwright() do
+      sites = [site(["main", "outer", "inner"], 1000), site(["main", "other"], 1000)]
+      svg = sites |> Flamegraph.svg(width: @width) |> IO.iodata_to_binary()
+      # inner's box as rounding can leave it: its right edge 0.02 beyond
+      # outer's (both drawn at x = 600, width 590)
+      svg =
+        String.replace(
+          svg,
+          ~r/(data-name="inner">.*?<rect x=")600.0(")/s,
+          "\\g{1}600.02\\g{2}"
+        )
+
+      assert svg =~ ~s(<rect x="600.02")
+      dir = Path.join(System.tmp_dir!(), "mtrace_fgz_#{System.unique_integer([:positive])}")
+      File.mkdir_p!(dir)
+      on_exit(fn -> File.rm_rf!(dir) end)
+      path = Path.join(dir, "graph.svg")
+      File.write!(path, svg)
+      driver = Path.expand("test/support/flamegraph_zoom_driver.js")
+      {out, status} = System.cmd("node", [driver, pw, chromium, path, "outer"])
+      assert status == 0, out
+
+      seen =
+        out |> String.split("\n", trim: true) |> List.last() |> Mtrace.Test.JSONParser.decode!()
+
+      assert seen["found"]
+      assert Enum.sort(seen["shown"]) == ["all", "inner", "main", "outer"]
+    else
+      {:tools, false} -> IO.puts(:stderr, "skipped: chromium or node is not installed")
+      {:skip, why} -> IO.puts(:stderr, "skipped: " <> why)
+    end
+  end
+
   defp pixel3(png, x, y) do
     p = PNG.pixel(png, x, y)
     {elem(p, 0), elem(p, 1), elem(p, 2)}

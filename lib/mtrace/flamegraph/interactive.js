@@ -10,12 +10,22 @@
   var boxes = [].slice.call(doc.querySelectorAll("g.f"));
   var resetButton = doc.getElementById("reset"), matchedText = doc.getElementById("matched");
 
-  boxes.forEach(function (g) {
+  // Boxes come in pre-order (a box, then the boxes above it in the stack,
+  // each drawn one row lower): a box's parent is the last box before it in
+  // a row above, and its descendants are the boxes after it until one in
+  // its row or above. The tree, not the boxes' rounded positions, says
+  // which boxes a zoom keeps.
+  var open = [];
+  boxes.forEach(function (g, i) {
     var r = g.querySelector("rect");
     g.x0 = +r.getAttribute("x");
     g.w0 = +r.getAttribute("width");
     g.y0 = +r.getAttribute("y");
     g.fill0 = r.getAttribute("fill");
+    g.index = i;
+    while (open.length && open[open.length - 1].y0 >= g.y0) open.pop();
+    g.parentBox = open.length ? open[open.length - 1] : null;
+    open.push(g);
     g.addEventListener("click", function () { zoom(g); });
   });
 
@@ -46,14 +56,15 @@
   // The clicked box fills the width; what is below it scales with it, what
   // holds it (above) spans the width, dimmed; everything else is hidden.
   function zoom(target) {
-    var x0 = target.x0, w0 = target.w0, y0 = target.y0, scale = full / w0, eps = 0.01;
+    var x0 = target.x0, scale = full / target.w0, last = target.index, holds = {};
+    while (last + 1 < boxes.length && boxes[last + 1].y0 > target.y0) last++;
+    for (var p = target.parentBox; p; p = p.parentBox) holds[p.index] = true;
     boxes.forEach(function (g) {
-      var within = g.x0 >= x0 - eps && g.x0 + g.w0 <= x0 + w0 + eps;
-      var holds = g.y0 < y0 && g.x0 <= x0 + eps && g.x0 + g.w0 >= x0 + w0 - eps;
-      if (g.y0 >= y0 && within) place(g, pad + (g.x0 - x0) * scale, g.w0 * scale, true);
-      else if (holds) place(g, pad, full, true);
+      var within = g.index >= target.index && g.index <= last;
+      if (within) place(g, pad + (g.x0 - x0) * scale, g.w0 * scale, true);
+      else if (holds[g.index]) place(g, pad, full, true);
       else place(g, 0, 0, false);
-      g.style.opacity = holds ? "0.6" : "";
+      g.style.opacity = holds[g.index] ? "0.6" : "";
     });
     resetButton.style.display = "";
   }
