@@ -57,6 +57,8 @@ defmodule Mtrace.Flamegraph do
   # Layout, in pixels. Labels use a monospace font so that how many characters
   # fit in a box can be computed here, without measuring text.
   @header 60
+  # room kept on each side of the heading and the total for the controls
+  @controls_width 130
   @row 17
   @box_height 16
   @footer 10
@@ -268,7 +270,7 @@ defmodule Mtrace.Flamegraph do
     [
       svg_open(width, height, pad),
       heading(opts[:title], width),
-      text(width / 2, 44, "middle", total_line(tree, ctx)),
+      fitted_text(width / 2, 44, total_line(tree, ctx), width - 2 * (pad + @controls_width), 8),
       controls(width, pad),
       ~s(<g font-family="monospace" font-size="#{@font_size}">\n),
       boxes(tree, pad, 0, ctx),
@@ -335,12 +337,28 @@ defmodule Mtrace.Flamegraph do
     ]
   end
 
+  # Between "Reset zoom" and "Search", as the total is between the middle
+  # and "Matched: ...": each squeezed to its room when longer.
   defp heading(title, width) do
     [
       ~s(<g font-family="sans-serif" font-size="17">),
-      text(width / 2, 22, "middle", title),
+      fitted_text(width / 2, 22, title, width - 2 * @controls_width, 9.5),
       "</g>\n"
     ]
+  end
+
+  # Centred text that, at about px_per_char a character, would be wider
+  # than room: drawn squeezed to room (textLength), not off the image or
+  # under the controls.
+  defp fitted_text(x, y, content, room, px_per_char) do
+    room = max(room, 40)
+
+    if String.length(content) * px_per_char <= room do
+      text(x, y, "middle", content)
+    else
+      ~s(<text x="#{num(x)}" y="#{y}" text-anchor="middle" textLength="#{num(room)}" ) <>
+        ~s(lengthAdjust="spacingAndGlyphs">#{escape(content)}</text>\n)
+    end
   end
 
   # "Reset zoom" (shown once zoomed), "Search" and the matched share.

@@ -337,6 +337,28 @@ defmodule Mtrace.FlamegraphTest do
       assert total =~ "Total: 1.5 KiB in 3 live blocks"
     end
 
+    test "a heading or a total too long for its room is squeezed into it, its text whole" do
+      filter = ~s|allocated in the last 2s, with a frame in "leaky", of at least 10 B each|
+      # at the default width a shorter one fits
+      svg = render([site(["main"], 1536, 3)], filter: ~s|with a frame in "leaky"|)
+      refute svg =~ "textLength"
+
+      # at 800 pixels the total would run under "Matched: ..." (and at 300
+      # the heading under "Search"): each is drawn within its room
+      svg = render([site(["main"], 1536, 3)], filter: filter, width: 800, title: "t")
+      [total] = Regex.run(~r/<text x="400.0" y="44"[^>]*>/, svg)
+      assert total =~ ~s(textLength="520" lengthAdjust="spacingAndGlyphs")
+      assert [_] = texts(parse!(svg), "/svg/text")
+
+      svg =
+        render([site(["main"], 1536, 3)], width: 300, title: "leaks on my_app@a-long-host-name")
+
+      [heading] = Regex.run(~r/<text x="150.0" y="22"[^>]*>/, svg)
+      assert heading =~ ~s(textLength="40")
+      assert [heading_text, "Reset zoom", "Search", ""] = texts(parse!(svg), "/svg/g/text")
+      assert heading_text == "leaks on my_app@a-long-host-name"
+    end
+
     test "a filtered graph says, as report/1's header does, that its total is what matched" do
       filter = ~s|allocated in the last 2s, with a frame in "leaky"|
       svg = render([site(["main"], 1536, 3)], filter: filter)
