@@ -27,23 +27,23 @@ struct mt_sampler {
 int mt_sample_crossed(struct mt_sampler *s, size_t n);
 
 /* Counts n bytes down; 1 while no sample point was crossed (malloc(0)
- * holds memory too, so it counts as one byte; a request of 2^63 bytes or
- * more, which fails, as 2^63 - 1: read as negative, it would push the
- * thread's next sample point out by that much). */
+ * holds memory too, so it counts as one byte).  Compared unsigned: the
+ * countdown (from 1 to 9e18 until crossed, when mt_sample_crossed draws it
+ * anew) is crossed by a request larger than what is left, a request of
+ * 2^63 bytes or more (which fails) too; compared signed, such a request
+ * read as negative and pushed the next sample point out by that much. */
 static inline int mt_sample_skip(struct mt_sampler *s, size_t n) {
-    int64_t bytes = (int64_t)(n + (n == 0));
-    bytes = bytes < 0 ? INT64_MAX : bytes;
+    uint64_t bytes = (uint64_t)n + (n == 0);
 #if defined(__x86_64__) && defined(__GCC_ASM_FLAG_OUTPUTS__)
-    /* One subtract from memory, whose flags answer: GCC loads, subtracts,
-     * stores and tests. */
+    /* One subtract from memory, whose flags answer (above: no borrow, not
+     * zero): GCC loads, subtracts, stores and tests. */
     int more;
-    __asm__("subq %2, %0" : "+m"(s->left), "=@ccg"(more) : "r"(bytes));
+    __asm__("subq %2, %0" : "+m"(s->left), "=@cca"(more) : "r"(bytes));
     return more;
 #else
-    /* Unsigned: a countdown below -2^63 must not be a signed overflow; like
-     * the subtract above, it wraps. */
-    s->left = (int64_t)((uint64_t)s->left - (uint64_t)bytes);
-    return s->left > 0;
+    uint64_t left = (uint64_t)s->left;
+    s->left = (int64_t)(left - bytes);
+    return left > bytes;
 #endif
 }
 

@@ -163,12 +163,13 @@ uint64_t mt_tracker_dropped(void) {
  * code it called out to (mt_tracker_call_out, a libunwind walk): a signal
  * handler's, which interrupted it.  Such a call is counted, atomically, as
  * the handler may have interrupted the thread's own counting. */
-static inline int in_handler(void) {
+static inline int handler_context(void) {
     /* libunwind allocates only in a thread's first walk (its per-thread
      * cache): a later walk's calls are a handler's */
     return mt_me.f.b.busy && !mt_me.f.b.calling_out && !mt_me.f.b.ignored &&
-           mt_gate() >= MT_GATE_TRACK && !(mt_fallback_running() && !mt_fallback_warm());
+           !(mt_fallback_running() && !mt_fallback_warm());
 }
+static inline int in_handler(void) { return handler_context() && mt_gate() >= MT_GATE_TRACK; }
 
 /* Out of the way of a record's path, which tests for it first. */
 static __attribute__((cold, noinline)) void handler_block(void) {
@@ -278,21 +279,39 @@ static inline int forget(void *p, struct mt_entry *old) {
  * MT_DEFERRED_MAX such frees in one stay, a free goes through unforgotten,
  * as a free the interposer did not see (counted as replaced when its
  * address is recorded again). */
+/* The count moves by compare-and-swap (of this thread's own byte: nothing
+ * is shared), so that a handler interrupting a push or a pop, which may
+ * push in turn, never has its place taken or its block taken twice: a
+ * place is claimed before it is written, and an entry is popped only while
+ * busy is LOCKED, when handlers push and never pop. */
 static int defer(void *p) {
-    unsigned char n = mt_me.deferred_n;
-    if (n >= MT_DEFERRED_MAX)
-        return 0;
-    mt_me.deferred_n = (unsigned char)(n + 1); /* a nested handler takes the next place */
-    atomic_signal_fence(memory_order_seq_cst);
+    unsigned char n = __atomic_load_n(&mt_me.deferred_n, __ATOMIC_RELAXED);
+    do
+        if (n >= MT_DEFERRED_MAX)
+            return 0;
+    while (!__atomic_compare_exchange_n(&mt_me.deferred_n, &n, (unsigned char)(n + 1), 0,
+                                        __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     mt_me.deferred[n] = p;
+    atomic_signal_fence(memory_order_seq_cst); /* written before the handler returns */
     return 1;
 }
 
+/* One deferred free, taken off the list; NULL when there is none. */
+static void *pop_deferred(void) {
+    unsigned char was = mt_tracker_enter(); /* handlers push, never pop */
+    unsigned char n = __atomic_load_n(&mt_me.deferred_n, __ATOMIC_RELAXED);
+    void *p = NULL;
+    /* a handler may push meanwhile (the count grows): try again */
+    while (n && (p = mt_me.deferred[n - 1],
+                 !__atomic_compare_exchange_n(&mt_me.deferred_n, &n, (unsigned char)(n - 1), 0,
+                                              __ATOMIC_RELAXED, __ATOMIC_RELAXED)))
+        p = NULL;
+    mt_me.f.b.busy = was;
+    return p;
+}
+
 __attribute__((cold, noinline)) void mt_free_deferred(void) {
-    while (mt_me.deferred_n) { /* the thread is out of the tracker: none is added meanwhile */
-        unsigned char n = (unsigned char)(mt_me.deferred_n - 1);
-        void *p = mt_me.deferred[n];
-        mt_me.deferred_n = n;
+    for (void *p; (p = pop_deferred());) {
         forget(p, NULL); /* counted already: forgotten, then given back */
         libc_free(p);
     }
@@ -304,9 +323,12 @@ __attribute__((noinline)) int mt_free_slow(void *p) {
         return 0;
     if (g > MT_GATE_LIBC && tracking())
         count_as(MT_FN_FREE, p != NULL);
-    else if (mt_unlikely(in_handler())) {
-        mt_counts_shared_add(MT_FN_FREE);
-        if (p && mt_me.f.b.busy >= MT_BUSY_LOCKED &&
+    else if (mt_unlikely(handler_context())) {
+        if (g >= MT_GATE_TRACK) /* counted while tracking is on */
+            mt_counts_shared_add(MT_FN_FREE);
+        /* and deferred while the table may hold its block (tracking off
+         * with entries left too) */
+        if (p && g > MT_GATE_INERT && mt_me.f.b.busy >= MT_BUSY_LOCKED &&
             (!mt_table_filter_exact() || mt_table_may_hold((uintptr_t)p)))
             return defer(p);
     }

@@ -181,30 +181,24 @@ int mt_unloads_dlclose(int (*real)(void *), void *handle) {
     return r;
 }
 
-/* The code of the objects loaded with the program (the program itself,
- * LD_PRELOAD's libraries and their dependencies), noted by the constructor:
- * glibc unloads only what dlopen loaded and musl nothing, so an address in
- * them was never unloaded, whatever the log has forgotten or taken as
- * unloaded for want of a snapshot. */
-#define PERMANENT_MAX 128
+/* The code of the objects that are never unloaded: the program itself and
+ * the C library (which this library needs as long as it is loaded), noted
+ * by the constructor.  An address there was never unloaded, whatever the
+ * log has forgotten or taken as unloaded for want of a snapshot.  (Other
+ * libraries loaded with the program are not unloaded by glibc either, but
+ * one that a constructor dlopened looks the same from here.) */
+#define PERMANENT_MAX 2
 static uintptr_t permanent[PERMANENT_MAX][2];
 static _Atomic size_t n_permanent;
 
-struct listed {
-    size_t n, objects;
-    uint64_t generation;
-};
-
 static int note_permanent(void *ctx, const struct mtrace_object *o) {
-    struct listed *l = ctx;
-    uintptr_t lo, hi;
+    size_t *n = ctx;
+    uintptr_t lo, hi, libc = (uintptr_t)&dl_iterate_phdr;
     code_span(o, &lo, &hi);
-    l->objects++;
-    l->generation = o->generation;
-    if (lo < hi && l->n < PERMANENT_MAX) {
-        permanent[l->n][0] = lo;
-        permanent[l->n][1] = hi;
-        l->n++;
+    if (lo < hi && *n < PERMANENT_MAX && (o->index == 0 || (libc >= lo && libc < hi))) {
+        permanent[*n][0] = lo;
+        permanent[*n][1] = hi;
+        ++*n;
     }
     return 0;
 }
@@ -212,13 +206,9 @@ static int note_permanent(void *ctx, const struct mtrace_object *o) {
 void mt_unloads_started(void) {
     if (atomic_load_explicit(&n_permanent, memory_order_relaxed))
         return;
-    struct listed l = {0, 0, 0};
-    mt_objects_each(note_permanent, &l);
-    /* Only if every object listed was loaded with the program (as many
-     * loads as objects, none since): not when a dependency's constructor
-     * has dlopened one already, or when this library was itself dlopened. */
-    if (l.generation == l.objects)
-        atomic_store_explicit(&n_permanent, l.n, memory_order_release);
+    size_t n = 0;
+    mt_objects_each(note_permanent, &n);
+    atomic_store_explicit(&n_permanent, n, memory_order_release);
 }
 
 static int permanent_code(uintptr_t addr) {

@@ -20,13 +20,13 @@ int mt_unloads_dlclose(int (*real)(void *), void *handle);
 /* Dlcloses that unmapped code so far. */
 uint32_t mt_unloads_epoch(void);
 
-/* Notes the code loaded with the program, which is never unloaded; by the
- * constructor, once. */
+/* Notes the code that is never unloaded (the program's, the C
+ * library's); by the constructor, once. */
 void mt_unloads_started(void);
 
 /* Whether addr lay in code unloaded after epoch; 1 also when the log no
  * longer reaches back to epoch (a name then is not given rather than a
- * wrong one), but never for code loaded with the program. */
+ * wrong one), but never for the program's or the C library's code. */
 int mt_unloaded_since(uint32_t epoch, uintptr_t addr);
 
 #endif
