@@ -159,7 +159,8 @@ struct mtrace_stats {
      * walker hands over, and every walk under MTRACE_UNWIND=libunwind, go
      * to it.  0 without it: those walks end where the own walker stopped
      * (unwind_cut), and MTRACE_UNWIND=libunwind walks with the own walker
-     * (config_garbage says so). */
+     * (config_garbage says so).  2 in a build without it (musl), whose own
+     * walker needs none. */
     uint32_t libunwind_loaded;
 };
 

@@ -200,7 +200,8 @@ static ERL_NIF_TERM nif_stats(ErlNifEnv *env, int argc, const ERL_NIF_TERM argv[
     put_u64(env, &m, "erlang_stacks", s.erlang_stacks);
     put_u64(env, &m, "reset_ms", s.reset_ms);
     put_u64(env, &m, "unwind_cut", s.unwind_cut);
-    put(env, &m, "libunwind", mt_nif_boolean(s.libunwind_loaded));
+    put(env, &m, "libunwind",
+        s.libunwind_loaded == 2 ? mt_atoms.nil : mt_nif_boolean(s.libunwind_loaded));
     /* glibc's own view of the heap, as the seed reported it; other C
      * libraries do not report theirs (nil).  Its time grows with the heap's
      * free chunks, hence a dirty scheduler (funcs below). */

@@ -78,7 +78,11 @@ static enum mtrace_result api_stats(struct mtrace_stats *out, size_t size) {
     s.erlang_stacks = k.erl_stacks;
     s.reset_ms = atomic_load(&mt_state.reset_ms);
     s.unwind_cut = mt_fallback_cut() + mt_unwind_cut();
+#ifdef MT_NO_LIBUNWIND
+    s.libunwind_loaded = 2; /* a build without it (musl) */
+#else
     s.libunwind_loaded = (uint32_t)mt_fallback_loaded();
+#endif
     memcpy(out, &s, size < sizeof s ? size : sizeof s);
     return MTRACE_OK;
 }

@@ -73,6 +73,11 @@ defmodule Mtrace.VMSites do
       ...>   %{count: 1, bytes: 40, frames: own}
       ...> ], & &1.bytes) |> Enum.map(& &1.bytes)
       [100, 50]
+      iex> Mtrace.VMSites.merge([   # right after a mark sites have no rate
+      ...>   %{count: 1, bytes: 60, growth_per_s: nil, frames: own},
+      ...>   %{count: 1, bytes: 40, growth_per_s: nil, frames: own}
+      ...> ]) |> Enum.map(&{&1.bytes, &1.growth_per_s})
+      [{100, nil}]
   """
   @spec merge([map()], (map() -> number()) | nil) :: [map()]
   def merge(sites, rank \\ nil) do
@@ -122,9 +127,13 @@ defmodule Mtrace.VMSites do
 
   @summed [:count, :bytes, :est_count, :est_bytes, :growth_per_s]
 
+  # a rate is nil right after its mark (Mtrace.Query): no sum then
+  defp sum(a, b) when is_number(a) and is_number(b), do: a + b
+  defp sum(_a, _b), do: nil
+
   defp add(into, site) do
     into
-    |> Map.merge(Map.take(site, @summed), fn _key, a, b -> a + b end)
+    |> Map.merge(Map.take(site, @summed), fn _key, a, b -> sum(a, b) end)
     |> Map.merge(Map.take(site, [:oldest]), fn _key, a, b -> max(a, b) end)
     |> Map.merge(Map.take(site, [:newest]), fn _key, a, b -> min(a, b) end)
     |> Map.update(:sites, 2, &(&1 + 1))
