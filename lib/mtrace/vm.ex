@@ -116,7 +116,9 @@ defmodule Mtrace.VM do
   `info` is `[registered_name: name]` for a registered process, else
   `[current_function: mfa, initial_call: mfa]`, where `initial_call` is
   what a GenServer, Agent or Task was started as (proc_lib's record, not
-  `:proc_lib.init_p/5`). Processes where `attr` is 0 (an empty mailbox)
+  `:proc_lib.init_p/5`; before OTP 26.2 that record is read by copying the
+  process's dictionary, which is not done for a heap over 64 MiB, so such
+  a process reads `:proc_lib.init_p/5`). Processes where `attr` is 0 (an empty mailbox)
   and processes that exit during the scan are left out, so fewer than `n`
   entries may come back.
 
@@ -168,9 +170,10 @@ defmodule Mtrace.VM do
   @doc """
   Finds processes that hold refc binaries they no longer need.
 
-  **Garbage-collects every process on the node.** Counts the refc binaries
-  each process references, forces a garbage collection everywhere, and counts
-  again. Returns, as `top`, the `n` processes whose count dropped most
+  **Garbage-collects every process that references refc binaries.** Counts
+  the refc binaries each process references, forces a garbage collection of
+  each of them, and counts again (a process that takes binaries meanwhile is
+  not counted). Returns, as `top`, the `n` processes whose count dropped most
   (negative deltas, like `recon:bin_leak/1`; processes that freed none are
   left out); as `top_bytes`, the `n` processes that let go of the most bytes
   of binaries, which names a process hoarding a few large binaries rather
@@ -320,8 +323,10 @@ defmodule Mtrace.VM do
   it with the module that allocated it (see `Mtrace.VM.Native`).
 
   Each row is `%{module, kind, count, bytes, bytes_min, bytes_max}`: counts
-  are exact, bytes estimated from the VM's size classes (within a factor of
-  1.5, bounded by `bytes_min`/`bytes_max`).
+  are those of the blocks `:instrument` scanned (it leaves the carriers it
+  could not scan at once aside, and blocks in them are not counted: a lower
+  bound, as "at least" in the findings says), bytes estimated from the VM's
+  size classes (within a factor of 1.5, bounded by `bytes_min`/`bytes_max`).
 
   Options:
 

@@ -276,8 +276,8 @@ defmodule Mtrace.VM.Procs do
   defp rank_change(acc, pid, delta), do: rank(acc, pid, delta)
 
   @doc """
-  Garbage-collects every process and reports which let go of the most refc
-  binaries, by references and by bytes.
+  Garbage-collects every process that references refc binaries and reports
+  which let go of the most, by references and by bytes.
 
   Returns:
 
