@@ -271,19 +271,15 @@ static inline int forget(void *p, struct mt_entry *old) {
 }
 
 /* A signal handler's free of a block the table may hold, while its thread
- * is inside the tracker with a table lock held (busy LOCKED), cannot
- * forget the block: the lock it needs may be the one held.  Nor may the
- * block go back to libc meanwhile, or its entry would outlive it (a leak
- * that is not one, in olds).  So the free waits, kept in the thread's
- * state, until the thread leaves the tracker (mt_free_deferred).  Beyond
- * MT_DEFERRED_MAX such frees in one stay, a free goes through unforgotten,
- * as a free the interposer did not see (counted as replaced when its
- * address is recorded again). */
-/* The count moves by compare-and-swap (of this thread's own byte: nothing
- * is shared), so that a handler interrupting a push or a pop, which may
- * push in turn, never has its place taken or its block taken twice: a
- * place is claimed before it is written, and an entry is popped only while
- * busy is LOCKED, when handlers push and never pop. */
+ * holds a table lock (busy LOCKED), cannot forget the block (the lock may
+ * be the one held), nor give it back (its entry would outlive it): it waits
+ * in the thread's state until the thread leaves the tracker.  Beyond
+ * MT_DEFERRED_MAX, a free goes through unforgotten, as one the interposer
+ * did not see (replaced when its address is recorded again).  The count
+ * moves by compare-and-swap of the thread's own byte, so that a handler
+ * interrupting a push or a pop never takes a place or a block twice: a
+ * place is claimed before it is written, and a pop runs with busy LOCKED,
+ * when handlers push and never pop. */
 static int defer(void *p) {
     unsigned char n = __atomic_load_n(&mt_me.deferred_n, __ATOMIC_RELAXED);
     do
