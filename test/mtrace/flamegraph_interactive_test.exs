@@ -82,12 +82,7 @@ defmodule Mtrace.FlamegraphInteractiveTest do
 
     svg = sites |> Flamegraph.svg(width: @width) |> IO.iodata_to_binary()
     height = Regex.run(~r/height="(\d+)"/, svg) |> List.last() |> String.to_integer()
-    dir = Path.join(System.tmp_dir!(), "mtrace_fg_#{System.unique_integer([:positive])}")
-    File.mkdir_p!(dir)
-    on_exit(fn -> File.rm_rf!(dir) end)
-    path = Path.join(dir, "graph.svg")
-    File.write!(path, svg)
-
+    {dir, path} = written(svg)
     driver = Path.expand("test/support/flamegraph_driver.js")
 
     args = [
@@ -151,11 +146,7 @@ defmodule Mtrace.FlamegraphInteractiveTest do
         )
 
       assert svg =~ ~s(<rect x="600.02")
-      dir = Path.join(System.tmp_dir!(), "mtrace_fgz_#{System.unique_integer([:positive])}")
-      File.mkdir_p!(dir)
-      on_exit(fn -> File.rm_rf!(dir) end)
-      path = Path.join(dir, "graph.svg")
-      File.write!(path, svg)
+      {_dir, path} = written(svg)
       driver = Path.expand("test/support/flamegraph_zoom_driver.js")
       {out, status} = System.cmd("node", [driver, pw, chromium, path, "outer"])
       assert status == 0, out
@@ -169,6 +160,17 @@ defmodule Mtrace.FlamegraphInteractiveTest do
       {:tools, false} -> IO.puts(:stderr, "skipped: chromium or node is not installed")
       {:skip, why} -> IO.puts(:stderr, "skipped: " <> why)
     end
+  end
+
+  # The SVG in a directory of its own (removed after the test), for the
+  # browser and its screenshots.
+  defp written(svg) do
+    dir = Path.join(System.tmp_dir!(), "mtrace_fg_#{System.unique_integer([:positive])}")
+    File.mkdir_p!(dir)
+    on_exit(fn -> File.rm_rf!(dir) end)
+    path = Path.join(dir, "graph.svg")
+    File.write!(path, svg)
+    {dir, path}
   end
 
   defp pixel3(png, x, y) do
