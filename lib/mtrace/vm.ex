@@ -80,7 +80,8 @@ defmodule Mtrace.VM do
       they hold, part of `:outside_vm`; `nil` without mseg_alloc). Right
       after a large process dies it can be most of `:outside_vm`;
     * `:native`: when the `mtrace.so` tracer is preloaded, its counters
-      (`:live_count`, `:live_bytes`, `:dropped`, `:enabled`; estimates when
+      (`:live_count`, `:live_bytes`, `:dropped`, `:enabled`, `:reset_ms`, the
+      table's time of the last `Mtrace.reset/0`; estimates when
       `:sampled` is true, see `MTRACE_SAMPLE_BYTES`) and the C heap's
       mallinfo2 figures (`:allocated_bytes`, `:used_bytes`, `:free_bytes`,
       `:mmap_bytes`); else `nil`.
