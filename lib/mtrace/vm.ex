@@ -34,15 +34,15 @@ defmodule Mtrace.VM do
   `Mtrace.VM.Native` (the malloc tracer, and NIF memory in the VM's
   allocators). How it is judged: `Mtrace.VM.Diagnose` samples and runs a
   diagnosis, `Mtrace.VM.Findings` (scores, growth, process checks),
-  `Mtrace.VM.MemoryChecks` and `Mtrace.VM.BinaryChecks` (refc binaries)
-  turn samples into findings against
+  `Mtrace.VM.MemoryChecks`, `Mtrace.VM.BinaryChecks` (refc binaries) and
+  `Mtrace.VM.PortChecks` (ports' queues) turn samples into findings against
   `Mtrace.VM.Thresholds`, and `Mtrace.VM.Diagnosis` is the result and its
   report. `Mtrace.VM.Format` writes figures for people. Arguments and
   options are checked by `Mtrace.Options`, as for `Mtrace`'s queries.
   """
 
   alias Mtrace.Options
-  alias Mtrace.VM.{Diagnose, ETS, Memory, Native, Procs}
+  alias Mtrace.VM.{Diagnose, ETS, Memory, Native, Ports, Procs}
 
   @typedoc "How a process is named in results: see `top/2`."
   @type proc_info :: Procs.info()
@@ -272,6 +272,37 @@ defmodule Mtrace.VM do
   end
 
   @doc """
+  The `n` ports with the most bytes queued to be written (`by`
+  `:queue_size`, the default) or the largest memory of their own
+  (`:memory`), largest first, as `[{port, value, [name: driver_or_command,
+  connected: pid, peer: address | nil, queue_size: bytes, memory:
+  bytes]}]`; ports where the value is 0 are left out.
+
+  A socket's queue holds what its peer has not read yet, a spawned
+  program's what it has not read of its input: binaries the port
+  references, counted under `binary` in `memory/0` and in no process's
+  `:binary_memory`. `peer` is a socket's other end (`"10.0.0.7:443"`).
+
+  Cost: one `port_info` per port, and `:inet.peername/1` for the `n` kept.
+
+  ## Example
+
+      Mtrace.VM.port_top(:queue_size, 2)
+      #=> [{#Port<0.8>, 83_886_080,
+      #=>   [name: "tcp_inet", connected: #PID<0.96.0>, peer: "10.0.0.7:443",
+      #=>    queue_size: 83_886_080, memory: 40]}]
+  """
+  @spec port_top(:queue_size | :memory, pos_integer) :: [{port, pos_integer, Ports.info()}]
+  def port_top(by \\ :queue_size, n \\ 10) do
+    where = "VM.port_top/2"
+
+    Ports.top(
+      Options.arg!(by, {:one_of, [:queue_size, :memory]}, "by", where),
+      Options.arg!(n, :pos_int, "n", where)
+    )
+  end
+
+  @doc """
   The `n` largest terms kept in `persistent_term`, largest first, as
   `[{key, bytes}]`: the flat size of each value, which is what
   `persistent_term` copies and keeps (refc binaries a value references
@@ -425,6 +456,11 @@ defmodule Mtrace.VM do
 
     * `:mailbox_buildup` — a process with more than 10_000 messages waiting
       (or a mailbox growing by 500/s);
+    * `:port_queue` — a port with 64 MiB queued to be written (a socket
+      whose peer does not read, a program that does not read its input),
+      or all ports together with 256 MiB (or their queues growing by
+      1 MiB/s): binaries no process holds, named with the port, its peer
+      and its owner (`port_top/2` lists them);
     * `:process_leak` — processes at half the process limit, or 10_000+
       idle processes sharing what they were started as (a GenServer's
       `init/1`, not `:proc_lib.init_p/5`) and current function that make

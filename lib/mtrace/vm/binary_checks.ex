@@ -15,7 +15,7 @@ defmodule Mtrace.VM.BinaryChecks do
 
   import Mtrace.VM.Findings, only: [finding: 5, ratio: 2]
 
-  alias Mtrace.VM.{ETS, Findings, Format, Thresholds}
+  alias Mtrace.VM.{ETS, Findings, Format, Ports, Thresholds}
 
   # Dominating binaries that no process is known to keep (untested without
   # the forced GC, or spread over many holders) score below a problem.
@@ -123,7 +123,8 @@ defmodule Mtrace.VM.BinaryChecks do
   tables whose binaries `ets` estimated (`%{estimates: [{table, bytes,
   binaries}], unsampled: count}`, from `Mtrace.VM.ETS.binary_estimates/2`);
   `nil` without the GC. Holders are named when they hold a tenth of what
-  is left. The first process is judged as `:process_memory` judges a heap
+  is left, as are ports with that much queued to be written (`snap.ports`,
+  judged by `:port_queue`). The first process is judged as `:process_memory` judges a heap
   (`process_memory`, or `process_memory_min`+ that is
   `process_memory_share` of the VM's memory); binaries left holding
   `binary_gc_share` of the VM's memory (and `binary_gc_min`) are a lead
@@ -146,7 +147,7 @@ defmodule Mtrace.VM.BinaryChecks do
         "held, not freed by a GC; #PID<0.42.0> (:keeper) holds 150.0 MiB of them"
   """
   @spec held(map, map | nil, map, Thresholds.t()) :: Findings.finding() | nil
-  def held(%{memory: %{total: before}}, %{binary_after: left} = bin_leak, ets, th)
+  def held(%{memory: %{total: before}} = snap, %{binary_after: left} = bin_leak, ets, th)
       when is_integer(before) and is_integer(left) do
     freed = max((bin_leak.binary_before || left) - left, 0)
     # the VM's memory once the GC freed what it did
@@ -162,6 +163,15 @@ defmodule Mtrace.VM.BinaryChecks do
         called = if(is_atom(t), do: name, else: "#{name} (unnamed)")
         # an estimate from a sample, of what the GC left at most
         {t, min(bins, left), Keyword.put(info, :called, called)}
+      end
+      |> Enum.sort_by(&(-elem(&1, 1)))
+      |> Enum.take(@named)
+
+    # ports with that much queued to be written (not all of it need be
+    # refc binaries: small writes are copied), judged by :port_queue
+    ports =
+      for {port, bytes} <- Map.get(snap, :ports, %{}), bytes >= @named_share * left do
+        {port, bytes, Ports.describe(port) || [name: "closed since"]}
       end
       |> Enum.sort_by(&(-elem(&1, 1)))
       |> Enum.take(@named)
@@ -182,16 +192,17 @@ defmodule Mtrace.VM.BinaryChecks do
       max(one, spread),
       "a forced GC left #{Format.bytes(left)} of refc binaries, " <>
         "#{Format.percent(left, total)} of the VM's memory: held, not freed by a GC" <>
-        holders_text(Enum.take(named, @named), tables, ets.unsampled),
+        holders_text(Enum.take(named, @named), tables, ports, ets.unsampled),
       %{
         binary: left,
         total: total,
         freed_bytes: freed,
         holders: holders,
         ets: tables,
-        ets_unsampled: ets.unsampled
+        ets_unsampled: ets.unsampled,
+        ports: ports
       },
-      held_next(named, tables)
+      held_next(named, tables, ports)
     )
   end
 
@@ -207,22 +218,29 @@ defmodule Mtrace.VM.BinaryChecks do
     max(ratio(bytes, th.process_memory), share)
   end
 
-  defp holders_text([], [], unsampled) do
-    "; no process or sampled ETS table holds a tenth of them (NIFs, drivers and " <>
+  defp holders_text([], [], [], unsampled) do
+    "; no process, port or sampled ETS table holds a tenth of them (NIFs, drivers and " <>
       "private tables are not seen here" <>
       if(unsampled > 0, do: "; #{Format.count(unsampled, "small table")} not sampled)", else: ")")
   end
 
-  defp holders_text(procs, tables, _unsampled) do
+  defp holders_text(procs, tables, ports, _unsampled) do
     Enum.map_join(procs, fn {pid, bytes, info} ->
       "; #{Format.process(pid, info)} holds #{Format.bytes(bytes)} of them"
     end) <>
+      Enum.map_join(ports, fn {port, bytes, info} ->
+        "; port #{Ports.name(port, info)} has #{Format.bytes(bytes)} queued to write"
+      end) <>
       Enum.map_join(tables, fn {_t, bins, info} ->
         "; ETS table #{info[:called]} references about #{Format.bytes(bins)}"
       end)
   end
 
-  defp held_next(procs, tables) do
+  # With only ports named, their listing comes first.
+  defp held_next([], [], [_ | _]),
+    do: "Mtrace.VM.port_top(5) lists the ports with the most queued to write"
+
+  defp held_next(procs, tables, _ports) do
     "Mtrace.VM.top(:binary_memory, 5) lists the processes that hold them" <>
       case procs do
         [{pid, _, _} | _] ->

@@ -15,6 +15,8 @@ defmodule Mtrace.VM.Diagnose do
   memory only for processes holding at least 1 MiB: on a node of 100_000
   processes, the few large ones. A process under that floor in the
   previous snapshot (or born since) counts as having grown from the floor.
+  Ports are read once each, for the bytes queued in them
+  (`Mtrace.VM.Ports.queued/0`); only those with some are kept.
 
   ## Idle groups
 
@@ -43,6 +45,7 @@ defmodule Mtrace.VM.Diagnose do
     Format,
     Memory,
     Native,
+    Ports,
     Procs,
     Thresholds
   }
@@ -258,6 +261,7 @@ defmodule Mtrace.VM.Diagnose do
           allocators: [Memory.allocator_row()],
           ets: %{:ets.table() => non_neg_integer},
           persistent_term: %{count: non_neg_integer, memory: non_neg_integer} | nil,
+          ports: %{port => pos_integer},
           procs: map
         }
 
@@ -280,6 +284,7 @@ defmodule Mtrace.VM.Diagnose do
       allocators: Memory.allocators(),
       ets: ETS.sizes(),
       persistent_term: persistent_term(),
+      ports: Ports.queued(),
       procs: procs(prev && prev.procs)
     }
   end

@@ -27,6 +27,10 @@ defmodule Mtrace.VM.Findings do
   * `:mailbox_buildup` — size: a process with `mailbox_len` messages
     waiting; growth over a window: one mailbox growing by
     `mailbox_growth` messages/s;
+  * `:port_queue` — size: one port with `port_queue` bytes queued to be
+    written (`Mtrace.VM.PortChecks`), or all ports together with
+    `port_queue_all`; growth over a window: their queues growing by
+    `port_queue_growth`/s together;
   * `:process_leak` — size: processes at `process_share` of the limit,
     or `idle_group`+ idle processes (waiting, mailbox empty) sharing
     what they were started as (proc_lib's record for a GenServer, an
@@ -115,7 +119,7 @@ defmodule Mtrace.VM.Findings do
   steadiness whatever their net change.
   """
 
-  alias Mtrace.VM.{Diagnose, Format, MemoryChecks, Procs, Thresholds}
+  alias Mtrace.VM.{Diagnose, Format, MemoryChecks, PortChecks, Procs, Thresholds}
 
   @typedoc "One finding of `Mtrace.VM.diagnose/1`."
   @type finding :: %{
@@ -140,6 +144,7 @@ defmodule Mtrace.VM.Findings do
   @listed 20.0
   @priority [
     :mailbox_buildup,
+    :port_queue,
     :process_leak,
     :monitor_leak,
     :process_memory,
@@ -174,7 +179,9 @@ defmodule Mtrace.VM.Findings do
 
     thresholds = Map.get(extra, :thresholds, Thresholds.defaults())
 
-    (process_checks(prev, snap, secs, thresholds) ++ MemoryChecks.run(prev, snap, secs, extra))
+    (process_checks(prev, snap, secs, thresholds) ++
+       [PortChecks.queue(prev, snap, secs, thresholds)] ++
+       MemoryChecks.run(prev, snap, secs, extra))
     |> Enum.reject(&is_nil/1)
     |> Enum.filter(&(&1.score >= @listed))
     |> Enum.sort_by(&{tier(&1), -&1.score, Enum.find_index(@priority, fn k -> k == &1.kind end)})

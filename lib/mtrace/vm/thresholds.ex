@@ -41,6 +41,14 @@ defmodule Mtrace.VM.Thresholds do
     least `process_growth_min`);
   * `process_growth_min` (1_000) — processes of growth below which it is
     noise;
+  * `port_queue` (64 MiB) — bytes queued in one port to be written (a
+    socket's peer that does not read, a program that does not read its
+    input);
+  * `port_queue_all` (256 MiB) — bytes queued in all ports together;
+  * `port_queue_growth` (1 MiB) — bytes/s the ports' queues grow by
+    together (over at least `port_queue_growth_min`);
+  * `port_queue_growth_min` (8 MiB) — their growth over the window below
+    which it is noise;
   * `monitors` (10_000) — monitors held by one process;
   * `monitor_growth` (100) — monitors/s one process gains (over at least
     `monitor_growth_min`);
@@ -132,6 +140,10 @@ defmodule Mtrace.VM.Thresholds do
     idle_share: 0.5,
     process_growth: 100,
     process_growth_min: 1_000,
+    port_queue: 64 * @mib,
+    port_queue_all: 256 * @mib,
+    port_queue_growth: 1 * @mib,
+    port_queue_growth_min: 8 * @mib,
     monitors: 10_000,
     monitor_growth: 100,
     monitor_growth_min: 1_000,
