@@ -21,7 +21,7 @@ AARCH64_MAKE = $(MAKE) --no-print-directory -f c_src/build.mk CC=$(AARCH64_CC) \
 # the same libraries at once (the sub-makes themselves still run in parallel).
 .NOTPARALLEL:
 
-.PHONY: all fixtures ctest ctest-asan ctest-tsan ctest-valgrind ctest-musl ctest-aarch64 test bench clean
+.PHONY: all fixtures ctest ctest-asan ctest-tsan ctest-valgrind ctest-musl ctest-aarch64 test bench bench-build clean
 
 all fixtures ctest ctest-asan ctest-tsan ctest-valgrind: $(MAKEVARS)
 	+$(SUBMAKE) $@
@@ -56,6 +56,10 @@ test:
 
 bench: $(MAKEVARS)
 	+$(SUBMAKE) bench-c
+
+# The benchmarks' programs only, for bench/compare.sh.
+bench-build: $(MAKEVARS)
+	+$(SUBMAKE) bench-build
 
 clean:
 	rm -rf $(BUILD) $(MUSL_BUILD) $(AARCH64_BUILD) $(PRIV)/mtrace.so $(PRIV)/mtrace_nif.so

@@ -11,7 +11,7 @@
 # SETTINGS are environment assignments for that variant, separated by
 # spaces (so no path in them may hold one); the empty string runs bare.
 # churn (the default): ns a malloc/free pair of BUILD/churn (BUILD defaults
-# to _build/c: make bench-c builds it), 4,000,000 pairs a thread, with
+# to _build/c: make bench-build builds it), 4,000,000 pairs a thread, with
 # MTRACE_PROGRAMS=churn; each round is one ring of all variants taking
 # turns (bench/lockstep.h, as bench/churn.sh), 40 turns of 100,000 pairs.
 # boot: ms to boot and halt a node (erl -noshell -eval 'halt().').  release: ms to boot and halt a copy of
@@ -42,7 +42,7 @@ case $work in churn | boot | release) ;; *) usage ;; esac
 [ $# -ge 2 ] || { echo "bench/compare.sh: at least 2 variants, the first the reference" >&2; exit 2; }
 churn=${BUILD:-_build/c}/churn
 if [ "$work" = churn ] && [ ! -x "$churn" ]; then
-    echo "bench/compare.sh: $churn not built (make bench-c)" >&2
+    echo "bench/compare.sh: $churn not built (make bench-build)" >&2
     exit 1
 fi
 

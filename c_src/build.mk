@@ -484,7 +484,9 @@ $(BUILD)/symbols_fixture.so: test/c/symbols_fixture.c $(MAKEVARS)
 # can say what each part of a lossless pair costs.
 LEAVE_OUT = $(BUILD)/leave-out/table/mtrace.so $(BUILD)/leave-out/stacks/mtrace.so \
 	$(BUILD)/leave-out/lock/mtrace.so
-bench-c: all $(BUILD)/query_bench $(BUILD)/churn $(BUILD)/symbols_bench $(LEAVE_OUT)
+bench-build: all $(BUILD)/query_bench $(BUILD)/churn $(BUILD)/symbols_bench $(LEAVE_OUT)
+
+bench-c: bench-build
 	sh bench/run.sh $(BUILD) $(PRIV)
 
 $(BUILD)/leave-out/table/mtrace.so: $(PRELOAD_SRC) $(PRELOAD_HDR) $(MAKEVARS)
