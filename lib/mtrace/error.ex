@@ -223,8 +223,10 @@ defmodule Mtrace.Error do
   end
 
   defimpl Inspect do
+    import Inspect.Algebra
+
     # One line: a map of errors stays readable; the message has the rest.
-    def inspect(%{reason: reason, message: message}, _opts) do
+    def inspect(%{reason: reason, message: message}, opts) do
       {first, more?} =
         case String.split(to_string(message), "\n", parts: 2) do
           [first] -> {first, false}
@@ -238,7 +240,20 @@ defmodule Mtrace.Error do
       first = first |> String.trim() |> String.replace(~r/^(on node \S+: )?mtrace: /, "\\1")
       {first, cut?} = shorten(first, max(72 - String.length(prefix) - 5, 20))
       tail = if more? or cut?, do: " ...", else: ""
-      prefix <> first <> tail <> ">"
+
+      # After a long key in a map of nodes even that may not fit: then the
+      # reason ends the line and the words go below it (as
+      # Mtrace.VM.Diagnosis does), the break the layout takes only where
+      # the line would overflow. Not pretty (a log line): one line.
+      if opts.pretty and is_integer(opts.width),
+        do:
+          group(
+            concat([
+              String.trim_trailing(prefix),
+              nest(concat(break(" "), first <> tail <> ">"), 2)
+            ])
+          ),
+        else: prefix <> first <> tail <> ">"
     end
 
     # At most about `max` characters, cut at a space, and not between a

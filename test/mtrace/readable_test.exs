@@ -151,6 +151,16 @@ defmodule Mtrace.ReadableTest do
     }
 
     assert inspect(slow) == "#Mtrace.Error<:timeout: node :leaky1@vm did not answer within ...>"
+
+    # as a map's value after a long key, the words go below the reason
+    key = :"my_app@ip-10-0-12-34.eu"
+    text = inspect(%{key => slow, a@b: slow}, pretty: true, width: 80)
+
+    assert text =~
+             ~s(  "my_app@ip-10-0-12-34.eu": #Mtrace.Error<:timeout:\n    node :leaky1@vm did)
+
+    assert text =~ "\n  a@b: #Mtrace.Error<:timeout: node :leaky1@vm did not answer within ...>"
+    assert text |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), text
   end
 
   test "Mtrace.cluster/2's map of nodes, diagnoses and errors, fits iex's 80 columns" do
