@@ -274,26 +274,37 @@ defmodule Mtrace.VM do
   @doc """
   The `n` ports with the most bytes queued to be written (`by`
   `:queue_size`, the default) or the largest memory of their own
-  (`:memory`), largest first, as `[{port, value, [name: driver_or_command,
-  connected: pid, peer: address | nil, queue_size: bytes, memory:
-  bytes]}]`; ports where the value is 0 are left out.
+  (`:memory`), largest first, as `[{port, value, info}]`, `info` as
+  `Mtrace.VM.Ports.describe/1` gives it: `[name: driver_or_command, kind:
+  :socket | :distribution | :program | :stdio | :other, connected: pid,
+  peer: address_or_node | nil, queue_size: bytes, memory: bytes]` (read
+  after the ranking, so its figures may have moved since). `n` may be
+  given alone (`port_top(5)`); ports where the value is 0 are left out.
 
   A socket's queue holds what its peer has not read yet, a spawned
-  program's what it has not read of its input: binaries the port
-  references, counted under `binary` in `memory/0` and in no process's
-  `:binary_memory`. `peer` is a socket's other end (`"10.0.0.7:443"`).
+  program's what it has not read of its input: the binaries it was sent
+  as, under `binary` in `memory/0` (`Mtrace.VM.Ports` says when they are
+  counted twice). A port's `:memory` is its own state, not its queue:
+  every socket's is about the same.
 
   Cost: one `port_info` per port, and `:inet.peername/1` for the `n` kept.
 
   ## Example
 
-      Mtrace.VM.port_top(:queue_size, 2)
+      Mtrace.VM.port_top(2)
       #=> [{#Port<0.8>, 83_886_080,
-      #=>   [name: "tcp_inet", connected: #PID<0.96.0>, peer: "10.0.0.7:443",
-      #=>    queue_size: 83_886_080, memory: 40]}]
+      #=>   [name: "tcp_inet", kind: :socket, connected: #PID<0.96.0>,
+      #=>    peer: "10.0.0.7:443", queue_size: 83_886_080, memory: 40]}]
   """
-  @spec port_top(:queue_size | :memory, pos_integer) :: [{port, pos_integer, Ports.info()}]
-  def port_top(by \\ :queue_size, n \\ 10) do
+  @spec port_top(:queue_size | :memory | pos_integer, pos_integer) :: [
+          {port, pos_integer, Ports.info()}
+        ]
+  def port_top(by_or_n \\ :queue_size, n \\ @unset)
+  def port_top(n, @unset) when is_integer(n), do: port_top_by(:queue_size, n)
+  def port_top(by, @unset), do: port_top_by(by, 10)
+  def port_top(by, n), do: port_top_by(by, n)
+
+  defp port_top_by(by, n) do
     where = "VM.port_top/2"
 
     Ports.top(
@@ -457,10 +468,11 @@ defmodule Mtrace.VM do
     * `:mailbox_buildup` — a process with more than 10_000 messages waiting
       (or a mailbox growing by 500/s);
     * `:port_queue` — a port with 64 MiB queued to be written (a socket
-      whose peer does not read, a program that does not read its input),
-      or all ports together with 256 MiB (or their queues growing by
-      1 MiB/s): binaries no process holds, named with the port, its peer
-      and its owner (`port_top/2` lists them);
+      whose peer does not read, a program that does not read its input,
+      the VM's standard output nobody reads), or all ports together with
+      256 MiB (or, over a window, the queues of ports already queued at
+      its start growing by 1 MiB/s), named with the port, its peer and
+      its owner (`port_top/2` lists them);
     * `:process_leak` — processes at half the process limit, or 10_000+
       idle processes sharing what they were started as (a GenServer's
       `init/1`, not `:proc_lib.init_p/5`) and current function that make

@@ -52,10 +52,14 @@ defmodule Mtrace.PortQueueTest do
     assert [{^server, value, info} | _] = Mtrace.VM.port_top(:queue_size, 3)
     assert value >= queued
     assert info[:name] == "tcp_inet"
+    assert info[:kind] == :socket
     assert info[:peer] == "127.0.0.1:#{client_number}"
     assert info[:connected] == self()
-    assert info[:queue_size] == value
+    # read after the ranking: the queue may have moved meanwhile
+    assert info[:queue_size] >= queued
     assert Enum.all?(Mtrace.VM.port_top(:memory, 50), fn {_, bytes, _} -> bytes > 0 end)
+    # n alone, as findings write it
+    assert [{^server, _, _} | _] = Mtrace.VM.port_top(3)
   end
 
   test "diagnose names the port holding the queue, and says what keeps it" do
@@ -72,8 +76,12 @@ defmodule Mtrace.PortQueueTest do
     assert f.summary =~ "#{inspect(server)} (tcp_inet to 127.0.0.1:#{client_number})"
     assert f.summary =~ ~r/ queued to write[;,]/
     assert f.summary =~ "owned by #{inspect(self())}"
-    assert f.next =~ "Mtrace.VM.port_top(5)"
+    assert f.next =~ ":gen_tcp.close/1 frees it at once"
     assert f.next =~ "send_timeout"
+
+    # the call the finding suggests runs, and lists the port first
+    [call] = Regex.run(~r/Mtrace\.VM\.port_top\(\d+\)/, f.next)
+    assert {[{^server, _, _} | _], _} = Code.eval_string(call)
   end
 
   test "a program that does not read its input: named by its command" do
@@ -87,26 +95,62 @@ defmodule Mtrace.PortQueueTest do
     f = PortChecks.queue(nil, snap, nil, th)
 
     assert f.evidence.port == port
-    assert f.summary =~ "#{inspect(port)} (sleep 10) has "
+    assert f.evidence.info[:kind] == :program
+    assert f.summary =~ "#{inspect(port)} (program: sleep 10) has "
     assert f.next =~ "a program started with Port.open/2 keeps what it has not read"
   end
 
-  test "many ports' queues together, and their growth over a window" do
+  test "ports are named for what they are" do
+    port = hd(Port.list())
+    name = &Ports.name(port, &1)
+    assert name.(kind: :stdio, name: "0/1") == "#{inspect(port)} (the VM's standard output)"
+    assert name.(kind: :stdio, name: "2/2") == "#{inspect(port)} (the VM's standard error)"
+    assert name.(kind: :distribution, name: "tcp_inet", peer: "b@h") =~ "(distribution to b@h)"
+    assert name.(kind: :socket, name: "tcp_inet", peer: nil) =~ "(tcp_inet)"
+    long = "/usr/lib/erlang/erts-13.1.5/bin/inet_gethost 4 with many more arguments"
+    assert name.(kind: :program, name: long) =~ "(program: inet_gethost 4 with many more...)"
+    assert name.(nil) =~ "(closed since)"
+
+    # the fd driver's ports (the VM's own standard input and output)
+    for port <- Port.list(), info = Ports.describe(port), info[:name] =~ ~r"^\d+/\d+$" do
+      assert info[:kind] == :stdio
+    end
+  end
+
+  test "many ports' queues together, their growth over a window, and one large write" do
     [a, b | _] = Port.list()
     th = Thresholds.defaults()
     prev = %{ports: %{a => 10 * @mib}}
-    snap = %{ports: %{a => 60 * @mib, b => 150 * @mib}}
+    snap = %{ports: %{a => 110 * @mib, b => 150 * @mib}}
     f = PortChecks.queue(prev, snap, 10.0, th)
 
-    # 200 MiB over 10 s: 20 MiB/s against 1 MiB/s
-    assert f.score == Mtrace.VM.Findings.score(20)
-    assert f.evidence.growth_per_s == 20.0 * @mib
-    assert f.summary =~ "2 ports have 210.0 MiB queued to write, growing by 20.0 MiB/s; "
+    # a's 100 MiB over 10 s: 10 MiB/s against 1 MiB/s; b, queued since the
+    # window's start, is not growth (one large write is not a trend)
+    assert f.score == Mtrace.VM.Findings.score(10)
+    assert f.evidence.growth_per_s == 10.0 * @mib
+    assert f.summary =~ "2 ports have 260.0 MiB queued to write, growing by 10.0 MiB/s; "
     assert f.summary =~ "the most, 150.0 MiB, #{inspect(b)} ("
+
+    one_write = PortChecks.queue(%{ports: %{}}, %{ports: %{b => 12 * @mib}}, 5.0, th)
+    assert one_write.score < 50
+    assert one_write.evidence.growth_per_s == nil
 
     assert PortChecks.queue(nil, %{ports: %{}}, nil, th) == nil
     # a snapshot taken before ports were sampled
     assert PortChecks.queue(nil, %{}, nil, th) == nil
+  end
+
+  test "bytes queued beyond the VM's memory (a binary queued twice) count as the memory" do
+    port = hd(Port.list())
+    snap = %{ports: %{port => 80 * @mib}, memory: %{total: 40 * @mib}}
+    f = PortChecks.queue(nil, snap, nil, Thresholds.defaults())
+
+    assert f.score == Mtrace.VM.Findings.score(40 / 64)
+    assert f.summary =~ "has 80.0 MiB queued to write"
+
+    assert f.summary =~
+             "(binaries queued more than once, or kept by their senders too: " <>
+               "the VM's memory is 40.0 MiB)"
   end
 
   test "the binaries a GC left are said to be queued in a port, whose listing comes next" do
@@ -121,6 +165,37 @@ defmodule Mtrace.PortQueueTest do
     refute f.summary =~ "no process, port"
     assert f.next == "Mtrace.VM.port_top(5) lists the ports with the most queued to write"
     assert [{^port, 146_800_640, _info}] = f.evidence.ports
+    refute f.summary =~ "more than once"
+
+    # more queued than the GC left: the same binaries counted twice
+    twice =
+      BinaryChecks.held(
+        %{snap | ports: %{port => 200 * @mib}},
+        bin_leak,
+        ets,
+        Thresholds.defaults()
+      )
+
+    assert twice.summary =~
+             "has 200.0 MiB queued to write (binaries queued more than once, " <>
+               "or kept by a process too)"
+  end
+
+  @tag :peer
+  test "diagnose(node:) names the other node's port as this node shows it, and its owner" do
+    Mtrace.Test.Remote.with_peer(fn node ->
+      {owner, server} = :erpc.call(node, Mtrace.VMScenarios, :stalled_socket, [24 * @mib])
+
+      opts = [node: node, print: false, gc: false, thresholds: [port_queue: 16 * @mib]]
+      f = Enum.find(Mtrace.VM.diagnose(opts).findings, &(&1.kind == :port_queue))
+
+      assert f.evidence.port == server
+      # "#Port<n.x>": the number the other node's ports have here
+      assert inspect(server) =~ ~r/^#Port<[1-9]\d*\.\d+>$/
+      assert f.summary =~ "#{inspect(server)} (tcp_inet to 127.0.0.1:"
+      assert f.summary =~ "owned by #{inspect(owner)}"
+      assert f.next =~ ":erpc.call(#{inspect(node)}, Mtrace.VM, :port_top, [5])"
+    end)
   end
 
   test "port_top checks its arguments" do

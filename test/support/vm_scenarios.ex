@@ -526,6 +526,41 @@ defmodule Mtrace.VMScenarios do
 
   # Runs `setup` in a new unlinked process, then parks it; returns once
   # `setup` is done so callers observe the finished state.
+  @doc """
+  A TCP connection whose client never reads, and `bytes` sent to it: they
+  wait in the server socket's queue. Returns the process owning both ends
+  and the server's port.
+
+  ## Example
+
+      {owner, port} = Mtrace.VMScenarios.stalled_socket(16 * 1_048_576)
+  """
+  @spec stalled_socket(pos_integer) :: {pid, port}
+  def stalled_socket(bytes) do
+    me = self()
+
+    owner =
+      start(fn ->
+        {:ok, listener} = :gen_tcp.listen(0, [:binary, active: false, sndbuf: 65_536])
+        {:ok, number} = :inet.port(listener)
+        opts = [:binary, active: false, recbuf: 65_536]
+        {:ok, _client} = :gen_tcp.connect({127, 0, 0, 1}, number, opts)
+        {:ok, server} = :gen_tcp.accept(listener)
+        spawn(fn -> :gen_tcp.send(server, :binary.copy("x", bytes)) end)
+        wait_queued(server, div(bytes, 2))
+        send(me, {:stalled, server})
+      end)
+
+    receive do: ({:stalled, server} -> {owner, server})
+  end
+
+  defp wait_queued(port, at_least) do
+    case :erlang.port_info(port, :queue_size) do
+      {:queue_size, queued} when queued >= at_least -> :ok
+      _ -> Process.sleep(10) && wait_queued(port, at_least)
+    end
+  end
+
   defp start(setup, opts \\ [], then \\ &park/0) do
     caller = self()
     ref = make_ref()

@@ -171,7 +171,7 @@ defmodule Mtrace.VM.BinaryChecks do
     # refc binaries: small writes are copied), judged by :port_queue
     ports =
       for {port, bytes} <- Map.get(snap, :ports, %{}), bytes >= @named_share * left do
-        {port, bytes, Ports.describe(port) || [name: "closed since"]}
+        {port, bytes, Ports.describe(port)}
       end
       |> Enum.sort_by(&(-elem(&1, 1)))
       |> Enum.take(@named)
@@ -192,7 +192,7 @@ defmodule Mtrace.VM.BinaryChecks do
       max(one, spread),
       "a forced GC left #{Format.bytes(left)} of refc binaries, " <>
         "#{Format.percent(left, total)} of the VM's memory: held, not freed by a GC" <>
-        holders_text(Enum.take(named, @named), tables, ports, ets.unsampled),
+        holders_text(Enum.take(named, @named), tables, {ports, left}, ets.unsampled),
       %{
         binary: left,
         total: total,
@@ -218,18 +218,22 @@ defmodule Mtrace.VM.BinaryChecks do
     max(ratio(bytes, th.process_memory), share)
   end
 
-  defp holders_text([], [], [], unsampled) do
+  defp holders_text([], [], {[], _left}, unsampled) do
     "; no process, port or sampled ETS table holds a tenth of them (NIFs, drivers and " <>
       "private tables are not seen here" <>
       if(unsampled > 0, do: "; #{Format.count(unsampled, "small table")} not sampled)", else: ")")
   end
 
-  defp holders_text(procs, tables, ports, _unsampled) do
+  defp holders_text(procs, tables, {ports, left}, _unsampled) do
     Enum.map_join(procs, fn {pid, bytes, info} ->
       "; #{Format.process(pid, info)} holds #{Format.bytes(bytes)} of them"
     end) <>
       Enum.map_join(ports, fn {port, bytes, info} ->
-        "; port #{Ports.name(port, info)} has #{Format.bytes(bytes)} queued to write"
+        "; port #{Ports.name(port, info)} has #{Format.bytes(bytes)} queued to write" <>
+          if(bytes > left,
+            do: " (binaries queued more than once, or kept by a process too)",
+            else: ""
+          )
       end) <>
       Enum.map_join(tables, fn {_t, bins, info} ->
         "; ETS table #{info[:called]} references about #{Format.bytes(bins)}"

@@ -447,7 +447,13 @@ defmodule Mtrace.VM.Diagnose do
     end
 
     pids = &Regex.replace(~r/#PID<(0\.\d+\.\d+)>/, &1, shown)
-    %{finding | next: pids.(Format.remote_hint(next, target, expr)), summary: pids.(summary)}
+    ports = &Regex.replace(~r/#Port<0\.\d+>/, &1, fn whole -> port_here(whole, target) end)
+
+    %{
+      finding
+      | next: pids.(Format.remote_hint(next, target, expr)),
+        summary: summary |> pids.() |> ports.()
+    }
   end
 
   defp here(finding, _target), do: finding
@@ -460,6 +466,17 @@ defmodule Mtrace.VM.Diagnose do
     end
   catch
     _, _ -> nil
+  end
+
+  # "#Port<0.x>" of the target as this node shows it ("#Port<n.x>"), as
+  # in the evidence.
+  defp port_here(local, target) do
+    case :erpc.call(target, :erlang, :list_to_port, [String.to_charlist(local)], 5_000) do
+      port when is_port(port) -> inspect(port)
+      _ -> local
+    end
+  catch
+    _, _ -> local
   end
 
   # Remote.call, with the option to raise when the diagnosis took too long.

@@ -16,10 +16,13 @@ defmodule Mtrace.VM.PortChecks do
 
   @doc """
   The `:port_queue` finding: the largest queue against `port_queue`, all
-  queues together against `port_queue_all` and, over a window, their
-  growth against `port_queue_growth`; `nil` when no port has anything
-  queued. `snap.ports` (and `prev.ports`) map each port with bytes queued
-  to their number, as `Mtrace.VM.Ports.queued/0` returns them.
+  queues together against `port_queue_all` (each counted for at most the
+  VM's memory: a binary queued twice, or kept by its sender too, is held
+  once) and, over a window, the growth of the queues of ports that had
+  bytes queued at its start as well (one large write is not a trend)
+  against `port_queue_growth`; `nil` when no port has anything queued.
+  `snap.ports` (and `prev.ports`) map each port with bytes queued to
+  their number, as `Mtrace.VM.Ports.queued/0` returns them.
 
   ## Example
 
@@ -36,26 +39,40 @@ defmodule Mtrace.VM.PortChecks do
     if queues != %{} do
       {port, largest} = Enum.max_by(queues, &elem(&1, 1))
       all = queues |> Map.values() |> Enum.sum()
-      delta = if prev, do: all - (prev |> Map.get(:ports, %{}) |> Map.values() |> Enum.sum())
+      total = get_in(snap, [:memory, :total])
+      held = fn bytes -> if is_integer(total), do: min(bytes, total), else: bytes end
+      delta = growth(prev && Map.get(prev, :ports, %{}), queues)
       growth = growth_ratio(delta, secs, th.port_queue_growth, th.port_queue_growth_min)
       per_s = if growth > 0, do: rate(delta, secs)
-      info = Ports.describe(port) || []
+      info = Ports.describe(port)
 
       finding(
         :port_queue,
-        Enum.max([ratio(largest, th.port_queue), ratio(all, th.port_queue_all), growth]),
-        summary(port, info, largest, all, map_size(queues), per_s),
+        Enum.max([
+          ratio(held.(largest), th.port_queue),
+          ratio(held.(all), th.port_queue_all),
+          growth
+        ]),
+        summary(port, info, largest, all, map_size(queues), per_s) <> shared(all, total),
         %{
           port: port,
           info: info,
           largest: largest,
           queued: all,
           ports: map_size(queues),
-          growth_per_s: per_s
+          growth_per_s: per_s,
+          vm_total: total
         },
         next(info)
       )
     end
+  end
+
+  # What the queues of ports queued at both ends of the window gained.
+  defp growth(nil, _queues), do: nil
+
+  defp growth(before, queues) do
+    for {port, from} <- before, to = queues[port], reduce: 0, do: (sum -> sum + to - from)
   end
 
   defp summary(port, info, largest, all, count, per_s) do
@@ -75,12 +92,36 @@ defmodule Mtrace.VM.PortChecks do
     end
   end
 
+  defp shared(all, total) when is_integer(total) and all > total,
+    do:
+      " (binaries queued more than once, or kept by their senders too: " <>
+        "the VM's memory is #{Format.bytes(total)})"
+
+  defp shared(_all, _total), do: ""
+
+  @listing "Mtrace.VM.port_top(5) lists the ports with the most queued"
+
   defp next(info) do
-    "Mtrace.VM.port_top(5) lists the ports with the most queued; " <>
-      if info[:peer] || String.ends_with?(info[:name] || "", "_inet"),
-        do:
-          "a socket keeps what its peer has not read: gen_tcp's send_timeout option " <>
-            "(with send_timeout_close: true) closes a connection whose peer stopped reading",
-        else: "a program started with Port.open/2 keeps what it has not read of its input"
+    case info[:kind] do
+      :socket ->
+        "#{@listing}; a socket keeps what its peer has not read: :gen_tcp.close/1 " <>
+          "frees it at once, and gen_tcp's send_timeout option (with " <>
+          "send_timeout_close: true) closes a connection once a send waits that long"
+
+      :distribution ->
+        "#{@listing}; the connection to #{info[:peer]} does not drain: that node is " <>
+          "slow, paused or unreachable (:erlang.disconnect_node/1 drops the connection)"
+
+      :program ->
+        "#{@listing}; a program started with Port.open/2 keeps what it has not read of " <>
+          "its input: it stopped reading, or reads slower than it is written to"
+
+      :stdio ->
+        "#{@listing}; whatever reads the VM's output (a pipe, a terminal, a log " <>
+          "collector) stopped reading it, or reads slower than the node writes"
+
+      _ ->
+        @listing
+    end
   end
 end
