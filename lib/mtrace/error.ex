@@ -225,7 +225,8 @@ defmodule Mtrace.Error do
   defimpl Inspect do
     import Inspect.Algebra
 
-    # One line: a map of errors stays readable; the message has the rest.
+    # One line where it fits: a map of errors stays readable; the message
+    # has the rest.
     def inspect(%{reason: reason, message: message}, opts) do
       {first, more?} =
         case String.split(to_string(message), "\n", parts: 2) do

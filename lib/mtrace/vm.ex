@@ -31,6 +31,7 @@ defmodule Mtrace.VM do
   What is read: `Mtrace.VM.Memory` (memory, ERTS allocators, RSS, the
   memory limit), `Mtrace.VM.Procs` (processes, counts against limits, and
   the bounded rankings behind every top n), `Mtrace.VM.ETS` (tables),
+  `Mtrace.VM.Ports` (what ports hold queued to write),
   `Mtrace.VM.Native` (the malloc tracer, and NIF memory in the VM's
   allocators). How it is judged: `Mtrace.VM.Diagnose` samples and runs a
   diagnosis, `Mtrace.VM.Findings` (scores, growth, process checks),
@@ -283,11 +284,13 @@ defmodule Mtrace.VM do
 
   A socket's queue holds what its peer has not read yet, a spawned
   program's what it has not read of its input: the binaries it was sent
-  as, under `binary` in `memory/0` (`Mtrace.VM.Ports` says when they are
-  counted twice). A port's `:memory` is its own state, not its queue:
+  as, under `binary` in `memory/0` (the same binary queued to several
+  ports counts in each). A port's `:memory` is its own state, not its queue:
   every socket's is about the same.
 
-  Cost: one `port_info` per port, and `:inet.peername/1` for the `n` kept.
+  Cost: one `port_info` per port, and for each of the `n` kept five more,
+  the VM's list of distribution connections and, for a socket,
+  `:inet.peername/1`.
 
   ## Example
 

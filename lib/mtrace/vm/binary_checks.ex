@@ -171,10 +171,11 @@ defmodule Mtrace.VM.BinaryChecks do
     # refc binaries: small writes are copied), judged by :port_queue
     ports =
       for {port, bytes} <- Map.get(snap, :ports, %{}), bytes >= @named_share * left do
-        {port, bytes, Ports.describe(port)}
+        {port, bytes}
       end
       |> Enum.sort_by(&(-elem(&1, 1)))
       |> Enum.take(@named)
+      |> Enum.map(fn {port, bytes} -> {port, bytes, Ports.describe(port)} end)
 
     one =
       case holders do
@@ -231,7 +232,7 @@ defmodule Mtrace.VM.BinaryChecks do
       Enum.map_join(ports, fn {port, bytes, info} ->
         "; port #{Ports.name(port, info)} has #{Format.bytes(bytes)} queued to write" <>
           if(bytes > left,
-            do: " (binaries queued more than once, or kept by a process too)",
+            do: " (binaries queued more than once count each time)",
             else: ""
           )
       end) <>

@@ -17,8 +17,7 @@ defmodule Mtrace.VM.PortChecks do
   @doc """
   The `:port_queue` finding: the largest queue against `port_queue`, all
   queues together against `port_queue_all` (each counted for at most the
-  VM's memory: a binary queued twice, or kept by its sender too, is held
-  once) and, over a window, the growth of the queues of ports that had
+  VM's memory: a binary queued to several ports is held once) and, over a window, the growth of the queues of ports that had
   bytes queued at its start as well (one large write is not a trend)
   against `port_queue_growth`; `nil` when no port has anything queued.
   `snap.ports` (and `prev.ports`) map each port with bytes queued to
@@ -88,33 +87,39 @@ defmodule Mtrace.VM.PortChecks do
       "#{Ports.name(port, info)} has #{Format.bytes(largest)} queued to write#{grew}#{owner}"
     else
       "#{Format.count(count, "port")} have #{Format.bytes(all)} queued to write#{grew}; " <>
-        "the most, #{Format.bytes(largest)}, #{Ports.name(port, info)}#{owner}"
+        "the most, #{Format.bytes(largest)}, in #{Ports.name(port, info)}#{owner}"
     end
   end
 
   defp shared(all, total) when is_integer(total) and all > total,
     do:
-      " (binaries queued more than once, or kept by their senders too: " <>
+      " (binaries queued more than once count each time: " <>
         "the VM's memory is #{Format.bytes(total)})"
 
   defp shared(_all, _total), do: ""
 
-  @listing "Mtrace.VM.port_top(5) lists the ports with the most queued"
+  @listing "Mtrace.VM.port_top(5) lists the ports with the most queued to write"
+  # A port's queue goes only with the port, and a plain close waits for
+  # it to drain (a socket's linger, a program's exit).
 
   defp next(info) do
     case info[:kind] do
       :socket ->
-        "#{@listing}; a socket keeps what its peer has not read: :gen_tcp.close/1 " <>
-          "frees it at once, and gen_tcp's send_timeout option (with " <>
-          "send_timeout_close: true) closes a connection once a send waits that long"
+        "#{@listing}; a socket keeps what its peer has not read, and closing it " <>
+          "waits for the peer: with its linger option set to {true, 0} " <>
+          "(:inet.setopts/2) a close drops the queue at once, and gen_tcp's " <>
+          "send_timeout option (with send_timeout_close: true) closes a connection " <>
+          "once a send waits that long"
 
       :distribution ->
         "#{@listing}; the connection to #{info[:peer]} does not drain: that node is " <>
           "slow, paused or unreachable (:erlang.disconnect_node/1 drops the connection)"
 
       :program ->
-        "#{@listing}; a program started with Port.open/2 keeps what it has not read of " <>
-          "its input: it stopped reading, or reads slower than it is written to"
+        "#{@listing}; the port keeps what the program has not read of its input: it " <>
+          "stopped reading, or reads slower than it is written to; killing the port " <>
+          "(Process.exit/2 with :kill; its owner exits with it unless it traps exits) " <>
+          "drops the queue at once"
 
       :stdio ->
         "#{@listing}; whatever reads the VM's output (a pipe, a terminal, a log " <>

@@ -9,8 +9,8 @@ defmodule Mtrace.VM.Ports do
   what the pipe or terminal reading it has not taken. Large writes wait
   there as the binaries they were sent as, which count under `binary` in
   `erlang:memory/0` and under no process once the sender has let go of
-  them (a process that keeps a binary it sent, or the same binary sent
-  twice, makes the queue count bytes the memory holds once). A `gen_tcp`
+  them (the same binary queued to several ports, or twice, is counted by
+  each queue and held once). A `gen_tcp`
   socket stops taking data at its `high_watermark` (the sender waits), but
   one large send is queued whole, and every connection of a slow peer
   holds its own queue. A distribution connection's backlog to a slow node
