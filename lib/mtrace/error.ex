@@ -243,16 +243,24 @@ defmodule Mtrace.Error do
       tail = if more? or cut?, do: " ...", else: ""
 
       # After a long key in a map of nodes even that may not fit: then the
-      # reason ends the line and the words go below it (as
-      # Mtrace.VM.Diagnosis does), the break the layout takes only where
-      # the line would overflow. Not pretty (a log line): one line.
+      # words go below the reason (as Mtrace.VM.Diagnosis does), and after
+      # a longer one the reason too, each break taken only where the line
+      # would overflow (the layout does not count the "," after a map's
+      # value: a line can end at column 81). Not pretty (a log line): one
+      # line.
       if opts.pretty and is_integer(opts.width),
         do:
           group(
-            concat([
-              String.trim_trailing(prefix),
-              nest(concat(break(" "), first <> tail <> ">"), 2)
-            ])
+            nest(
+              concat([
+                "#Mtrace.Error<",
+                flex_break(""),
+                "#{Kernel.inspect(reason)}:",
+                flex_break(" "),
+                first <> tail <> ">"
+              ]),
+              2
+            )
           ),
         else: prefix <> first <> tail <> ">"
     end

@@ -161,6 +161,14 @@ defmodule Mtrace.ReadableTest do
 
     assert text =~ "\n  a@b: #Mtrace.Error<:timeout: node :leaky1@vm did not answer within ...>"
     assert text |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), text
+
+    # after a longer key, the reason goes below as well
+    key = :"my_app@ip-10-0-12-34.eu-west-1.compute.internal.example.org"
+    text = inspect(%{key => slow, a@b: {:error, slow}, z@h: :ok}, pretty: true, width: 80)
+    assert text =~ ~s(  "#{key}": #Mtrace.Error<\n    :timeout: node :leaky1@vm did)
+    # in a tuple, as Mtrace.cluster/3 returns errors: below the tuple's head
+    assert text =~ "  a@b: {:error,\n   #Mtrace.Error<:timeout: node :leaky1@vm did not answer"
+    assert text |> String.split("\n") |> Enum.all?(&(String.length(&1) <= 80)), text
   end
 
   test "Mtrace.cluster/2's map of nodes, diagnoses and errors, fits iex's 80 columns" do
