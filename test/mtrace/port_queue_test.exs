@@ -134,6 +134,11 @@ defmodule Mtrace.PortQueueTest do
     assert f.summary =~ "2 ports have 260.0 MiB queued to write, growing by 10.0 MiB/s; "
     assert f.summary =~ "the most, 150.0 MiB, in #{inspect(b)} ("
 
+    # the same binary queued again and again: the memory did not grow
+    prev = Map.put(prev, :memory, %{total: 300 * @mib})
+    same = PortChecks.queue(prev, Map.put(snap, :memory, %{total: 302 * @mib}), 10.0, th)
+    assert same.evidence.growth_per_s == nil
+
     one_write = PortChecks.queue(%{ports: %{}}, %{ports: %{b => 12 * @mib}}, 5.0, th)
     assert one_write.score < 50
     assert one_write.evidence.growth_per_s == nil

@@ -17,9 +17,11 @@ defmodule Mtrace.VM.PortChecks do
   @doc """
   The `:port_queue` finding: the largest queue against `port_queue`, all
   queues together against `port_queue_all` (each counted for at most the
-  VM's memory: a binary queued to several ports is held once) and, over a window, the growth of the queues of ports that had
-  bytes queued at its start as well (one large write is not a trend)
-  against `port_queue_growth`; `nil` when no port has anything queued.
+  VM's memory: a binary queued to several ports is held once) and, over
+  a window, the growth of the queues of ports that had bytes queued at
+  its start as well (one large write is not a trend), counted for at most
+  what the VM's memory grew by, against `port_queue_growth`; `nil` when
+  no port has anything queued.
   `snap.ports` (and `prev.ports`) map each port with bytes queued to
   their number, as `Mtrace.VM.Ports.queued/0` returns them.
 
@@ -40,7 +42,7 @@ defmodule Mtrace.VM.PortChecks do
       all = queues |> Map.values() |> Enum.sum()
       total = get_in(snap, [:memory, :total])
       held = fn bytes -> if is_integer(total), do: min(bytes, total), else: bytes end
-      delta = growth(prev && Map.get(prev, :ports, %{}), queues)
+      delta = prev |> growth(queues) |> within_vm(prev, total)
       growth = growth_ratio(delta, secs, th.port_queue_growth, th.port_queue_growth_min)
       per_s = if growth > 0, do: rate(delta, secs)
       info = Ports.describe(port)
@@ -52,7 +54,7 @@ defmodule Mtrace.VM.PortChecks do
           ratio(held.(all), th.port_queue_all),
           growth
         ]),
-        summary(port, info, largest, all, map_size(queues), per_s) <> shared(all, total),
+        summary(port, info, largest, all, map_size(queues), per_s, shared(all, total)),
         %{
           port: port,
           info: info,
@@ -70,11 +72,21 @@ defmodule Mtrace.VM.PortChecks do
   # What the queues of ports queued at both ends of the window gained.
   defp growth(nil, _queues), do: nil
 
-  defp growth(before, queues) do
-    for {port, from} <- before, to = queues[port], reduce: 0, do: (sum -> sum + to - from)
+  defp growth(prev, queues) do
+    for {port, from} <- Map.get(prev, :ports, %{}), to = queues[port], reduce: 0 do
+      sum -> sum + to - from
+    end
   end
 
-  defp summary(port, info, largest, all, count, per_s) do
+  # At most what the VM's memory grew by: the same binary queued again and
+  # again grows the queues, not the memory.
+  defp within_vm(delta, %{memory: %{total: from}}, to)
+       when is_integer(delta) and is_integer(from) and is_integer(to),
+       do: min(delta, max(to - from, 0))
+
+  defp within_vm(delta, _prev, _to), do: delta
+
+  defp summary(port, info, largest, all, count, per_s, shared) do
     owner =
       case info[:connected] do
         pid when is_pid(pid) -> ", owned by #{Format.process(pid, Procs.info(pid))}"
@@ -84,9 +96,11 @@ defmodule Mtrace.VM.PortChecks do
     grew = if per_s, do: ", growing by #{Format.bytes(per_s)}/s", else: ""
 
     if count == 1 do
-      "#{Ports.name(port, info)} has #{Format.bytes(largest)} queued to write#{grew}#{owner}"
+      "#{Ports.name(port, info)} has #{Format.bytes(largest)} queued to write" <>
+        "#{shared}#{grew}#{owner}"
     else
-      "#{Format.count(count, "port")} have #{Format.bytes(all)} queued to write#{grew}; " <>
+      "#{Format.count(count, "port")} have #{Format.bytes(all)} queued to write" <>
+        "#{shared}#{grew}; " <>
         "the most, #{Format.bytes(largest)}, in #{Ports.name(port, info)}#{owner}"
     end
   end
