@@ -46,7 +46,7 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_coroutine $(BUILD)/test_interpose_thread_exit \
 	$(BUILD)/test_interpose_signals $(BUILD)/test_interpose_signal_stack \
 	$(BUILD)/test_interpose_malloc_debug $(BUILD)/test_interpose_early_threads \
-	$(BUILD)/test_interpose_key_signal
+	$(BUILD)/test_interpose_key_signal $(BUILD)/test_interpose_fds
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
 	$(BUILD)/test_symbols_files $(BUILD)/test_dwarf_files $(BUILD)/test_name_fit $(BUILD)/test_demangle \
 	$(BUILD)/test_elf_symtab \
@@ -217,6 +217,11 @@ $(BUILD)/test_interpose_corrupt_unwind: test/c/test_interpose_corrupt_unwind.c t
 		test/c/queries.h c_src/mtrace_api.h $(BUILD)/dl_fixture_a.so $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -Ic_src -o $@ test/c/test_interpose_corrupt_unwind.c $(DL_LIBS)
+
+$(BUILD)/test_interpose_fds: test/c/test_interpose_fds.c test/c/check.h test/c/queries.h \
+		c_src/mtrace_api.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -fno-optimize-sibling-calls -Ic_src -o $@ test/c/test_interpose_fds.c $(DL_LIBS)
 
 $(BUILD)/test_interpose_no_proc: test/c/test_interpose_no_proc.c test/c/check.h c_src/mtrace_api.h \
 		$(MAKEVARS)

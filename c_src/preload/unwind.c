@@ -375,6 +375,10 @@ MT_READS_STACK int mt_unwind_prove(struct mt_walk_proof *p, struct mt_stack_chec
     return 1;
 }
 
+int mt_unwind_stack_holds(uintptr_t lo, uintptr_t hi) {
+    return stack_low && lo < hi && lo >= stack_low && hi <= stack_top;
+}
+
 void mt_unwind_thread_exit(void) {
     struct walker *m = w;
     /* In this order, whatever a signal handler's malloc finds in between:

@@ -73,6 +73,11 @@ uintptr_t *mt_unwind_scratch(void);
 /* The thread is exiting: its walker memory is given back. */
 void mt_unwind_thread_exit(void);
 
+/* Whether [lo, hi) lies in the part of the calling thread's own stack its
+ * walks proved readable: libunwind's reads there need no check
+ * (unwind_fallback.c). */
+int mt_unwind_stack_holds(uintptr_t lo, uintptr_t hi);
+
 /* A walk's proof, to be kept elsewhere (recent_stacks.c): its first frame
  * and each stack word the walk read (return addresses, and saved frame
  * pointers a later frame used) with what it held, its checks, stored apart

@@ -55,7 +55,12 @@ int mt_fallback_backtrace(void **buf, int max) {
 
 #define UNW_LOCAL_ONLY
 #include <dlfcn.h>
+#include <errno.h>
 #include <libunwind.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "unwind.h"
 
 #ifndef MT_LIBUNWIND_SONAME
 #define MT_LIBUNWIND_SONAME "libunwind.so.8"
@@ -98,7 +103,34 @@ static void leave(void) { atomic_store_explicit(&gate.inside, 0, memory_order_re
 
 typedef int (*backtrace_fn)(void **, int);
 typedef int (*policy_fn)(unw_addr_space_t, unw_caching_policy_t);
+typedef unw_accessors_t *(*accessors_fn)(unw_addr_space_t);
+typedef int (*read_fn)(unw_addr_space_t, unw_word_t, unw_word_t *, int, void *);
 static backtrace_fn _Atomic backtrace_of;
+static read_fn libunwind_read;
+
+/* libunwind checks a read it cannot trust (past a frame without unwind
+ * information, and at a stack's end) by writing the word's first byte into
+ * a pipe it opened as it started, named by the pipe's fd numbers: in a
+ * program that closed those numbers and opened its own files there since
+ * (closefrom, dup2: a daemon's start), it took a byte of the program's
+ * input and wrote one into its output.  So every read of libunwind's comes
+ * here instead, and none reaches its pipe: a word on the thread's own
+ * stack, proved readable by the walker, is read; any other is copied by
+ * the kernel, or refused where it cannot be (unmapped, or the kernel
+ * refuses to copy at all: the walk then ends there). */
+static int read_word(unw_addr_space_t as, unw_word_t addr, unw_word_t *val, int write, void *arg) {
+    if (write) /* a resume's, never a backtrace's */
+        return libunwind_read(as, addr, val, write, arg);
+    if (mt_unwind_stack_holds((uintptr_t)addr, (uintptr_t)addr + sizeof *val)) {
+        *val = *(const unw_word_t *)(uintptr_t)addr;
+        return 0;
+    }
+    struct iovec local = {val, sizeof *val}, remote = {(void *)(uintptr_t)addr, sizeof *val};
+    int saved = errno;
+    ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+    errno = saved;
+    return got == (ssize_t)sizeof *val ? 0 : -UNW_EINVAL;
+}
 
 void mt_fallback_load(void) {
     if (atomic_load(&backtrace_of))
@@ -109,14 +141,20 @@ void mt_fallback_load(void) {
     backtrace_fn bt = h ? (backtrace_fn)dlsym(h, "unw_backtrace") : NULL;
     policy_fn policy = h ? (policy_fn)dlsym(h, NAME(unw_set_caching_policy)) : NULL;
     unw_addr_space_t *local = h ? dlsym(h, NAME(unw_local_addr_space)) : NULL;
+    accessors_fn accessors = h ? (accessors_fn)dlsym(h, NAME(unw_get_accessors)) : NULL;
     /* A failure leaves its message for the program's first dlerror(): the
      * program's own calls never failed, so none is left. */
-    if (!h || !bt || !policy || !local)
+    if (!h || !bt || !policy || !local || !accessors)
         dlerror();
-    if (!bt)
-        return; /* never unloaded: a handle is cheap, a dlclose here is not */
+    /* Without its reads taken over (read_word), libunwind is not used:
+     * never unloaded either, a handle is cheap, a dlclose here is not. */
+    unw_accessors_t *acc = bt && local && accessors ? accessors(*local) : NULL;
+    if (!acc || !acc->access_mem)
+        return;
+    libunwind_read = acc->access_mem;
+    acc->access_mem = read_word;
     /* Per-thread caches keep libunwind off its global lock while unwinding. */
-    if (policy && local)
+    if (policy)
         policy(*local, UNW_CACHE_PER_THREAD);
     atomic_store(&backtrace_of, bt);
 }
