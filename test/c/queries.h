@@ -43,6 +43,16 @@ static inline int query_block(const struct mtrace_api *api, const void *p, uint6
     return 0;
 }
 
+/* How many frames the stack of live block p (size bytes, among the oldest
+ * 4 of that size) has, up to max; -1 when the block is not found. */
+static inline int block_depth(const struct mtrace_api *api, const void *p, uint64_t size, int max) {
+    struct mtrace_alloc buf[4], a = {0, 0, 0, 0, 0};
+    uintptr_t ips[64];
+    if (max > 64 || !query_block(api, p, size, buf, 4, &a))
+        return -1;
+    return (int)api->stack(a.stack_id, ips, (uint32_t)max);
+}
+
 /* The n top sites by order among the allocations q considers (NULL = all);
  * 0 for bad arguments, SIZE_MAX when out of memory. */
 static inline size_t query_sites(const struct mtrace_api *api, const struct mtrace_query *q,
