@@ -132,6 +132,40 @@ static void test_lookup_inside_loader_callback(int rounds) {
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+/* A fork made inside a dl_iterate_phdr callback (other code's) holds the
+ * loader's list lock, which lookups under way in other threads wait for:
+ * the fork must not wait for them in turn (it did, for ever). */
+static int forking_callback(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)info;
+    (void)size;
+    usleep(100); /* the lookers meet the lock held */
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(0);
+    int status = -1;
+    *(int *)arg += pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status);
+    return 1; /* one object is enough */
+}
+
+static void test_fork_inside_loader_callback(int rounds) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(30);
+        start_lookers();
+        int n = 0;
+        for (int i = 0; i < rounds; i++)
+            dl_iterate_phdr(forking_callback, &n);
+        stop_lookers();
+        _exit(n == rounds ? 0 : 1);
+    }
+    int status = -1;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    int hung = WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;
+    printf("%d forks inside loader callbacks while %d threads looked objects up: %s\n", rounds,
+           LOOKERS, hung ? "hung" : "done");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 /* Other code's dl_iterate_phdr under way in another thread at the fork
  * (libunwind's, the program's) holds the loader's list lock, which the
  * child does not get back: the child's walks must never ask for it, yet
@@ -212,5 +246,7 @@ int main(void) {
     test_fork_during_lookups(forks / 5);
     test_lookup_inside_loader_callback(forks * 2);
     test_fork_during_foreign_iteration(forks / 20);
+    /* each fork may wait MT_FORK_GATE_WAIT_MS for the lookups it holds up */
+    test_fork_inside_loader_callback(forks / 10 < 100 ? forks / 10 : 100);
     return check_summary();
 }
