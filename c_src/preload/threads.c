@@ -54,17 +54,21 @@ static MT_TLS uint64_t exit_calls;
  * sets a key again.  This key, made in the constructor at the latest,
  * comes before the keys of libraries loaded later, whose destructors may allocate: it sets
  * itself again (its value counting the rounds) and lets go when a whole
- * round made no call of this thread's, or in the last round, so that those
- * allocations keep their stacks.  Not only in the last: a thread whose
- * first counted call is a destructor's sets this key in the middle of the
- * rounds, and would never see its last (each such thread kept its walker
- * and recent stacks, two mappings, until the process ran out of them). */
+ * round made no call of this thread's, or in its third round, so that those
+ * allocations keep their stacks (those of the first two rounds at least;
+ * later ones are recorded without).  Not in the last: a thread whose first
+ * counted call is a destructor's sets this key in the middle of the
+ * rounds, one round late, and its last would never come when a destructor
+ * sets its key again in every round (each such thread kept its walker and
+ * recent stacks, two mappings, until the process ran out of them); set
+ * later still (by a destructor's first call in the C library's third or
+ * fourth round) it keeps them all the same. */
 static void thread_exit(void *round) {
     uintptr_t r = (uintptr_t)round;
     uint64_t calls = own_calls();
     int quiet = r > 1 && calls == exit_calls;
     exit_calls = calls;
-    if (r < PTHREAD_DESTRUCTOR_ITERATIONS && !quiet) {
+    if (r < PTHREAD_DESTRUCTOR_ITERATIONS - 1 && !quiet) {
         unsigned char was = mt_tracker_call_out(); /* a high key's setspecific allocates */
         int again = set_exit_key(r + 1);
         mt_tracker_call_back(was);

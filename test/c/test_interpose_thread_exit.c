@@ -7,7 +7,8 @@
  * and these blocks were recorded without a stack (stacks_dropped).  And a
  * thread whose only calls are a destructor's, which sets the preload's key
  * in the middle of the rounds, still gives its memory back, with the
- * counter registry full as well: once, each kept two mappings. */
+ * counter registry full as well, or when that destructor sets its key
+ * again in every round (no round is quiet): once, each kept two mappings. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -51,10 +52,14 @@ static void *thread_main(void *unused) {
 }
 
 static pthread_key_t late_key;
+/* The late destructor sets its key again in every round, as long as the C
+ * library calls it (and allocates in each). */
+static int late_rearms;
 
 static void late_exit_of_thread(void *value) {
-    (void)value;
     free(allocate_on_exit(100)); /* this thread's first counted calls */
+    if (late_rearms)
+        pthread_setspecific(late_key, value);
 }
 
 static void *late_thread_main(void *unused) {
@@ -165,5 +170,8 @@ int main(void) {
     CHECK(pthread_key_create(&late_key, late_exit_of_thread) == 0);
     check_late_threads_give_back();
     check_late_threads_give_back_unregistered();
+    /* the preload's key set in the first round, never a quiet one after */
+    late_rearms = 1;
+    check_late_threads_give_back();
     return check_summary();
 }
