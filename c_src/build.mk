@@ -46,7 +46,7 @@ INTERPOSE_TESTS = $(BUILD)/test_interpose $(BUILD)/test_interpose_sampling \
 	$(BUILD)/test_interpose_coroutine $(BUILD)/test_interpose_thread_exit \
 	$(BUILD)/test_interpose_signals $(BUILD)/test_interpose_signal_stack \
 	$(BUILD)/test_interpose_malloc_debug $(BUILD)/test_interpose_early_threads \
-	$(BUILD)/test_interpose_key_signal $(BUILD)/test_interpose_fds
+	$(BUILD)/test_interpose_key_signal $(BUILD)/test_interpose_fds $(BUILD)/test_interpose_realtime
 CTESTS = $(BUILD)/test_table $(BUILD)/test_config $(BUILD)/test_query $(BUILD)/test_symbols \
 	$(BUILD)/test_symbols_files $(BUILD)/test_dwarf_files $(BUILD)/test_name_fit $(BUILD)/test_demangle \
 	$(BUILD)/test_elf_symtab \
@@ -77,6 +77,8 @@ TABLE_PART_SRC = c_src/preload/table.c c_src/preload/table_grow.c c_src/preload/
 	c_src/preload/table_spill.c
 TABLE_SRC = $(TABLE_PART_SRC) c_src/preload/estimate.c $(STATE_SRC)
 ERLANG_FRAMES_SRC = c_src/preload/erlang_frames.c c_src/preload/erlang_files.c $(STATE_SRC)
+# The loaded objects' lookups, which wait on the coarse clock around forks.
+OBJECTS_SRC = c_src/preload/objects.c c_src/preload/clock.c
 UNWIND_SRC = c_src/preload/unwind.c c_src/preload/recent_stacks.c c_src/preload/unwind_rules.c c_src/preload/eh_frame.c c_src/preload/objects.c \
 	c_src/preload/clock.c
 ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -222,6 +224,10 @@ $(BUILD)/test_interpose_fds: test/c/test_interpose_fds.c test/c/check.h test/c/q
 		c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) -fno-optimize-sibling-calls -Ic_src -o $@ test/c/test_interpose_fds.c $(DL_LIBS)
+
+$(BUILD)/test_interpose_realtime: test/c/test_interpose_realtime.c test/c/check.h $(MAKEVARS)
+	@mkdir -p $(BUILD)
+	$(CC) $(CFLAGS_ALL) -o $@ test/c/test_interpose_realtime.c -lpthread
 
 $(BUILD)/test_interpose_no_proc: test/c/test_interpose_no_proc.c test/c/check.h c_src/mtrace_api.h \
 		$(MAKEVARS)
@@ -381,10 +387,10 @@ $(BUILD)/dwz_other.so: test/c/dwz_fixture.c $(MAKEVARS)
 	$(CC) $(CFLAGS_ALL) -DDWZ_OTHER $(SO_LDFLAGS) -o $@ test/c/dwz_fixture.c
 
 $(BUILD)/test_symbols_files: test/c/test_symbols_files.c test/c/objects_api.h test/c/check.h $(SYM_SRC) \
-		$(SYM_HDR) c_src/preload/objects.c $(MAKEVARS)
+		$(SYM_HDR) $(OBJECTS_SRC) $(MAKEVARS)
 	@mkdir -p $(BUILD)
 	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ \
-		test/c/test_symbols_files.c $(SYM_SRC) c_src/preload/objects.c $(DW_LIBS)
+		test/c/test_symbols_files.c $(SYM_SRC) $(OBJECTS_SRC) $(DW_LIBS)
 
 $(BUILD)/test_dwarf_files: test/c/test_dwarf_files.c test/c/check.h c_src/nif/dwarf_lines.c \
 		c_src/nif/dwarf_lines.h $(BUILD)/names_v1.so $(BUILD)/names_v2.so $(BUILD)/split_fixture.so \
@@ -443,13 +449,13 @@ $(BUILD)/asan_test_elf_symtab: test/c/test_elf_symtab.c test/c/check.h c_src/nif
 	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) -g -Ic_src -Ic_src/nif -o $@ test/c/test_elf_symtab.c \
 		$(BUILD)/asan_elf_symtab_hooked.o
 
-$(BUILD)/test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) c_src/preload/objects.c $(MAKEVARS)
+$(BUILD)/test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) $(OBJECTS_SRC) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) c_src/preload/objects.c $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) $(OBJECTS_SRC) $(DW_LIBS)
 
-$(BUILD)/asan_test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) c_src/preload/objects.c $(MAKEVARS)
+$(BUILD)/asan_test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) $(OBJECTS_SRC) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) c_src/preload/objects.c $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(ASAN_FLAGS) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) $(OBJECTS_SRC) $(DW_LIBS)
 
 $(BUILD)/test_unwind: test/c/test_unwind.c test/c/check.h $(UNWIND_SRC) $(PRELOAD_HDR) $(MAKEVARS)
 	@mkdir -p $(BUILD)
@@ -511,9 +517,9 @@ $(BUILD)/churn: bench/churn.c bench/lockstep.h c_src/mtrace_api.h $(MAKEVARS)
 	$(CC) $(CFLAGS_ALL) -fno-optimize-sibling-calls -Ic_src -Ic_src/preload -Ic_src/nif -o $@ bench/churn.c $(DL_LIBS) -lpthread
 
 $(BUILD)/symbols_bench: bench/symbols_bench.c bench/hundred_sites.h test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) \
-		c_src/preload/objects.c $(MAKEVARS)
+		$(OBJECTS_SRC) $(MAKEVARS)
 	@mkdir -p $(BUILD)
-	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ bench/symbols_bench.c $(SYM_SRC) c_src/preload/objects.c $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ bench/symbols_bench.c $(SYM_SRC) $(OBJECTS_SRC) $(DW_LIBS)
 
 $(BUILD)/query_bench: bench/query_bench.c bench/hundred_sites.h c_src/mtrace_api.h $(MAKEVARS)
 	@mkdir -p $(BUILD)
@@ -564,10 +570,10 @@ $(BUILD)/tsan/tsan_test_unwind_rules: test/c/test_unwind_rules.c test/c/check.h 
 	@mkdir -p $(BUILD)/tsan
 	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_unwind_rules.c c_src/preload/unwind_rules.c -lpthread
 
-$(BUILD)/tsan/tsan_test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) c_src/preload/objects.c \
+$(BUILD)/tsan/tsan_test_symbols: test/c/test_symbols.c test/c/objects_api.h $(SYM_SRC) $(SYM_HDR) $(OBJECTS_SRC) \
 		$(MAKEVARS)
 	@mkdir -p $(BUILD)/tsan
-	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) c_src/preload/objects.c $(DW_LIBS)
+	$(CC) $(CFLAGS_ALL) $(TSAN_FLAGS) $(DW_CFLAGS) -Ic_src -Ic_src/preload -Ic_src/nif -o $@ test/c/test_symbols.c $(SYM_SRC) $(OBJECTS_SRC) $(DW_LIBS)
 
 # tsan_tracker's program against the real preload, uninstrumented: a stress
 # run (not part of any ctest target), e.g.

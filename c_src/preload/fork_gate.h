@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 
 #include "clock.h"
+#include "spinlock.h"
 
 #define MT_FORK_GATE_WAIT_MS 50
 
@@ -33,13 +34,14 @@ struct mt_fork_gate {
 static inline void mt_fork_gate_close(struct mt_fork_gate *g) {
     atomic_fetch_add(&g->closing, 1);
     uint64_t deadline = 0;
+    unsigned yields = 0;
     while (atomic_load(&g->inside)) {
         uint64_t now = mt_now_ms();
         if (!deadline)
             deadline = now + MT_FORK_GATE_WAIT_MS + 1; /* a coarse tick may end at once */
         else if (now >= deadline)
             return;
-        sched_yield();
+        mt_backoff(&yields);
     }
 }
 

@@ -42,8 +42,9 @@ static int enter(int wait) {
         atomic_fetch_sub(&gate.inside, 1);
         if (!wait)
             return 0;
+        unsigned yields = 0;
         while (atomic_load_explicit(&gate.closing, memory_order_relaxed))
-            sched_yield();
+            mt_backoff(&yields);
     }
 }
 

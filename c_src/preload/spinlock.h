@@ -11,6 +11,7 @@
 #ifndef MT_SPINLOCK_H
 #define MT_SPINLOCK_H
 
+#include <errno.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -23,6 +24,26 @@ static inline void mt_cpu_relax(void) {
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
+}
+
+/* One more wait for a holder that is not running.  A yield lets threads of
+ * the waiter's own priority run, not one of lower: a SCHED_FIFO waiter
+ * whose lock a preempted thread of normal priority holds on the same
+ * processor spun until the kernel throttled real-time threads, a second
+ * or more.  So after MT_YIELDS yields a wait sleeps, which lets any run
+ * (50 us: a holder preempted that long is not about to let go anyway);
+ * errno is the caller's, as the C library's lock waits leave it. */
+#define MT_YIELDS 128
+static inline void mt_backoff(unsigned *yields) {
+    if (*yields < MT_YIELDS) {
+        ++*yields;
+        sched_yield();
+        return;
+    }
+    int saved = errno;
+    struct timespec pause = {0, 50000};
+    nanosleep(&pause, NULL);
+    errno = saved;
 }
 
 /* What a wait that may give up watches: forks under way in forking's low
@@ -48,6 +69,7 @@ static __attribute__((noinline, cold, unused)) int mt_lock_wait_unless(mt_spinlo
                                                                        struct mt_fork_watch *w) {
     time_t from = 0; /* 1 + the second forking was seen at seen; 0: not yet */
     int seen = 0;
+    unsigned yields = 0;
     for (;;) {
         for (int spins = 0; atomic_load_explicit(l, memory_order_relaxed); spins++) {
             if (spins < 64) {
@@ -57,7 +79,7 @@ static __attribute__((noinline, cold, unused)) int mt_lock_wait_unless(mt_spinlo
             int v = atomic_load_explicit(&w->forking, memory_order_relaxed);
             if ((v & 0xFFFF) && v == atomic_load_explicit(&w->stuck_at, memory_order_relaxed))
                 return 0; /* a fork already found stuck, still standing */
-            sched_yield();
+            mt_backoff(&yields);
             struct timespec now;
             if (!(v & 0xFFFF) || clock_gettime(CLOCK_MONOTONIC, &now) != 0)
                 from = 0;
@@ -74,7 +96,7 @@ static __attribute__((noinline, cold, unused)) int mt_lock_wait_unless(mt_spinlo
 }
 
 /* Waiting that never gives up: the same loop, with no fork to watch (it
- * yields to a holder that may have been preempted). */
+ * yields to a holder that may have been preempted, then sleeps). */
 static __attribute__((noinline, cold, unused)) void mt_lock_wait(mt_spinlock *l) {
     static struct mt_fork_watch none;
     (void)mt_lock_wait_unless(l, &none);

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include "spinlock.h"
 #include "stacks.h"
 
 /* The key whose destructor is thread_exit, made by the first thread that
@@ -102,8 +103,9 @@ static int exit_key_ready(void) {
         atomic_store(&exit_key_state, made ? KEY_MADE : KEY_FAILED);
     }
     int state;
+    unsigned yields = 0;
     while ((state = atomic_load(&exit_key_state)) == KEY_MAKING && !making_here)
-        sched_yield(); /* never for itself: a signal handler's call on this thread */
+        mt_backoff(&yields); /* never for itself: a signal handler's call on this thread */
     return state == KEY_MADE;
 }
 

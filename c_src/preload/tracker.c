@@ -93,8 +93,8 @@ static void configure(void) {
 static void setup(void) {
     int expected = MT_MODE_UNCONFIGURED;
     if (!atomic_compare_exchange_strong(&mt_state.mode, &expected, MT_MODE_CONFIGURING)) {
-        while (atomic_load(&mt_state.mode) == MT_MODE_CONFIGURING)
-            sched_yield();
+        for (unsigned yields = 0; atomic_load(&mt_state.mode) == MT_MODE_CONFIGURING;)
+            mt_backoff(&yields);
         return;
     }
     int saved_errno = errno;
