@@ -1,5 +1,5 @@
 /*
- * A test-and-test-and-set spinlock that yields after a short spin.
+ * A test-and-test-and-set spinlock that yields after a short spin, then sleeps.
  *
  * pthread mutexes would do, but the tracking path runs inside malloc of every
  * thread, including during fork and in code that must not block on futexes
