@@ -118,18 +118,24 @@ static int lookups_inside_callbacks(int rounds) {
     return n == rounds;
 }
 
-static void test_lookup_inside_loader_callback(int rounds) {
+/* Runs body(rounds) in a child, whose alarm ends it after `seconds` if it
+ * hangs; checks that it returned 1, and says what it did. */
+static void in_child(int (*body)(int), int rounds, unsigned seconds, const char *what) {
     pid_t pid = fork();
     if (pid == 0) {
-        alarm(20);
-        _exit(lookups_inside_callbacks(rounds) ? 0 : 1);
+        alarm(seconds);
+        _exit(body(rounds) ? 0 : 1);
     }
     int status = -1;
     CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
     int hung = WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;
-    printf("%d allocating loader callbacks while %d threads looked objects up: %s\n", rounds,
-           LOOKERS, hung ? "hung" : "done");
+    printf("%d %s while %d threads looked objects up: %s\n", rounds, what, LOOKERS,
+           hung ? "hung" : "done");
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void test_lookup_inside_loader_callback(int rounds) {
+    in_child(lookups_inside_callbacks, rounds, 20, "allocating loader callbacks");
 }
 
 /* A fork made inside a dl_iterate_phdr callback (other code's) holds the
@@ -147,23 +153,17 @@ static int forking_callback(struct dl_phdr_info *info, size_t size, void *arg) {
     return 1; /* one object is enough */
 }
 
+static int forks_inside_callbacks(int rounds) {
+    start_lookers();
+    int n = 0;
+    for (int i = 0; i < rounds; i++)
+        dl_iterate_phdr(forking_callback, &n);
+    stop_lookers();
+    return n == rounds;
+}
+
 static void test_fork_inside_loader_callback(int rounds) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        alarm(30);
-        start_lookers();
-        int n = 0;
-        for (int i = 0; i < rounds; i++)
-            dl_iterate_phdr(forking_callback, &n);
-        stop_lookers();
-        _exit(n == rounds ? 0 : 1);
-    }
-    int status = -1;
-    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
-    int hung = WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM;
-    printf("%d forks inside loader callbacks while %d threads looked objects up: %s\n", rounds,
-           LOOKERS, hung ? "hung" : "done");
-    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    in_child(forks_inside_callbacks, rounds, 30, "forks inside loader callbacks");
 }
 
 /* Other code's dl_iterate_phdr under way in another thread at the fork
