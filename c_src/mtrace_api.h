@@ -291,7 +291,11 @@ struct mtrace_api {
     enum mtrace_result (*object_at)(uintptr_t addr, struct mtrace_object *out);
 
     /* Changes whenever an object is loaded or unloaded: a reader that keeps
-     * anything per object checks it before trusting what it kept. */
+     * anything per object checks it before trusting what it kept.  Odd
+     * while a dlclose is under way, before unloaded_since knows what it
+     * unmapped: a reader naming frames waits for it to be even, and names
+     * them again if it moved meanwhile (another library may have been
+     * loaded where the unloaded one was). */
     uint64_t (*objects_generation)(void);
 
     /* Code unloaded by dlclose since a stack was walked: another library

@@ -102,12 +102,22 @@ static int stack_set_for(ErlNifEnv *env, ERL_NIF_TERM lib, struct mtrace_query *
     memset(words, 0, (size_t)((bits + 63) / 64) * sizeof(uint64_t));
     uintptr_t ips[MTRACE_MAX_DEPTH];
     for (uint64_t id = 1; id < bits; id++) {
-        uint32_t depth = mt_api->stack((uint32_t)id, ips, MTRACE_MAX_DEPTH), n = 0;
+        uint32_t depth = mt_api->stack((uint32_t)id, ips, MTRACE_MAX_DEPTH);
         uint32_t epoch = mt_api->stack_epoch((uint32_t)id);
-        for (uint32_t i = 0; i < depth; i++) /* unloaded code is in no library */
-            if (!mt_api->unloaded_since(epoch, ips[i]))
-                kept[n++] = ips[i];
-        if (mt_symbols_any_lib(kept, n, needle))
+        int any = 0;
+        /* asked again if objects were loaded or unloaded meanwhile, as
+         * stacks are named (mt_nif_stack_term) */
+        for (int tries = 1;; tries++) {
+            uint64_t g = mt_nif_settled_generation();
+            uint32_t n = 0;
+            for (uint32_t i = 0; i < depth; i++) /* unloaded code is in no library */
+                if (!mt_api->unloaded_since(epoch, ips[i]))
+                    kept[n++] = ips[i];
+            any = mt_symbols_any_lib(kept, n, needle);
+            if (tries == MT_NAMING_TRIES || mt_api->objects_generation() == g)
+                break;
+        }
+        if (any)
             words[id / 64] |= 1ull << (id % 64);
     }
     q->stack_set = words;

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "symbols.h"
@@ -140,12 +141,8 @@ static ERL_NIF_TERM erl_frame_term(ErlNifEnv *env, struct mt_term_memo *frames,
     return t;
 }
 
-/* A stack as a list, innermost first: its native frames, then its Erlang
- * frames (if any) from the NIF itself outwards.  With maps: a frame map per
- * level of inlined code at each address, then one for the function that
- * holds them.  Without: the seed's {lib, symbol}, symbol being the ELF
- * function that contains the address (the outermost of any inlined chain). */
-ERL_NIF_TERM mt_nif_stack_term(ErlNifEnv *env, struct mt_term_memo *frames, uint32_t stack_id,
+/* mt_nif_stack_term's work, under one generation of the loaded objects. */
+static ERL_NIF_TERM stack_term(ErlNifEnv *env, struct mt_term_memo *frames, uint32_t stack_id,
                                int demangle, int maps) {
     uintptr_t ips[MTRACE_MAX_DEPTH];
     struct mtrace_erl_frame erl[MTRACE_MAX_DEPTH];
@@ -183,4 +180,33 @@ ERL_NIF_TERM mt_nif_stack_term(ErlNifEnv *env, struct mt_term_memo *frames, uint
                 list = enif_make_list_cell(env, levels[k], list);
     }
     return list;
+}
+
+/* A dlclose under way (an odd generation) has unmapped code it has not
+ * logged yet: wait for it, 1 ms at a time on the dirty scheduler that asks,
+ * then go on (a program that unloads without pause would stall answers). */
+#define SETTLE_WAITS 20
+uint64_t mt_nif_settled_generation(void) {
+    uint64_t g = mt_api->objects_generation();
+    for (int i = 0; (g & 1) && i < SETTLE_WAITS; i++) {
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        g = mt_api->objects_generation();
+    }
+    return g;
+}
+
+/* Whether a frame was unloaded is asked before it is named: a library
+ * unloaded and another loaded at its address in between would lend the
+ * frame its name.  So a stack is named again when the loaded objects
+ * changed meanwhile, and the frames named before a change are forgotten. */
+ERL_NIF_TERM mt_nif_stack_term(ErlNifEnv *env, struct mt_term_memo *frames, uint32_t stack_id,
+                               int demangle, int maps) {
+    for (int tries = 1;; tries++) {
+        uint64_t g = mt_nif_settled_generation();
+        if (frames)
+            mt_term_memo_retag(frames, g);
+        ERL_NIF_TERM list = stack_term(env, frames, stack_id, demangle, maps);
+        if (tries == MT_NAMING_TRIES || mt_api->objects_generation() == g)
+            return list;
+    }
 }

@@ -56,3 +56,13 @@ void mt_term_memo_put(struct mt_term_memo *m, uint64_t key, ERL_NIF_TERM t) {
     }
     m->terms[i] = t;
 }
+
+void mt_term_memo_retag(struct mt_term_memo *m, uint64_t tag) {
+    if (m->tag == tag)
+        return;
+    m->tag = tag;
+    if (m->keys && m->used) {
+        memset(m->keys, 0, (m->mask + 1) * sizeof *m->keys);
+        m->used = 0;
+    }
+}

@@ -14,6 +14,7 @@ struct mt_term_memo {
     uint64_t *keys; /* key + 1; 0 = free */
     ERL_NIF_TERM *terms;
     size_t mask, used, most; /* most: used stops there, so probes stay short */
+    uint64_t tag;            /* what its terms were built under (mt_term_memo_retag) */
 };
 
 /* Room for up to `want` keys (at most `cap` slots, a power of two); with no
@@ -25,5 +26,8 @@ int mt_term_memo_get(const struct mt_term_memo *m, uint64_t key, ERL_NIF_TERM *t
 /* Keeps t for key, unless the memo is full (then the caller's term is
  * simply not shared). */
 void mt_term_memo_put(struct mt_term_memo *m, uint64_t key, ERL_NIF_TERM t);
+/* Forgets every term if they were built under another tag than this one
+ * (frames named before a library was unloaded or loaded). */
+void mt_term_memo_retag(struct mt_term_memo *m, uint64_t tag);
 
 #endif

@@ -104,7 +104,7 @@ __attribute__((visibility("default"))) const struct mtrace_api mtrace_api_v2 = {
     .erlang_frames = mt_erl_setup,
     .objects = mt_objects_each,
     .object_at = mt_object_at,
-    .objects_generation = mt_objects_generation,
+    .objects_generation = mt_unloads_generation,
     .stack_epoch = mt_stack_epoch,
     .unloaded_since = mt_unloaded_since,
 };

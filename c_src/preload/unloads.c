@@ -23,6 +23,11 @@ static struct range ranges[SLOTS];
  * going back from the newest can stop at the first one old enough. */
 static _Atomic uint64_t state;
 
+/* dlcloses under way, and done (their unloads logged): see
+ * mt_unloads_generation. */
+static _Atomic uint32_t closing;
+static _Atomic uint64_t closed;
+
 uint32_t mt_unloads_epoch(void) {
     return (uint32_t)(atomic_load_explicit(&state, memory_order_acquire) >> 32);
 }
@@ -172,13 +177,25 @@ int mt_unloads_dlclose(int (*real)(void *), void *handle) {
         return real(handle);
     struct before b;
     int saved = errno;
+    atomic_fetch_add(&closing, 1);
     note_before(&b);
     errno = saved;
     int r = real(handle);
     saved = errno;
     note_after(&b);
+    atomic_fetch_add(&closed, 1);
+    atomic_fetch_sub(&closing, 1);
     errno = saved;
     return r;
+}
+
+/* Read in this order, a dlclose under way shows as odd or as a later
+ * count: one begun after `closing` was read is counted in `closed` by
+ * the time a later call reads it, or is still under way then. */
+uint64_t mt_unloads_generation(void) {
+    uint32_t busy = atomic_load(&closing);
+    uint64_t done = atomic_load(&closed);
+    return (mt_objects_generation() + done) << 1 | (busy != 0);
 }
 
 /* The code of the objects that are never unloaded: the program itself and

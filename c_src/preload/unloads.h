@@ -17,6 +17,11 @@
 /* real(handle), dlclose itself, noting which objects' code it unmapped. */
 int mt_unloads_dlclose(int (*real)(void *), void *handle);
 
+/* The loader's count of loads and unloads, moved on by each dlclose once
+ * its unload is logged too, times two; plus one while a dlclose is under
+ * way (its unload not logged yet).  The API's objects_generation. */
+uint64_t mt_unloads_generation(void);
+
 /* Dlcloses that unmapped code so far. */
 uint32_t mt_unloads_epoch(void);
 

@@ -20,7 +20,15 @@ static void *ctor_block;
 __attribute__((constructor)) static void fixture_init(void) {
     ctor_block = malloc(FIXTURE_CTOR_SIZE);
 }
-__attribute__((destructor)) static void fixture_fini(void) { free(ctor_block); }
+static void (*on_fini)(void);
+__attribute__((destructor)) static void fixture_fini(void) {
+    free(ctor_block);
+    if (on_fini)
+        on_fini();
+}
+
+/* fn is called by the destructor, inside the dlclose that unloads this. */
+void fixture_set_fini(void (*fn)(void)) { on_fini = fn; }
 
 /* Calls back into the program from a frame of FIXTURE_FRAME bytes, zeroed: a
  * walk that used the wrong frame size would read a zero return address here. */

@@ -203,6 +203,31 @@ static void test_log_wrapped(const char *path) {
     free(p);
 }
 
+/* objects_generation while a dlclose is under way, read by the library's
+ * destructor: odd then, since what it unmaps is not logged yet, and a
+ * reader naming frames must wait (another library may be loaded where it
+ * was); even before and after, and moved on by it. */
+static uint64_t generation_in_fini;
+static void note_generation(void) { generation_in_fini = api->objects_generation(); }
+static void test_generation_while_closing(const char *path) {
+    void *h = load(path);
+    void (*set)(void (*)(void)) =
+        h ? (void (*)(void (*)(void)))(uintptr_t)dlsym(h, "fixture_set_fini") : NULL;
+    CHECK(set != NULL);
+    if (!set)
+        return;
+    set(note_generation);
+    uint64_t before = api->objects_generation();
+    CHECK_EQ(dlclose(h), 0);
+    uint64_t after = api->objects_generation();
+    CHECK(before % 2 == 0 && after % 2 == 0 && after > before);
+    if (UNLOADS) /* musl runs destructors at exit */
+        CHECK(generation_in_fini % 2 == 1);
+    printf("objects' generation before, during and after a dlclose: %llu %llu %llu\n",
+           (unsigned long long)before, (unsigned long long)generation_in_fini,
+           (unsigned long long)after);
+}
+
 static const char *build_dir; /* argv[1] */
 
 /* libc's own dlclose, which the preload's does not see. */
@@ -418,6 +443,7 @@ int main(int argc, char **argv) {
     if (UNLOADS)
         test_unload_without_snapshot(paths[0]);
     test_log_wrapped(paths[0]);
+    test_generation_while_closing(paths[1]);
     test_unhooked_unload(argv[0], (const char(*)[4096])paths);
     return check_summary();
 }
