@@ -345,9 +345,26 @@ defmodule Mtrace do
     end
   end
 
+  # A size bound as given: "2.0 KiB" for 2048, but "2_000 B" for 2000
+  # (humanized, a bound would move).
+  defp bound_bytes(n) do
+    human = Mtrace.VM.Format.bytes(n)
+
+    exact? =
+      case Float.parse(human) do
+        {x, " KiB"} -> x * 1024 == n
+        {x, " MiB"} -> x * 1024 * 1024 == n
+        {x, " GiB"} -> x * 1024 * 1024 * 1024 == n
+        {x, " TiB"} -> x * 1024 * 1024 * 1024 * 1024 == n
+        _bytes -> true
+      end
+
+    if exact?, do: human, else: "#{Mtrace.VM.Format.int(n)} B"
+  end
+
   # The filters of a query in words, for the report's header; nil for none.
   defp filter_words(o) do
-    size = &Mtrace.VM.Format.bytes/1
+    size = &bound_bytes/1
 
     [
       o[:window] && "allocated in the last #{Mtrace.VM.Format.duration_ms(o.window)}",

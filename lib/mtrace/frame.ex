@@ -142,6 +142,30 @@ defmodule Mtrace.Frame do
   def erlang?(frame), do: Map.has_key?(frame, :module)
 
   @doc """
+  Where in a stack (innermost first) the Erlang code that called the NIF
+  is: its first Erlang frame is the NIF itself (the function the NIF
+  implements), so the second one; the NIF's when it is the only one; `nil`
+  for a stack without Erlang frames.
+
+      iex> Mtrace.Frame.caller_at([
+      ...>   %{symbol: "leak", lib: "/opt/leaky.so"},
+      ...>   %{module: LeakyNif, function: :leak, arity: 1},
+      ...>   %{module: Ledger, function: :append, arity: 1}
+      ...> ])
+      2
+      iex> Mtrace.Frame.caller_at([%{symbol: "leak", lib: "/opt/leaky.so"}])
+      nil
+  """
+  @spec caller_at([map()]) :: non_neg_integer() | nil
+  def caller_at(frames) do
+    case for({frame, at} <- Enum.with_index(frames), erlang?(frame), do: at) do
+      [_nif, caller | _] -> caller
+      [nif] -> nif
+      [] -> nil
+    end
+  end
+
+  @doc """
   Fills in `symbol` of the Erlang frames of a stack with their `name/1`, so
   that every reader of `symbol` sees `Module.function/arity`; native frames
   are left as they are.

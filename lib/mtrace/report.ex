@@ -36,10 +36,11 @@ defmodule Mtrace.Report do
   Options:
 
     * `:frames` - frames shown per site (default #{@default_frames}); the rest
-      are counted in a `... N more` line. When those frames are all native
-      and the stack goes on into Erlang code, the last of them gives way to
-      the first Erlang frame (the code that called the NIF), after a
-      `... N more` line for the native frames between.
+      are counted in a `... N more` line. When the Erlang code that called
+      the NIF (`Mtrace.Frame.caller_at/1`, the Erlang frame after the
+      NIF's own) is not among them, the last of them gives way to it,
+      after a `... N more` line for the frames between. Sites whose frames
+      shown read the same say which earlier site they read as.
     * `:node` - the node named in the header (default `node()`).
     * `:boot` - what was left out as allocated before mtrace started
       (`%{count, bytes, est_count, est_bytes}`), summarized in one line;
@@ -51,7 +52,9 @@ defmodule Mtrace.Report do
     * `:filter` - what the query kept, in words (`"with a frame in
       \"leaky\""`), and `:total`, the sum over what it kept (as
       `Mtrace.Query.sites/1` gives it): the header then gives that total
-      and the filter, and the node's whole after them.
+      and the filter, and the node's whole after them; without a filter,
+      the total (with `:boot`'s) is the node's whole, taken with the
+      sites, where `stats` were read after them.
 
   Lines longer than 80 columns are wrapped, continuations indented.
 
@@ -83,9 +86,10 @@ defmodule Mtrace.Report do
     end
 
     node = Keyword.get(opts, :node, node())
+    total = with_boot(opts[:total], opts[:boot])
 
     [
-      header(stats, node, opts[:filter], with_boot(opts[:total], opts[:boot])),
+      header(stats, node, opts[:filter], total),
       reset_since(stats, opts[:since]),
       off(stats),
       incomplete(stats),
@@ -163,6 +167,20 @@ defmodule Mtrace.Report do
       else: [fit(head), fit("  " <> tail)]
   end
 
+  # The query's own total, when given, is of the same moment as its sites;
+  # the stats are read after them (and the modules an output loads first
+  # allocate meanwhile).
+  defp header(stats, node, _filter, %{count: _} = total) do
+    live = %{
+      live_count: total.count,
+      live_bytes: total.bytes,
+      est_live_count: total[:est_count] || total.count,
+      est_live_bytes: total[:est_bytes] || total.bytes
+    }
+
+    header(Map.merge(stats, live), node, nil, nil)
+  end
+
   defp header(stats, node, _filter, _total),
     do: fit("Native memory live on #{node}: #{live(stats)}")
 
@@ -212,18 +230,22 @@ defmodule Mtrace.Report do
 
     texts =
       Enum.reduce([:unlined, :all], plain, fn offsets, texts ->
-        alike = Enum.frequencies(texts)
+        alike = Enum.frequencies_by(texts, &reads/1)
 
         more =
           Enum.zip_with(sites, texts, fn site, text ->
-            if alike[text] > 1,
+            if alike[reads(text)] > 1,
               do: IO.iodata_to_binary(frame_lines(site.frames, max_frames, offsets)),
               else: text
           end)
 
         # a group that reads the same takes the offsets if they tell it apart
-        tells = Enum.zip(texts, more) |> Enum.uniq() |> Enum.frequencies_by(&elem(&1, 0))
-        Enum.zip_with(texts, more, &if(tells[&1] > 1, do: &2, else: &1))
+        tells =
+          Enum.zip(texts, more)
+          |> Enum.uniq_by(fn {text, more} -> {reads(text), reads(more)} end)
+          |> Enum.frequencies_by(&reads(elem(&1, 0)))
+
+        Enum.zip_with(texts, more, &if(tells[reads(&1)] > 1, do: &2, else: &1))
       end)
 
     sites
@@ -233,14 +255,14 @@ defmodule Mtrace.Report do
       shown = for {:frame, frame} <- shown(site.frames, max_frames), do: frame
       # the frames shown are the same ones: the stacks part below them
       same =
-        case seen[text] do
+        case seen[reads(text)] do
           {first, ^shown} -> reads_as(first, :below)
           {first, _other} -> reads_as(first, :unshown)
           nil -> []
         end
 
       {[site_line(site, rank), vm_note(site.frames), text, same],
-       Map.put_new(seen, text, {rank, shown})}
+       Map.put_new(seen, reads(text), {rank, shown})}
     end)
     |> elem(0)
   end
@@ -288,28 +310,27 @@ defmodule Mtrace.Report do
     end
   end
 
+  # What a site reads as: its lines without the counts of frames left out
+  # (two stacks that differ only below the frames shown read the same).
+  defp reads(text), do: String.replace(text, ~r/^    \.\.\. \d+ more$/m, "    ...")
+
   # The first max_frames frames, and how many are left out; but a stack that
-  # goes on into Erlang code keeps its first Erlang frame, the code that
-  # called the NIF, in the last place (a NIF deep in a C library has more
-  # native frames than are shown, and which code called it is half of the
-  # answer).
+  # goes on into Erlang code keeps the code that called the NIF
+  # (Frame.caller_at/1) in the last place (a NIF deep in a C library has
+  # more native frames than are shown, and which code called it is half of
+  # the answer).
   defp shown(frames, max_frames) do
     {shown, cut} = Enum.split(frames, max_frames)
 
-    case Enum.split_while(cut, &(not Mtrace.Frame.erlang?(&1))) do
-      {native, [erlang | rest]} when max_frames >= 2 ->
-        cond do
-          Enum.any?(shown, &Mtrace.Frame.erlang?/1) ->
-            frames_and_more(shown, cut)
+    case Mtrace.Frame.caller_at(frames) do
+      at when is_integer(at) and at > max_frames and max_frames >= 2 ->
+        {kept, rest} = Enum.split(frames, max_frames - 1)
+        {between, [caller | rest]} = Enum.split(rest, at - (max_frames - 1))
+        frames_and_more(kept, between) ++ frames_and_more([caller], rest)
 
-          # right after the cut: in the row a "... 1 more" would take
-          native == [] ->
-            frames_and_more(shown ++ [erlang], rest)
-
-          true ->
-            {shown, [last]} = Enum.split(shown, -1)
-            frames_and_more(shown, [last | native]) ++ frames_and_more([erlang], rest)
-        end
+      # right after the cut, and the last: in the row "... 1 more" would take
+      at when at == max_frames and length(cut) == 1 ->
+        frames_and_more(frames, [])
 
       _ ->
         frames_and_more(shown, cut)

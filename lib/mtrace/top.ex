@@ -482,12 +482,11 @@ defmodule Mtrace.Top do
   # Frame 0, and the Erlang code that called the NIF (or frame 1) outside it
   # (nil when there is none); the VM's own sites say instead what they are
   # (Mtrace.VMSites).
-  defp stack([first | rest]) do
+  defp stack([first | rest] = frames) do
     caller =
-      case Enum.filter(rest, &Mtrace.Frame.erlang?/1) do
-        [_nif, caller | _] -> caller
-        [nif] -> nif
-        [] -> List.first(rest)
+      case Mtrace.Frame.caller_at(frames) do
+        at when is_integer(at) and at > 0 -> Enum.at(frames, at)
+        _none -> List.first(rest)
       end
 
     {first, caller}

@@ -142,7 +142,9 @@ defmodule Mtrace.VMSites do
   @doc """
   A site on one line, for `Mtrace.Watch` and `Mtrace.VM.diagnose/1`: what
   it is when it is one of the VM's own, else its innermost `n` frames
-  (`Mtrace.Frame.label/1`), each called by the next.
+  (`Mtrace.Frame.label/1`), each called by the next; when the Erlang code
+  that called the NIF (`Mtrace.Frame.caller_at/1`) is not among them, the
+  last of them gives way to it, after a `…` for the frames between.
 
   ## Examples
 
@@ -151,9 +153,26 @@ defmodule Mtrace.VMSites do
       ...>   %{module: Ledger, function: :append, arity: 1, symbol: nil, lib: nil, offset: 0}
       ...> ])
       "leak (leaky.c:12) <- Ledger.append/1"
+      iex> deep = for f <- ~w(f4 f3 f2 f1), do: %{symbol: f, lib: "/opt/deep.so", offset: 0}
+      iex> nif = %{module: DeepNif, function: :leak, arity: 1, symbol: nil, lib: nil, offset: 0}
+      iex> caller = %{module: Billing, function: :charge, arity: 1, symbol: nil, lib: nil, offset: 0}
+      iex> Mtrace.VMSites.one_line(deep ++ [nif, caller], 3)
+      "f4 (deep.so) <- f3 (deep.so) <- … <- Billing.charge/1"
   """
   @spec one_line([map()], pos_integer()) :: String.t()
   def one_line(frames, n \\ 4) do
-    note(frames) || frames |> Enum.take(n) |> Enum.map_join(" <- ", &Mtrace.Frame.label/1)
+    note(frames) || frames |> innermost(n) |> Enum.join(" <- ")
+  end
+
+  defp innermost(frames, n) do
+    labels = &Enum.map(&1, fn frame -> Mtrace.Frame.label(frame) end)
+
+    case Mtrace.Frame.caller_at(frames) do
+      at when is_integer(at) and at >= n and n >= 2 ->
+        labels.(Enum.take(frames, n - 1)) ++ ["…", Mtrace.Frame.label(Enum.at(frames, at))]
+
+      _ ->
+        labels.(Enum.take(frames, n))
+    end
   end
 end

@@ -139,6 +139,8 @@ defmodule Mtrace.Watch do
   defp wrapped(lead, text) do
     (lead <> Mtrace.Error.wrap(text, 80 - 24 - String.length(lead), 78))
     |> String.replace("\n", "\n  ")
+    # a blank line stays blank, not two spaces
+    |> String.replace(~r/ +$/m, "")
   end
 
   @impl true

@@ -266,10 +266,11 @@ defmodule Mtrace.ReportTest do
     assert_raise ArgumentError, fn -> Report.format([], @exact, frames: -1) end
   end
 
-  test "a deep native stack keeps its first Erlang frame, the code that called the NIF" do
-    erlang = %{module: Tls, function: :handshake, arity: 0, file: "lib/tls.ex", line: 12}
-    caller = %{erlang | function: :connect, line: 40}
-    frames = for(i <- 1..10, do: frame("l#{i}")) ++ [erlang, caller]
+  test "a deep native stack keeps the code that called the NIF, the Erlang frame after the NIF's" do
+    nif = %{module: Tls, function: :handshake, arity: 0, file: nil, line: nil}
+    caller = %{module: Tls, function: :connect, arity: 0, file: "lib/tls.ex", line: 40}
+    outer = %{caller | function: :start, line: 7}
+    frames = for(i <- 1..10, do: frame("l#{i}")) ++ [nif, caller]
 
     assert [_, _ | lines] = lines([site(1, 1, 1, 1, frames)], @exact, frames: 4)
 
@@ -277,24 +278,59 @@ defmodule Mtrace.ReportTest do
              "    l1 libcache.so.2",
              "    l2 libcache.so.2",
              "    l3 libcache.so.2",
-             "    ... 7 more",
-             "    Tls.handshake/0 (lib/tls.ex:12)",
+             "    ... 8 more",
+             "    Tls.connect/0 (lib/tls.ex:40)"
+           ]
+
+    frames = for(i <- 1..4, do: frame("l#{i}")) ++ [nif, caller, outer]
+
+    assert [_, _ | lines] = lines([site(1, 1, 1, 1, frames)], @exact, frames: 4)
+
+    assert lines == [
+             "    l1 libcache.so.2",
+             "    l2 libcache.so.2",
+             "    l3 libcache.so.2",
+             "    ... 2 more",
+             "    Tls.connect/0 (lib/tls.ex:40)",
              "    ... 1 more"
            ]
 
-    # right after the frames shown: in the row a "... 1 more" would take
-    frames = for(i <- 1..4, do: frame("l#{i}")) ++ [erlang, caller]
+    # the NIF's own frame, the only Erlang one, right after the frames shown
+    # and the last: in the row a "... 1 more" would take
+    frames = for(i <- 1..3, do: frame("l#{i}")) ++ [nif]
 
-    assert [_, _, _, _, _, _, "    Tls.handshake/0 (lib/tls.ex:12)", "    ... 1 more"] =
-             lines([site(1, 1, 1, 1, frames)], @exact, frames: 4)
+    assert [_, _, _, _, _, "    Tls.handshake/0"] =
+             lines([site(1, 1, 1, 1, frames)], @exact, frames: 3)
 
-    frames = for(i <- 1..10, do: frame("l#{i}")) ++ [erlang, caller]
+    frames = for(i <- 1..10, do: frame("l#{i}")) ++ [nif, caller]
 
     # shown anyway, or no room: as before
     assert [_, _, "    l1 libcache.so.2", "    ... 11 more"] =
              lines([site(1, 1, 1, 1, frames)], @exact, frames: 1)
 
     assert length(lines([site(1, 1, 1, 1, frames)], @exact, frames: 11)) == 2 + 11 + 1
+  end
+
+  test "sites whose frames shown read the same say so, whatever was left out below" do
+    nif = %{module: Leaky, function: :leak, arity: 1, file: nil, line: nil}
+    a = [frame("l1"), frame("l2"), nif, %{nif | function: :append, file: "a.ex", line: 3}]
+    b = [frame("l1"), frame("l2"), nif, %{nif | function: :audit, file: "a.ex", line: 9}, nif]
+    text = [site(2, 2, 1, 1, a), site(1, 1, 1, 1, b)] |> lines(@exact, frames: 2)
+
+    assert Enum.drop(text, 1) == [
+             "#1  2 B in 2 blocks  oldest 1s  newest 1s",
+             "    l1 libcache.so.2",
+             "    ... 2 more",
+             "    Leaky.append/1 (a.ex:3)",
+             "#2  1 B in 1 block  oldest 1s  newest 1s",
+             "    l1 libcache.so.2",
+             "    ... 2 more",
+             "    Leaky.audit/1 (a.ex:9)",
+             "    ... 1 more"
+           ]
+
+    text = [site(2, 2, 1, 1, a), site(1, 1, 1, 1, a ++ [nif])] |> lines(@exact, frames: 1)
+    assert List.last(text) == "    (reads as #1: the two stacks differ below the frames shown)"
   end
 
   test "sampled: the header gives the estimates and the sample" do
@@ -383,9 +419,15 @@ defmodule Mtrace.ReportTest do
              "Boot (before mtrace started): 4.0 MiB in 12 blocks; boot: true ranks them"
            ]
 
-    # no filter, no matching total
+    # no filter: the query's total, with the boot's, is the node's whole (the
+    # same moment as the sites; stats are read after them)
     assert hd(lines([], @exact, total: total)) ==
-             "Native memory live on app@host: 12.0 MiB in 3_072 blocks"
+             "Native memory live on app@host: 12.0 KiB in 3 blocks"
+
+    assert hd(lines([], @exact, total: total, boot: boot)) ==
+             "Native memory live on app@host: 4.0 MiB in 15 blocks"
+
+    assert hd(lines([], @exact)) == "Native memory live on app@host: 12.0 MiB in 3_072 blocks"
   end
 
   test "losses are never hidden" do

@@ -73,6 +73,15 @@ defmodule Mtrace.TopTest do
     assert IO.iodata_to_binary(screen) =~ "(growth shows from the next refresh on)"
   end
 
+  test "the NIF/driver line counts every other module, however few rows are asked for" do
+    {:ok, rows} = Mtrace.VM.Native.nif_memory()
+    assert length(rows) >= 2, "the tty driver and the test NIFs hold memory"
+    s = Mtrace.Top.Sample.take(nil, 1)
+    assert length(s.nif) == length(rows)
+    screen = Mtrace.Top.render(s, %{interval: 2000, ansi: false}, {80, 24})
+    assert IO.iodata_to_binary(screen) =~ "(+#{length(rows) - 1} more)"
+  end
+
   test "the VM's own sites, merged, are sorted among the others by their rate" do
     s = Mtrace.Top.Sample.take(nil, 5)
     own = fn symbol -> [%{symbol: symbol, lib: "beam.smp", offset: 0}] end

@@ -122,7 +122,7 @@ defmodule Mtrace.Top.Sample do
       native_per_s: unless(reset || resumed, do: native_rate(state, memory, secs)),
       reset: reset != nil,
       resumed: resumed,
-      nif: nif_rows(n),
+      nif: nif_rows(),
       sites:
         if(secs && state.mark && mark && not resumed,
           do: with_growth(sites, since_reset(reset, state.mark, mark) || secs),
@@ -254,9 +254,11 @@ defmodule Mtrace.Top.Sample do
 
   defp native_rate(_state, _memory, _secs), do: nil
 
-  defp nif_rows(n) do
+  # All of them (a few dozen modules at most): the view shows the first and
+  # counts the rest.
+  defp nif_rows do
     case Native.nif_memory() do
-      {:ok, rows} -> Enum.take(rows, n)
+      {:ok, rows} -> rows
       {:error, reason} -> {:error, reason}
     end
   end
