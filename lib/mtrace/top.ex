@@ -524,13 +524,23 @@ defmodule Mtrace.Top do
 
   # Sections in order within the rows there are, whole entries only: a
   # section shows when its heading and at least one entry fit, and the
-  # sections after one cut short do not show.
+  # sections after one cut short do not show. Each section leaves room for
+  # the heading and first entry of those after it while it can still show
+  # one entry itself: on a short screen every section shows its top.
   defp fit(sections, room) do
+    sections = Enum.reject(sections, &is_nil/1)
+
+    least = for {heading, [first | _]} <- sections, do: length(heading) + length(first)
+
     sections
-    |> Enum.reject(&is_nil/1)
-    |> Enum.reduce_while({[], room}, fn {heading, entries}, {lines, room} ->
+    |> Enum.with_index()
+    |> Enum.reduce_while({[], room}, fn {{heading, entries}, i}, {lines, room} ->
+      later = least |> Enum.drop(i + 1) |> Enum.sum()
+      mine = Enum.at(least, i)
+      own = if room - later >= mine, do: room - later, else: room
+
       {shown, left} =
-        Enum.reduce_while(entries, {[], room - length(heading)}, fn entry, {shown, left} ->
+        Enum.reduce_while(entries, {[], own - length(heading)}, fn entry, {shown, left} ->
           if length(entry) <= left,
             do: {:cont, {shown ++ entry, left - length(entry)}},
             else: {:halt, {shown, left}}
@@ -540,11 +550,11 @@ defmodule Mtrace.Top do
         shown == [] ->
           {:halt, {lines, room}}
 
-        length(shown) < Enum.sum(Enum.map(entries, &length/1)) ->
+        length(shown) < Enum.sum(Enum.map(entries, &length/1)) and own == room ->
           {:halt, {lines ++ heading ++ shown, left}}
 
         true ->
-          {:cont, {lines ++ heading ++ shown, left}}
+          {:cont, {lines ++ heading ++ shown, left + room - own}}
       end
     end)
     |> elem(0)

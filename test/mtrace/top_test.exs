@@ -459,6 +459,24 @@ defmodule Mtrace.TopTest do
     end
   end
 
+  test "on a short screen each section shows its top entries" do
+    frames = [%{symbol: "leak", lib: "/opt/l.so", file: "l.c", line: 3}, @caller]
+    sites = for i <- 1..10, do: site(frames, 4096.0 * (11 - i))
+    pids = for i <- 1..5, do: :erlang.list_to_pid(~c"<0.#{i}.0>")
+    procs = for {pid, i} <- Enum.with_index(pids), do: {pid, 1000, 100.0 - i, [initial_call: i]}
+    s = sample_with(sites, procs)
+    short = s |> screen({80, 14}) |> String.split("\n", trim: true)
+    assert "native sites growing fastest" in short
+    assert "processes growing fastest" in short
+    assert length(short) <= 13
+    # the fastest site first; the rest of the room to the sites, one process
+    assert Enum.count(short, &(&1 =~ "#PID<")) == 1
+    # room for all: each section whole
+    tall = s |> screen({80, 60}) |> String.split("\n", trim: true)
+    assert Enum.count(tall, &(&1 =~ "leak (l.c:3)")) == 10
+    assert Enum.count(tall, &(&1 =~ "#PID<")) == 5
+  end
+
   test "the view's own reads of /proc do not show as a NIF holding binaries" do
     # every module the sample uses loaded (loading reads .beam files)
     Mtrace.Top.Sample.take(Mtrace.Top.Sample.take(nil, 5).state, 5)
