@@ -174,7 +174,8 @@ struct mtrace_object {
     const void *phdr; /* its program headers (ElfW(Phdr)[phnum]) */
     uint32_t phnum;
     uint32_t index;      /* its place in the loader's list; 0 = the main program */
-    uint64_t generation; /* objects_generation when the list was read */
+    uint64_t generation; /* the loader's count of loads and unloads when the
+                          * list was read (objects_generation moves with it) */
 };
 typedef int (*mtrace_object_fn)(void *ctx, const struct mtrace_object *o); /* nonzero stops */
 

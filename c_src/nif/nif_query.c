@@ -96,29 +96,27 @@ static int stack_set_for(ErlNifEnv *env, ERL_NIF_TERM lib, struct mtrace_query *
 
     uint64_t bits = figures().stacks + 1;
     uintptr_t kept[MTRACE_MAX_DEPTH];
-    uint64_t *words = enif_alloc((size_t)((bits + 63) / 64) * sizeof(uint64_t));
+    size_t bytes = (size_t)((bits + 63) / 64) * sizeof(uint64_t);
+    uint64_t *words = enif_alloc(bytes);
     if (!words)
         return -1;
-    memset(words, 0, (size_t)((bits + 63) / 64) * sizeof(uint64_t));
     uintptr_t ips[MTRACE_MAX_DEPTH];
-    for (uint64_t id = 1; id < bits; id++) {
-        uint32_t depth = mt_api->stack((uint32_t)id, ips, MTRACE_MAX_DEPTH);
-        uint32_t epoch = mt_api->stack_epoch((uint32_t)id);
-        int any = 0;
-        /* asked again if objects were loaded or unloaded meanwhile, as
-         * stacks are named (mt_nif_stack_term) */
-        for (int tries = 1;; tries++) {
-            uint64_t g = mt_nif_settled_generation();
-            uint32_t n = 0;
+    /* the whole pass again if objects were loaded or unloaded meanwhile, as
+     * stacks are named (mt_nif_stack_term) */
+    for (int tries = 1;; tries++) {
+        uint64_t g = mt_nif_settled_generation();
+        memset(words, 0, bytes);
+        for (uint64_t id = 1; id < bits; id++) {
+            uint32_t depth = mt_api->stack((uint32_t)id, ips, MTRACE_MAX_DEPTH), n = 0;
+            uint32_t epoch = mt_api->stack_epoch((uint32_t)id);
             for (uint32_t i = 0; i < depth; i++) /* unloaded code is in no library */
                 if (!mt_api->unloaded_since(epoch, ips[i]))
                     kept[n++] = ips[i];
-            any = mt_symbols_any_lib(kept, n, needle);
-            if (tries == MT_NAMING_TRIES || mt_api->objects_generation() == g)
-                break;
+            if (mt_symbols_any_lib(kept, n, needle))
+                words[id / 64] |= 1ull << (id % 64);
         }
-        if (any)
-            words[id / 64] |= 1ull << (id % 64);
+        if (tries == MT_NAMING_TRIES || mt_api->objects_generation() == g)
+            break;
     }
     q->stack_set = words;
     q->stack_set_bits = bits;
@@ -196,6 +194,7 @@ static ERL_NIF_TERM olds_terms(ErlNifEnv *env, const struct mtrace_alloc *buf, s
 static int get_query(ErlNifEnv *env, const ERL_NIF_TERM argv[], struct mtrace_query *q,
                      int *demangle, uint64_t **set) {
     *set = NULL;
+    mt_nif_naming_begin();
     if (!enif_is_identical(argv[0], mt_atoms.true_) && !enif_is_identical(argv[0], mt_atoms.false_))
         return 0;
     *demangle = enif_is_identical(argv[0], mt_atoms.true_);

@@ -184,11 +184,16 @@ static ERL_NIF_TERM stack_term(ErlNifEnv *env, struct mt_term_memo *frames, uint
 
 /* A dlclose under way (an odd generation) has unmapped code it has not
  * logged yet: wait for it, 1 ms at a time on the dirty scheduler that asks,
- * then go on (a program that unloads without pause would stall answers). */
+ * at most SETTLE_WAITS ms in one answer, then go on (a dlclose can wait
+ * long, for the loader's lock or in a destructor). */
 #define SETTLE_WAITS 20
+static __thread int waits_left;
+
+void mt_nif_naming_begin(void) { waits_left = SETTLE_WAITS; }
+
 uint64_t mt_nif_settled_generation(void) {
     uint64_t g = mt_api->objects_generation();
-    for (int i = 0; (g & 1) && i < SETTLE_WAITS; i++) {
+    for (; (g & 1) && waits_left > 0; waits_left--) {
         nanosleep(&(struct timespec){0, 1000000}, NULL);
         g = mt_api->objects_generation();
     }

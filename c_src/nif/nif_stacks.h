@@ -23,7 +23,9 @@ ERL_NIF_TERM mt_nif_stack_term(ErlNifEnv *env, struct mt_term_memo *frames, uint
 #define MT_NAMING_TRIES 4
 
 /* The loaded objects' generation (mtrace_api.h) once no dlclose is under
- * way, or after some 20 ms of waiting for that. */
+ * way; an answer waits for that some 20 ms in all, from its
+ * mt_nif_naming_begin on. */
+void mt_nif_naming_begin(void);
 uint64_t mt_nif_settled_generation(void);
 
 #endif

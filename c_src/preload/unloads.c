@@ -183,7 +183,9 @@ int mt_unloads_dlclose(int (*real)(void *), void *handle) {
     int r = real(handle);
     saved = errno;
     note_after(&b);
-    atomic_fetch_add(&closed, 1);
+    /* (one that unmapped nothing, a reference dropped, leaves it as it was) */
+    if (mt_objects_generation() != b.generation)
+        atomic_fetch_add(&closed, 1);
     atomic_fetch_sub(&closing, 1);
     errno = saved;
     return r;

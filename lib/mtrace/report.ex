@@ -268,7 +268,7 @@ defmodule Mtrace.Report do
   end
 
   defp reads_as(first, :below),
-    do: fit("    (reads as ##{first}: the two stacks differ below the frames shown)")
+    do: fit("    (reads as ##{first}: the two stacks differ in frames not shown)")
 
   defp reads_as(first, :unshown),
     do: fit("    (reads as ##{first}: the two stacks differ at an address not shown)")
@@ -328,9 +328,10 @@ defmodule Mtrace.Report do
         {between, [caller | rest]} = Enum.split(rest, at - (max_frames - 1))
         frames_and_more(kept, between) ++ frames_and_more([caller], rest)
 
-      # right after the cut, and the last: in the row "... 1 more" would take
-      at when at == max_frames and length(cut) == 1 ->
-        frames_and_more(frames, [])
+      # right after the cut: in the row a "... N more" would take
+      at when at == max_frames and max_frames >= 1 ->
+        [caller | rest] = cut
+        frames_and_more(shown ++ [caller], rest)
 
       _ ->
         frames_and_more(shown, cut)

@@ -143,8 +143,9 @@ defmodule Mtrace.VMSites do
   A site on one line, for `Mtrace.Watch` and `Mtrace.VM.diagnose/1`: what
   it is when it is one of the VM's own, else its innermost `n` frames
   (`Mtrace.Frame.label/1`), each called by the next; when the Erlang code
-  that called the NIF (`Mtrace.Frame.caller_at/1`) is not among them, the
-  last of them gives way to it, after a `…` for the frames between.
+  that called the NIF (`Mtrace.Frame.caller_at/1`) is not among them, it
+  follows them when it comes right after, else the last of them gives way
+  to it, after a `…` for the frames between.
 
   ## Examples
 
@@ -158,6 +159,8 @@ defmodule Mtrace.VMSites do
       iex> caller = %{module: Billing, function: :charge, arity: 1, symbol: nil, lib: nil, offset: 0}
       iex> Mtrace.VMSites.one_line(deep ++ [nif, caller], 3)
       "f4 (deep.so) <- f3 (deep.so) <- … <- Billing.charge/1"
+      iex> Mtrace.VMSites.one_line(Enum.take(deep, 2) ++ [nif, caller], 3)
+      "f4 (deep.so) <- f3 (deep.so) <- DeepNif.leak/1 <- Billing.charge/1"
   """
   @spec one_line([map()], pos_integer()) :: String.t()
   def one_line(frames, n \\ 4) do
@@ -168,8 +171,12 @@ defmodule Mtrace.VMSites do
     labels = &Enum.map(&1, fn frame -> Mtrace.Frame.label(frame) end)
 
     case Mtrace.Frame.caller_at(frames) do
-      at when is_integer(at) and at >= n and n >= 2 ->
+      at when is_integer(at) and at > n and n >= 2 ->
         labels.(Enum.take(frames, n - 1)) ++ ["…", Mtrace.Frame.label(Enum.at(frames, at))]
+
+      # right after them: in the place a "…" would take
+      ^n ->
+        labels.(Enum.take(frames, n + 1))
 
       _ ->
         labels.(Enum.take(frames, n))

@@ -205,7 +205,7 @@ defmodule Mtrace.ReportTest do
     assert [_, _, "    a libcache.so.2", "    ... 1 more", _, _, _, note] =
              lines([site(2, 2, 1, 1, deep), site(1, 1, 1, 1, deeper)], @exact, frames: 1)
 
-    assert note == "    (reads as #1: the two stacks differ below the frames shown)"
+    assert note == "    (reads as #1: the two stacks differ in frames not shown)"
 
     # two calls on one line: every frame gives its offset, and no note
     once = [frame("put", file: "c.c", line: 9, offset: 0x10), frame("main", line: 2)]
@@ -295,12 +295,19 @@ defmodule Mtrace.ReportTest do
              "    ... 1 more"
            ]
 
-    # the NIF's own frame, the only Erlang one, right after the frames shown
-    # and the last: in the row a "... 1 more" would take
+    # right after the frames shown: in the row a "... N more" would take
+    frames = for(i <- 1..3, do: frame("l#{i}")) ++ [nif, caller, outer]
+
+    assert [_, _, _, _, _, _, "    Tls.connect/0 (lib/tls.ex:40)", "    ... 1 more"] =
+             lines([site(1, 1, 1, 1, frames)], @exact, frames: 4)
+
+    # the NIF's own frame, when it is the only Erlang one
     frames = for(i <- 1..3, do: frame("l#{i}")) ++ [nif]
 
     assert [_, _, _, _, _, "    Tls.handshake/0"] =
              lines([site(1, 1, 1, 1, frames)], @exact, frames: 3)
+
+    assert [_, _, "    ... 1 more"] = lines([site(1, 1, 1, 1, [nif])], @exact, frames: 0)
 
     frames = for(i <- 1..10, do: frame("l#{i}")) ++ [nif, caller]
 
@@ -330,7 +337,7 @@ defmodule Mtrace.ReportTest do
            ]
 
     text = [site(2, 2, 1, 1, a), site(1, 1, 1, 1, a ++ [nif])] |> lines(@exact, frames: 1)
-    assert List.last(text) == "    (reads as #1: the two stacks differ below the frames shown)"
+    assert List.last(text) == "    (reads as #1: the two stacks differ in frames not shown)"
   end
 
   test "sampled: the header gives the estimates and the sample" do
