@@ -223,10 +223,11 @@ static void test_generation_while_closing(const char *path) {
     CHECK(again == h);
     uint64_t opened = api->objects_generation();
     CHECK_EQ(again ? dlclose(again) : -1, 0);
-    CHECK(api->objects_generation() == opened && opened == before);
+    CHECK(api->objects_generation() == opened);
+    CHECK(opened == before || !UNLOADS); /* musl counts every dlopen as a load */
     CHECK_EQ(dlclose(h), 0);
     uint64_t after = api->objects_generation();
-    CHECK(before % 2 == 0 && after % 2 == 0 && after > before);
+    CHECK(before % 2 == 0 && after % 2 == 0 && (after > before || !UNLOADS));
     if (UNLOADS) /* musl runs destructors at exit */
         CHECK(generation_in_fini % 2 == 1);
     printf("objects' generation before, during and after a dlclose: %llu %llu %llu\n",
