@@ -77,12 +77,7 @@ defmodule Mtrace.Remote do
         :ok
 
       _ ->
-        raise error(
-                :not_loaded,
-                "not loaded on node #{inspect(node)} (#{inspect(mod)} is not " <>
-                  "in its code path): include mtrace in that node's release, or add its " <>
-                  "ebin directory there with :code.add_paths/1"
-              )
+        raise not_loaded(node, mod)
     end
   end
 
@@ -128,12 +123,7 @@ defmodule Mtrace.Remote do
           "run the same mtrace version on both nodes"
       )
     else
-      error(
-        :not_loaded,
-        "not loaded on node #{inspect(node)} (#{called} is undefined there): include " <>
-          "mtrace in that node's release, or add its ebin directory there with " <>
-          ":code.add_paths/1"
-      )
+      not_loaded(node, mod)
     end
   end
 
@@ -162,4 +152,14 @@ defmodule Mtrace.Remote do
   end
 
   defp error(reason, message), do: %Mtrace.Error{reason: reason, message: "mtrace: " <> message}
+
+  # One wording wherever a node lacks mtrace's modules.
+  defp not_loaded(node, mod) do
+    error(
+      :not_loaded,
+      "not loaded on node #{inspect(node)} (#{inspect(mod)} is not in its code path): " <>
+        "include mtrace in that node's release, or add its ebin directory there with " <>
+        ":code.add_paths/1"
+    )
+  end
 end
