@@ -46,39 +46,49 @@ for i <- 1..30 do
   Process.sleep(100)
 end
 
+IO.puts("""
+The call sites holding native memory the NIF library allocated
+(Mtrace.report(lib: "leaky_nif", limit: 2, frames: 4)): the C function that
+called malloc, then the Erlang code that called the NIF.
+""")
+
+Mtrace.report(lib: "leaky_nif", limit: 2, frames: 4)
+
+# The verdict in words: the C function that leaks and who called it.
+sites = Mtrace.sites(lib: "leaky_nif", limit: 2)
+[%{frames: [leaker | _]} | _] = sites
+held = Enum.sum(Enum.map(sites, & &1.bytes))
+blocks = Enum.sum(Enum.map(sites, & &1.count))
+
+callers =
+  Enum.map_join(sites, " and ", fn site ->
+    caller = Enum.at(site.frames, Mtrace.Frame.caller_at(site.frames) || 0)
+    "#{Format.bytes(site.bytes)} from #{Mtrace.Frame.label(caller)}"
+  end)
+
 stats = Mtrace.stats()
 
-line =
-  "Mtrace.stats(): #{Format.int(stats.malloc_cnt)} mallocs and " <>
-    "#{Format.int(stats.free_cnt)} frees seen, " <>
-    "#{Format.count(stats.live_count, "block")} (#{Format.bytes(stats.live_bytes)}) " <>
-    "still live, #{Format.int(stats.dropped)} dropped."
+IO.puts("")
 
-# 80 columns, as every output of mtrace
-line |> Format.wrap() |> Enum.each(&IO.puts/1)
+"""
+In short: #{Mtrace.Frame.label(leaker)} holds #{Format.bytes(held)} in \
+#{Format.count(blocks, "block")} never freed: #{callers}; among \
+#{Format.int(stats.malloc_cnt)} mallocs and #{Format.int(stats.free_cnt)} frees \
+seen, #{Format.int(stats.dropped)} dropped.
+"""
+|> String.trim_trailing()
+|> Format.wrap()
+|> Enum.each(&IO.puts/1)
 
-IO.puts("""
+[old] = Mtrace.olds(1, lib: "leaky_nif")
 
-The 3 oldest live blocks the NIF library allocated, with their stacks
-(Mtrace.olds(3, lib: "leaky_nif")):
-""")
-
-for old <- Mtrace.olds(3, lib: "leaky_nif") do
-  IO.puts(
+IO.puts(
+  "\nIts oldest block, with its address and age (Mtrace.olds(1, lib: \"leaky_nif\")):\n" <>
     "  #{Format.bytes(old.size)} at 0x#{Integer.to_string(old.addr, 16)}, " <>
-      "#{Format.age(old.age)} old (named in #{Format.int(div(old.ns, 1000))} µs)"
-  )
+    "#{Format.age(old.age)} old"
+)
 
-  for frame <- Enum.take(old.frames, 4), do: IO.puts("      " <> Mtrace.Frame.label(frame))
-end
-
-IO.puts("""
-
-The sites holding the most native memory (Mtrace.report(limit: 3, frames: 4)):
-the C function that called malloc, then the Erlang code that called the NIF.
-""")
-
-Mtrace.report(limit: 3, frames: 4)
+for frame <- Enum.take(old.frames, 4), do: IO.puts("      " <> Mtrace.Frame.label(frame))
 
 mark = Mtrace.mark()
 LeakyNif.leak(:strdup, 5, 99)
@@ -109,4 +119,8 @@ Flame graph of all live native memory:
   #{svg}
 Collapsed stacks (for flamegraph.pl, inferno or speedscope):
   #{Path.rootname(svg)}.folded
+
+On your own node (README, "Using it in your project"):
+  Mtrace.VM.diagnose(window: 10_000)  which side grows, and what holds it
+  Mtrace.report()                     the native sites, as above
 """)
