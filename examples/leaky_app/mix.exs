@@ -69,7 +69,8 @@ defmodule LeakyApp.MixProject do
       # copies priv/ dereferencing symlinks. See README.md.)
       build_embedded: Mix.env() == :prod,
       deps: deps(),
-      releases: [leaky_app: [include_executables_for: [:unix]]]
+      # docs kept, so that `h Mtrace.olds` works in the remote console
+      releases: [leaky_app: [include_executables_for: [:unix], strip_beams: [keep: ["Docs"]]]]
     ]
   end
 
